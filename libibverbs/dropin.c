@@ -1,0 +1,174 @@
+/*
+ * The drop-in libibverbs.so.1: loads the distro's real libibverbs, points
+ * every exported trampoline at the real function (or at SHIFT's entry point
+ * for the verbs SHIFT handles), fills SHIFT's lower-verbs table from the real
+ * library, and defines the one exported data symbol.
+ *
+ * Facts this rests on (see docs/dropin.md): the real library must be loaded
+ * by absolute path with RTLD_NOW | RTLD_GLOBAL so the providers it dlopens
+ * find IBVERBS_PRIVATE_* symbols; every symbol must exist at load time
+ * (BIND_NOW everywhere in Debian), hence trampolines whose slots start at a
+ * lazy-resolve stub and are filled here.
+ */
+#include "libibverbs/dropin.h"
+#include "shift/config.h"
+#include "shift/log.h"
+#include "shift/lower.h"
+#include "shift/shift.h"
+
+#include <dlfcn.h>
+#include <limits.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#ifndef SHIFT_REAL_LIBIBVERBS_DEFAULT
+#error "the build must define SHIFT_REAL_LIBIBVERBS_DEFAULT"
+#endif
+
+static pthread_once_t init_once = PTHREAD_ONCE_INIT;
+static void *real_handle;
+static struct shift_lower real_lower;
+
+/* Where a slot points when the real library lacks its symbol. */
+static void missing_symbol(void)
+{
+	static const char msg[] = "shift: error: the application called a libibverbs "
+		"symbol the real library does not provide (build and run time "
+		"rdma-core differ): rebuild SHIFT against this rdma-core\n";
+	ssize_t w = write(STDERR_FILENO, msg, sizeof(msg) - 1);
+
+	(void)w;
+	abort();
+}
+
+static void *real_sym(const char *name, const char *version)
+{
+	return real_handle ? dlvsym(real_handle, name, version) : NULL;
+}
+
+#define REAL(slot, name, version) (real_lower.slot = real_sym(name, version))
+
+static void fill_lower(const char *path)
+{
+	static char label[600];
+
+	snprintf(label, sizeof(label), "rdma-core %s", path);
+	real_lower.name = label;
+	REAL(get_device_list, "ibv_get_device_list", "IBVERBS_1.1");
+	REAL(free_device_list, "ibv_free_device_list", "IBVERBS_1.1");
+	REAL(get_device_name, "ibv_get_device_name", "IBVERBS_1.1");
+	REAL(get_device_guid, "ibv_get_device_guid", "IBVERBS_1.1");
+	REAL(open_device, "ibv_open_device", "IBVERBS_1.1");
+	REAL(close_device, "ibv_close_device", "IBVERBS_1.1");
+	REAL(query_device, "ibv_query_device", "IBVERBS_1.1");
+	REAL(query_port, "ibv_query_port", "IBVERBS_1.1");
+	REAL(query_gid, "ibv_query_gid", "IBVERBS_1.1");
+	REAL(get_async_event, "ibv_get_async_event", "IBVERBS_1.1");
+	REAL(ack_async_event, "ibv_ack_async_event", "IBVERBS_1.1");
+	REAL(alloc_pd, "ibv_alloc_pd", "IBVERBS_1.1");
+	REAL(dealloc_pd, "ibv_dealloc_pd", "IBVERBS_1.1");
+	REAL(reg_mr, "ibv_reg_mr", "IBVERBS_1.1");
+	REAL(reg_mr_iova, "ibv_reg_mr_iova", "IBVERBS_1.7");
+	REAL(reg_mr_iova2, "ibv_reg_mr_iova2", "IBVERBS_1.8");
+	REAL(reg_dmabuf_mr, "ibv_reg_dmabuf_mr", "IBVERBS_1.12");
+	REAL(rereg_mr, "ibv_rereg_mr", "IBVERBS_1.1");
+	REAL(dereg_mr, "ibv_dereg_mr", "IBVERBS_1.1");
+	REAL(create_comp_channel, "ibv_create_comp_channel", "IBVERBS_1.0");
+	REAL(destroy_comp_channel, "ibv_destroy_comp_channel", "IBVERBS_1.0");
+	REAL(create_cq, "ibv_create_cq", "IBVERBS_1.1");
+	REAL(resize_cq, "ibv_resize_cq", "IBVERBS_1.1");
+	REAL(destroy_cq, "ibv_destroy_cq", "IBVERBS_1.1");
+	REAL(get_cq_event, "ibv_get_cq_event", "IBVERBS_1.1");
+	REAL(ack_cq_events, "ibv_ack_cq_events", "IBVERBS_1.1");
+	REAL(create_qp, "ibv_create_qp", "IBVERBS_1.1");
+	REAL(modify_qp, "ibv_modify_qp", "IBVERBS_1.1");
+	REAL(query_qp, "ibv_query_qp", "IBVERBS_1.1");
+	REAL(destroy_qp, "ibv_destroy_qp", "IBVERBS_1.1");
+	REAL(query_ece, "ibv_query_ece", "IBVERBS_1.10");
+	REAL(set_ece, "ibv_set_ece", "IBVERBS_1.10");
+	shift_lower_set(&real_lower);
+}
+
+/* True if path names this very library (SHIFT_REAL_LIBIBVERBS pointed at
+ * the drop-in would make every call jump to itself). */
+static int is_ourselves(void *handle)
+{
+	Dl_info ours, theirs;
+	void *probe = dlsym(handle, "ibv_get_device_list");
+	char a[PATH_MAX], b[PATH_MAX];
+
+	if (!probe || !dladdr((void *)shift_dropin_init, &ours) ||
+	    !dladdr(probe, &theirs) || !ours.dli_fname || !theirs.dli_fname)
+		return 0;
+	if (ours.dli_fbase == theirs.dli_fbase)
+		return 1;
+	if (!realpath(ours.dli_fname, a) || !realpath(theirs.dli_fname, b))
+		return 0;
+	return !strcmp(a, b);
+}
+
+static void dropin_init_once(void)
+{
+	const char *path;
+	unsigned int missing = 0;
+
+	shift_config_load(SHIFT_REAL_LIBIBVERBS_DEFAULT);
+	path = shift_config.real_lib;
+
+	real_handle = dlopen(path, RTLD_NOW | RTLD_GLOBAL);
+	if (real_handle && is_ourselves(real_handle)) {
+		shift_err("SHIFT_REAL_LIBIBVERBS=%s is SHIFT itself; using %s", path,
+			  SHIFT_REAL_LIBIBVERBS_DEFAULT);
+		path = SHIFT_REAL_LIBIBVERBS_DEFAULT;
+		real_handle = dlopen(path, RTLD_NOW | RTLD_GLOBAL);
+	}
+	if (!real_handle) {
+		/* Nothing can work without it: say why, once, clearly. */
+		shift_err("cannot load the real libibverbs '%s': %s", path, dlerror());
+		for (unsigned int i = 0; i < shift_exports_count; i++)
+			*shift_exports[i].slot = (void *)missing_symbol;
+		return;
+	}
+
+	for (unsigned int i = 0; i < shift_exports_count; i++) {
+		const struct shift_export *e = &shift_exports[i];
+		void *real = dlvsym(real_handle, e->name, e->version);
+
+		if (!real) {
+			missing++;
+			shift_debug("real library lacks %s@%s", e->name, e->version);
+			real = (void *)missing_symbol;
+		}
+		if (e->mode == SHIFT_EXPORT_SHIFT && shift_config.enable)
+			__atomic_store_n(e->slot, e->shift_fn, __ATOMIC_RELEASE);
+		else
+			__atomic_store_n(e->slot, real, __ATOMIC_RELEASE);
+	}
+	/* data symbols start with the real library's value */
+	for (const struct shift_export_data *d = shift_export_datas; d->name; d++) {
+		void *real = dlvsym(real_handle, d->name, d->version);
+
+		if (real)
+			memcpy(d->storage, real, d->size);
+	}
+	if (missing)
+		shift_warn("%u exported symbols missing from %s (built against another rdma-core?)",
+			   missing, path);
+
+	fill_lower(path);
+	shift_info("SHIFT %s over %s", shift_config.enable ? "enabled" : "disabled (pass-through)",
+		   path);
+}
+
+void shift_dropin_init(void)
+{
+	pthread_once(&init_once, dropin_init_once);
+}
+
+__attribute__((constructor)) static void shift_dropin_ctor(void)
+{
+	shift_dropin_init();
+}

@@ -1,0 +1,145 @@
+/*
+ * The configuration table. Adding a knob = one row here and one field in
+ * struct shift_config; the parsers below are shared by every row of a type.
+ */
+#include "shift/config.h"
+#include "shift/log.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+struct shift_config shift_config;
+
+struct config_row {
+	const char *name;
+	const char *def;
+	const char *doc;
+	int (*parse)(const struct config_row *row, const char *value);
+	size_t offset;
+	size_t size; /* for strings: buffer size */
+};
+
+#define FIELD(f) offsetof(struct shift_config, f), sizeof(((struct shift_config *)0)->f)
+
+static void *field(const struct config_row *row)
+{
+	return (char *)&shift_config + row->offset;
+}
+
+static int parse_bool(const struct config_row *row, const char *v)
+{
+	bool *b = field(row);
+
+	if (!strcmp(v, "1") || !strcasecmp(v, "yes") || !strcasecmp(v, "true") ||
+	    !strcasecmp(v, "on") || !strcasecmp(v, "y")) {
+		*b = true;
+		return 0;
+	}
+	if (!strcmp(v, "0") || !strcasecmp(v, "no") || !strcasecmp(v, "false") ||
+	    !strcasecmp(v, "off") || !strcasecmp(v, "n")) {
+		*b = false;
+		return 0;
+	}
+	return -1;
+}
+
+static int parse_level(const struct config_row *row, const char *v)
+{
+	enum shift_log_level l;
+
+	if (shift_log_level_parse(v, &l))
+		return -1;
+	*(int *)field(row) = (int)l;
+	return 0;
+}
+
+static int parse_string(const struct config_row *row, const char *v)
+{
+	size_t n = strlen(v);
+
+	if (n >= row->size)
+		return -1;
+	memcpy(field(row), v, n + 1);
+	return 0;
+}
+
+static int parse_uint(const struct config_row *row, const char *v)
+{
+	char *end;
+	unsigned long x;
+
+	errno = 0;
+	x = strtoul(v, &end, 10);
+	if (errno || end == v || *end || x > 3600000UL || v[0] == '-')
+		return -1;
+	*(unsigned *)field(row) = (unsigned)x;
+	return 0;
+}
+
+static const struct config_row rows[] = {
+	{ "SHIFT_ENABLE", "1",
+	  "0 turns SHIFT into a pure pass-through to the real libibverbs",
+	  parse_bool, FIELD(enable) },
+	{ "SHIFT_LOG_LEVEL", "warn",
+	  "error, warn, info or debug; lines go to stderr prefixed 'shift:'",
+	  parse_level, FIELD(log_level) },
+	{ "SHIFT_REAL_LIBIBVERBS", NULL,
+	  "path of the distro's libibverbs.so.1 that SHIFT wraps (default: found at build time)",
+	  parse_string, FIELD(real_lib) },
+	{ "SHIFT_BACKUP", "",
+	  "backup NIC map, e.g. rxe0:rxe1,rxe1:rxe0 (default: next active device with the same link layer)",
+	  parse_string, FIELD(backup) },
+	{ "SHIFT_KV_URL", "redis://127.0.0.1:6379",
+	  "where backup attributes are exchanged: redis://[user:password@]host:port[/db] or mem://NAME",
+	  parse_string, FIELD(kv_url) },
+	{ "SHIFT_KV_NAMESPACE", "default",
+	  "job id; every KV key carries it",
+	  parse_string, FIELD(kv_namespace) },
+	{ "SHIFT_PROBE_MS", "1000",
+	  "period of the recovery probe on a failed default path, in ms",
+	  parse_uint, FIELD(probe_ms) },
+};
+
+#define NROWS (sizeof(rows) / sizeof(rows[0]))
+
+int shift_config_load(const char *real_lib_default)
+{
+	int bad = 0;
+
+	memset(&shift_config, 0, sizeof(shift_config));
+	for (size_t i = 0; i < NROWS; i++) {
+		const char *def = rows[i].def;
+
+		if (!strcmp(rows[i].name, "SHIFT_REAL_LIBIBVERBS"))
+			def = real_lib_default ? real_lib_default : "libibverbs.so.1";
+		if (rows[i].parse(&rows[i], def))
+			bad++; /* a default that does not parse is a bug */
+	}
+	for (size_t i = 0; i < NROWS; i++) {
+		const char *v = getenv(rows[i].name);
+
+		if (!v || !*v)
+			continue;
+		if (rows[i].parse(&rows[i], v)) {
+			bad++;
+			/* log level may not be set yet: warn is the default */
+			shift_warn("ignoring %s='%s': invalid value (%s)",
+				   rows[i].name, v, rows[i].doc);
+		}
+	}
+	shift_log_level = (enum shift_log_level)shift_config.log_level;
+	return bad;
+}
+
+void shift_config_print(FILE *out)
+{
+	for (size_t i = 0; i < NROWS; i++) {
+		const char *v = getenv(rows[i].name);
+
+		fprintf(out, "%-22s = %s%s\n    %s\n", rows[i].name,
+			v && *v ? v : (rows[i].def ? rows[i].def : "(build default)"),
+			v && *v ? "" : "  (default)", rows[i].doc);
+	}
+}

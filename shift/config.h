@@ -1,0 +1,35 @@
+/*
+ * Configuration: every SHIFT_* environment variable is one row of a table
+ * {name, default, doc, parser}, read once at start (shift_config_load()).
+ * `shiftctl config` prints the table with each knob's doc and value.
+ * A bad value is never fatal: it is logged once and the default is used.
+ */
+#ifndef SHIFT_CONFIG_H
+#define SHIFT_CONFIG_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdio.h>
+
+struct shift_config {
+	bool enable;              /* SHIFT_ENABLE */
+	int log_level;            /* SHIFT_LOG_LEVEL (enum shift_log_level) */
+	char real_lib[512];       /* SHIFT_REAL_LIBIBVERBS */
+	char backup[256];         /* SHIFT_BACKUP */
+	char kv_url[512];         /* SHIFT_KV_URL */
+	char kv_namespace[128];   /* SHIFT_KV_NAMESPACE */
+	unsigned probe_ms;        /* SHIFT_PROBE_MS */
+};
+
+extern struct shift_config shift_config;
+
+/*
+ * Reset to defaults, then read the environment. real_lib_default is the
+ * path found at build time. Returns the number of variables rejected.
+ */
+int shift_config_load(const char *real_lib_default);
+
+/* Print every knob: name, current value, default, doc. */
+void shift_config_print(FILE *out);
+
+#endif /* SHIFT_CONFIG_H */

@@ -1,0 +1,248 @@
+/*
+ * Contexts: taking over a provider context (saving its data-path ops and the
+ * struct verbs_context slots SHIFT routes through itself, installing SHIFT's),
+ * and the data-path replacements themselves.
+ *
+ * The replacements are what verbs.h's inline ibv_post_send(), ibv_poll_cq(),
+ * ibv_create_qp_ex(), ibv_query_port()... reach once a context is SHIFT's.
+ * In the Default state they add one table lookup and one indirect call.
+ */
+#include "shift/shift.h"
+
+#include <pthread.h>
+#include <stddef.h>
+#include <stdlib.h>
+
+struct shift_ctx *shift_ctx_tab[SHIFT_MAX_CTX];
+struct shift_stats shift_stats;
+
+/* Guards writers of shift_ctx_tab; readers are lock-free. */
+static pthread_mutex_t ctx_lock = PTHREAD_MUTEX_INITIALIZER;
+
+/* ---- data path ---------------------------------------------------------- */
+
+static int shift_post_send(struct ibv_qp *qp, struct ibv_send_wr *wr,
+			   struct ibv_send_wr **bad_wr)
+{
+	struct shift_ctx *s = shift_ctx_of(qp->context);
+
+	if (shift_unlikely(!s)) {
+		*bad_wr = wr;
+		return EINVAL;
+	}
+	return s->post_send(qp, wr, bad_wr);
+}
+
+static int shift_post_recv(struct ibv_qp *qp, struct ibv_recv_wr *wr,
+			   struct ibv_recv_wr **bad_wr)
+{
+	struct shift_ctx *s = shift_ctx_of(qp->context);
+
+	if (shift_unlikely(!s)) {
+		*bad_wr = wr;
+		return EINVAL;
+	}
+	return s->post_recv(qp, wr, bad_wr);
+}
+
+static int shift_post_srq_recv(struct ibv_srq *srq, struct ibv_recv_wr *wr,
+			       struct ibv_recv_wr **bad_wr)
+{
+	struct shift_ctx *s = shift_ctx_of(srq->context);
+
+	if (shift_unlikely(!s)) {
+		*bad_wr = wr;
+		return EINVAL;
+	}
+	return s->post_srq_recv(srq, wr, bad_wr);
+}
+
+static int shift_poll_cq(struct ibv_cq *cq, int num_entries, struct ibv_wc *wc)
+{
+	struct shift_ctx *s = shift_ctx_of(cq->context);
+
+	if (shift_unlikely(!s))
+		return -1;
+	return s->poll_cq(cq, num_entries, wc);
+}
+
+static int shift_req_notify_cq(struct ibv_cq *cq, int solicited_only)
+{
+	struct shift_ctx *s = shift_ctx_of(cq->context);
+
+	if (shift_unlikely(!s))
+		return EINVAL;
+	return s->req_notify_cq(cq, solicited_only);
+}
+
+/* ---- extended verbs (struct verbs_context slots) ------------------------- */
+
+static int shift_vctx_query_port(struct ibv_context *context, uint8_t port_num,
+				 struct ibv_port_attr *port_attr,
+				 size_t port_attr_len)
+{
+	struct shift_ctx *s = shift_ctx_of(context);
+
+	if (!s || !s->query_port)
+		return EOPNOTSUPP;
+	return s->query_port(context, port_num, port_attr, port_attr_len);
+}
+
+static int shift_vctx_query_device_ex(struct ibv_context *context,
+				      const struct ibv_query_device_ex_input *input,
+				      struct ibv_device_attr_ex *attr,
+				      size_t attr_size)
+{
+	struct shift_ctx *s = shift_ctx_of(context);
+
+	if (!s || !s->query_device_ex)
+		return EOPNOTSUPP;
+	return s->query_device_ex(context, input, attr, attr_size);
+}
+
+static struct ibv_qp *shift_vctx_create_qp_ex(struct ibv_context *context,
+					      struct ibv_qp_init_attr_ex *attr)
+{
+	struct shift_ctx *s = shift_ctx_of(context);
+
+	if (!s || !s->create_qp_ex) {
+		errno = EOPNOTSUPP;
+		return NULL;
+	}
+	return s->create_qp_ex(context, attr);
+}
+
+static struct ibv_cq_ex *shift_vctx_create_cq_ex(struct ibv_context *context,
+						 struct ibv_cq_init_attr_ex *attr)
+{
+	struct shift_ctx *s = shift_ctx_of(context);
+
+	if (!s || !s->create_cq_ex) {
+		errno = EOPNOTSUPP;
+		return NULL;
+	}
+	return s->create_cq_ex(context, attr);
+}
+
+/* ---- attach / detach ------------------------------------------------------ */
+
+/*
+ * The struct verbs_context of a context, or NULL for a legacy one. A slot
+ * exists only if the provider's structure is large enough to hold it
+ * (verbs.h grows the structure downwards: new slots sit at lower offsets).
+ */
+static struct verbs_context *vctx_of(struct ibv_context *ibctx)
+{
+	return verbs_get_ctx(ibctx);
+}
+
+#define VCTX_HAS(vctx, op)                                                  \
+	((vctx) && (vctx)->sz >= sizeof(*(vctx)) - offsetof(struct verbs_context, op))
+
+#define VCTX_TAKE(s, vctx, op)                                              \
+	do {                                                                \
+		if (VCTX_HAS(vctx, op) && (vctx)->op) {                     \
+			(s)->op = (vctx)->op;                               \
+			(vctx)->op = shift_vctx_##op;                       \
+		}                                                           \
+	} while (0)
+
+#define VCTX_GIVE_BACK(s, vctx, op)                                         \
+	do {                                                                \
+		if ((s)->op)                                                \
+			(vctx)->op = (s)->op;                               \
+	} while (0)
+
+struct shift_ctx *shift_ctx_attach(struct ibv_context *ibctx)
+{
+	struct shift_ctx *s = calloc(1, sizeof(*s));
+	struct verbs_context *vctx = vctx_of(ibctx);
+	int slot = -1;
+
+	if (!s) {
+		shift_warn("%s: out of memory: context left unprotected",
+			   ibctx->device ? ibctx->device->name : "?");
+		__atomic_fetch_add(&shift_stats.contexts_unprotected, 1, __ATOMIC_RELAXED);
+		return NULL;
+	}
+	s->ibctx = ibctx;
+
+	pthread_mutex_lock(&ctx_lock);
+	for (int i = 0; i < SHIFT_MAX_CTX; i++) {
+		if (!shift_ctx_tab[i]) {
+			slot = i;
+			break;
+		}
+	}
+	if (slot < 0) {
+		pthread_mutex_unlock(&ctx_lock);
+		free(s);
+		shift_warn("more than %d contexts open: %s left unprotected",
+			   SHIFT_MAX_CTX, ibctx->device ? ibctx->device->name : "?");
+		__atomic_fetch_add(&shift_stats.contexts_unprotected, 1, __ATOMIC_RELAXED);
+		return NULL;
+	}
+	s->slot = slot;
+
+	/* Save first, publish, then swap: a data-path call that arrives
+	 * through a swapped op must find the shift_ctx. */
+	s->post_send = ibctx->ops.post_send;
+	s->post_recv = ibctx->ops.post_recv;
+	s->post_srq_recv = ibctx->ops.post_srq_recv;
+	s->poll_cq = ibctx->ops.poll_cq;
+	s->req_notify_cq = ibctx->ops.req_notify_cq;
+	__atomic_store_n(&shift_ctx_tab[slot], s, __ATOMIC_RELEASE);
+
+	if (s->post_send)
+		ibctx->ops.post_send = shift_post_send;
+	if (s->post_recv)
+		ibctx->ops.post_recv = shift_post_recv;
+	if (s->post_srq_recv)
+		ibctx->ops.post_srq_recv = shift_post_srq_recv;
+	if (s->poll_cq)
+		ibctx->ops.poll_cq = shift_poll_cq;
+	if (s->req_notify_cq)
+		ibctx->ops.req_notify_cq = shift_req_notify_cq;
+	VCTX_TAKE(s, vctx, query_port);
+	VCTX_TAKE(s, vctx, query_device_ex);
+	VCTX_TAKE(s, vctx, create_qp_ex);
+	VCTX_TAKE(s, vctx, create_cq_ex);
+	pthread_mutex_unlock(&ctx_lock);
+
+	__atomic_fetch_add(&shift_stats.contexts_attached, 1, __ATOMIC_RELAXED);
+	shift_debug("%s: context %p attached (slot %d)",
+		    ibctx->device ? ibctx->device->name : "?", (void *)ibctx, slot);
+	return s;
+}
+
+void shift_ctx_detach(struct ibv_context *ibctx)
+{
+	struct verbs_context *vctx = vctx_of(ibctx);
+	struct shift_ctx *s;
+
+	pthread_mutex_lock(&ctx_lock);
+	s = shift_ctx_of(ibctx);
+	if (!s) {
+		pthread_mutex_unlock(&ctx_lock);
+		return;
+	}
+	if (s->post_send)
+		ibctx->ops.post_send = s->post_send;
+	if (s->post_recv)
+		ibctx->ops.post_recv = s->post_recv;
+	if (s->post_srq_recv)
+		ibctx->ops.post_srq_recv = s->post_srq_recv;
+	if (s->poll_cq)
+		ibctx->ops.poll_cq = s->poll_cq;
+	if (s->req_notify_cq)
+		ibctx->ops.req_notify_cq = s->req_notify_cq;
+	if (vctx) {
+		VCTX_GIVE_BACK(s, vctx, query_port);
+		VCTX_GIVE_BACK(s, vctx, query_device_ex);
+		VCTX_GIVE_BACK(s, vctx, create_qp_ex);
+		VCTX_GIVE_BACK(s, vctx, create_cq_ex);
+	}
+	__atomic_store_n(&shift_ctx_tab[s->slot], NULL, __ATOMIC_RELEASE);
+	pthread_mutex_unlock(&ctx_lock);
+	free(s);
+}

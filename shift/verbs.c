@@ -1,0 +1,241 @@
+/*
+ * SHIFT's entry points: the control verbs the application reaches (the
+ * drop-in aliases each to its versioned libibverbs name) and the same set as
+ * the shift_verbs table for stacking in tests.
+ *
+ * Each one does SHIFT's bookkeeping around one call of the lower verb; the
+ * lower verb's result and errno are what the application gets. SHIFT's own
+ * problems are never the application's: they are logged and the object runs
+ * unprotected.
+ */
+#include "shift/shift.h"
+
+#include <stdlib.h>
+
+#define L (shift_lower)
+
+struct ibv_device **shift_ibv_get_device_list(int *num_devices)
+{
+	return L->get_device_list(num_devices);
+}
+
+void shift_ibv_free_device_list(struct ibv_device **list)
+{
+	L->free_device_list(list);
+}
+
+const char *shift_ibv_get_device_name(struct ibv_device *device)
+{
+	return L->get_device_name(device);
+}
+
+__be64 shift_ibv_get_device_guid(struct ibv_device *device)
+{
+	return L->get_device_guid(device);
+}
+
+struct ibv_context *shift_ibv_open_device(struct ibv_device *device)
+{
+	struct ibv_context *ctx = L->open_device(device);
+
+	if (ctx)
+		shift_ctx_attach(ctx); /* on failure: unprotected, logged */
+	return ctx;
+}
+
+int shift_ibv_close_device(struct ibv_context *context)
+{
+	shift_ctx_detach(context);
+	return L->close_device(context);
+}
+
+int shift_ibv_query_device(struct ibv_context *context,
+			   struct ibv_device_attr *device_attr)
+{
+	return L->query_device(context, device_attr);
+}
+
+int shift_ibv_query_port(struct ibv_context *context, uint8_t port_num,
+			 struct ibv_port_attr *port_attr)
+{
+	return L->query_port(context, port_num, port_attr);
+}
+
+int shift_ibv_query_gid(struct ibv_context *context, uint8_t port_num,
+			int index, union ibv_gid *gid)
+{
+	return L->query_gid(context, port_num, index, gid);
+}
+
+int shift_ibv_get_async_event(struct ibv_context *context,
+			      struct ibv_async_event *event)
+{
+	return L->get_async_event(context, event);
+}
+
+void shift_ibv_ack_async_event(struct ibv_async_event *event)
+{
+	L->ack_async_event(event);
+}
+
+struct ibv_pd *shift_ibv_alloc_pd(struct ibv_context *context)
+{
+	return L->alloc_pd(context);
+}
+
+int shift_ibv_dealloc_pd(struct ibv_pd *pd)
+{
+	return L->dealloc_pd(pd);
+}
+
+struct ibv_mr *shift_ibv_reg_mr(struct ibv_pd *pd, void *addr, size_t length,
+				int access)
+{
+	return L->reg_mr(pd, addr, length, access);
+}
+
+struct ibv_mr *shift_ibv_reg_mr_iova(struct ibv_pd *pd, void *addr,
+				     size_t length, uint64_t iova, int access)
+{
+	return L->reg_mr_iova(pd, addr, length, iova, access);
+}
+
+struct ibv_mr *shift_ibv_reg_mr_iova2(struct ibv_pd *pd, void *addr,
+				      size_t length, uint64_t iova,
+				      unsigned int access)
+{
+	return L->reg_mr_iova2(pd, addr, length, iova, access);
+}
+
+struct ibv_mr *shift_ibv_reg_dmabuf_mr(struct ibv_pd *pd, uint64_t offset,
+				       size_t length, uint64_t iova, int fd,
+				       int access)
+{
+	return L->reg_dmabuf_mr(pd, offset, length, iova, fd, access);
+}
+
+int shift_ibv_rereg_mr(struct ibv_mr *mr, int flags, struct ibv_pd *pd,
+		       void *addr, size_t length, int access)
+{
+	return L->rereg_mr(mr, flags, pd, addr, length, access);
+}
+
+int shift_ibv_dereg_mr(struct ibv_mr *mr)
+{
+	return L->dereg_mr(mr);
+}
+
+struct ibv_comp_channel *shift_ibv_create_comp_channel(struct ibv_context *context)
+{
+	return L->create_comp_channel(context);
+}
+
+int shift_ibv_destroy_comp_channel(struct ibv_comp_channel *channel)
+{
+	return L->destroy_comp_channel(channel);
+}
+
+struct ibv_cq *shift_ibv_create_cq(struct ibv_context *context, int cqe,
+				   void *cq_context,
+				   struct ibv_comp_channel *channel,
+				   int comp_vector)
+{
+	return L->create_cq(context, cqe, cq_context, channel, comp_vector);
+}
+
+int shift_ibv_resize_cq(struct ibv_cq *cq, int cqe)
+{
+	return L->resize_cq(cq, cqe);
+}
+
+int shift_ibv_destroy_cq(struct ibv_cq *cq)
+{
+	return L->destroy_cq(cq);
+}
+
+int shift_ibv_get_cq_event(struct ibv_comp_channel *channel,
+			   struct ibv_cq **cq, void **cq_context)
+{
+	return L->get_cq_event(channel, cq, cq_context);
+}
+
+void shift_ibv_ack_cq_events(struct ibv_cq *cq, unsigned int nevents)
+{
+	L->ack_cq_events(cq, nevents);
+}
+
+struct ibv_qp *shift_ibv_create_qp(struct ibv_pd *pd,
+				   struct ibv_qp_init_attr *qp_init_attr)
+{
+	return L->create_qp(pd, qp_init_attr);
+}
+
+int shift_ibv_modify_qp(struct ibv_qp *qp, struct ibv_qp_attr *attr,
+			int attr_mask)
+{
+	return L->modify_qp(qp, attr, attr_mask);
+}
+
+int shift_ibv_query_qp(struct ibv_qp *qp, struct ibv_qp_attr *attr,
+		       int attr_mask, struct ibv_qp_init_attr *init_attr)
+{
+	return L->query_qp(qp, attr, attr_mask, init_attr);
+}
+
+int shift_ibv_destroy_qp(struct ibv_qp *qp)
+{
+	return L->destroy_qp(qp);
+}
+
+int shift_ibv_query_ece(struct ibv_qp *qp, struct ibv_ece *ece)
+{
+	return L->query_ece(qp, ece);
+}
+
+int shift_ibv_set_ece(struct ibv_qp *qp, struct ibv_ece *ece)
+{
+	return L->set_ece(qp, ece);
+}
+
+void shift_compat_enter(unsigned int export_index)
+{
+	if (__atomic_fetch_add(&shift_stats.compat_1_0_calls, 1, __ATOMIC_RELAXED) == 0)
+		shift_info("application uses the IBVERBS_1.0 compat ABI (export #%u): "
+			   "its objects are forwarded, not protected", export_index);
+}
+
+const struct shift_lower shift_verbs = {
+	.name = "shift",
+	.get_device_list = shift_ibv_get_device_list,
+	.free_device_list = shift_ibv_free_device_list,
+	.get_device_name = shift_ibv_get_device_name,
+	.get_device_guid = shift_ibv_get_device_guid,
+	.open_device = shift_ibv_open_device,
+	.close_device = shift_ibv_close_device,
+	.query_device = shift_ibv_query_device,
+	.query_port = shift_ibv_query_port,
+	.query_gid = shift_ibv_query_gid,
+	.get_async_event = shift_ibv_get_async_event,
+	.ack_async_event = shift_ibv_ack_async_event,
+	.alloc_pd = shift_ibv_alloc_pd,
+	.dealloc_pd = shift_ibv_dealloc_pd,
+	.reg_mr = shift_ibv_reg_mr,
+	.reg_mr_iova = shift_ibv_reg_mr_iova,
+	.reg_mr_iova2 = shift_ibv_reg_mr_iova2,
+	.reg_dmabuf_mr = shift_ibv_reg_dmabuf_mr,
+	.rereg_mr = shift_ibv_rereg_mr,
+	.dereg_mr = shift_ibv_dereg_mr,
+	.create_comp_channel = shift_ibv_create_comp_channel,
+	.destroy_comp_channel = shift_ibv_destroy_comp_channel,
+	.create_cq = shift_ibv_create_cq,
+	.resize_cq = shift_ibv_resize_cq,
+	.destroy_cq = shift_ibv_destroy_cq,
+	.get_cq_event = shift_ibv_get_cq_event,
+	.ack_cq_events = shift_ibv_ack_cq_events,
+	.create_qp = shift_ibv_create_qp,
+	.modify_qp = shift_ibv_modify_qp,
+	.query_qp = shift_ibv_query_qp,
+	.destroy_qp = shift_ibv_destroy_qp,
+	.query_ece = shift_ibv_query_ece,
+	.set_ece = shift_ibv_set_ece,
+};
