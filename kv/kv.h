@@ -1,0 +1,162 @@
+/*
+ * kv/kv.h - SHIFT's small key-value interface.
+ *
+ * SHIFT exchanges backup QP/MR attributes between the two ends of a
+ * connection through a key-value store.  This header is the whole public
+ * surface: open a handle from a URL (redis://... in production, mem://NAME in
+ * unit tests), put/get/delete byte values, wait for a key to appear with a
+ * bounded timeout, and remove the keys this handle published.  Every key is
+ * stored as "shift:<namespace>:<key>".
+ *
+ * Return convention: 0 (or a non-negative count/length) on success, a
+ * negative errno value on failure; shift_kv_last_error() then holds a
+ * one-line explanation for the calling thread.  Nothing here aborts.
+ *   -EINVAL        bad argument, URL or namespace
+ *   -ENAMETOOLONG  key too long
+ *   -EMSGSIZE      value too large, or caller buffer too small
+ *   -ENOENT        key absent (or expired)
+ *   -ETIMEDOUT     shift_kv_wait(): the key did not appear in time
+ *   -ENOTCONN      store unreachable / connection broken / command timed out
+ *                  / backing off before the next reconnect attempt
+ *   -EACCES        authentication refused
+ *   -EPROTO        the server answered with an error or an unexpected reply
+ *   -ENOMEM        out of memory
+ *
+ * Thread safety: a handle may be shared by threads; each handle holds one
+ * connection and a mutex that serialises its commands (shift_kv_wait() does
+ * not hold it while sleeping).  For parallelism open one handle per thread.
+ * See docs/kv.md.
+ */
+#ifndef SHIFT_KV_H
+#define SHIFT_KV_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define SHIFT_KV_DEFAULT_URL "redis://127.0.0.1:6379"
+#define SHIFT_KV_DEFAULT_NAMESPACE "default"
+#define SHIFT_KV_ENV_URL "SHIFT_KV_URL"
+#define SHIFT_KV_ENV_NAMESPACE "SHIFT_KV_NAMESPACE"
+
+#define SHIFT_KV_NS_MAX 64        /* namespace: 1..64 of [A-Za-z0-9_.-] */
+#define SHIFT_KV_KEY_MAX 400      /* key: 1..400 bytes, any but NUL */
+#define SHIFT_KV_VALUE_MAX (1u << 20) /* largest value put() accepts */
+#define SHIFT_KV_URL_MAX 1024
+#define SHIFT_KV_MEM_NAME_MAX 64  /* mem://NAME: 1..64 of [A-Za-z0-9_.-] */
+
+#define SHIFT_KV_DEFAULT_CONNECT_TIMEOUT_MS 500
+#define SHIFT_KV_DEFAULT_COMMAND_TIMEOUT_MS 500
+#define SHIFT_KV_DEFAULT_RETRY_MIN_MS 50
+#define SHIFT_KV_DEFAULT_RETRY_MAX_MS 2000
+#define SHIFT_KV_DEFAULT_POLL_MAX_MS 20
+
+typedef struct shift_kv shift_kv;
+
+/* Tunables; a zero field means "use the default" above.  Negative -> -EINVAL. */
+struct shift_kv_options {
+	int connect_timeout_ms; /* bound on one TCP connect (+AUTH/SELECT) */
+	int command_timeout_ms; /* bound on one command round trip */
+	int retry_min_ms;       /* first reconnect back-off after a failure */
+	int retry_max_ms;       /* back-off doubles up to this */
+	int poll_max_ms;        /* wait() on redis: longest sleep between GETs */
+	bool lazy_connect;      /* open() does not connect; first op does */
+};
+
+enum shift_kv_scheme { SHIFT_KV_SCHEME_REDIS = 1, SHIFT_KV_SCHEME_MEM = 2 };
+
+/* A parsed URL.  user/password are empty when absent; password is never
+ * printed by this library. */
+struct shift_kv_url {
+	enum shift_kv_scheme scheme;
+	char user[128];
+	char password[256];
+	char host[256];   /* redis: hostname or IP (IPv6 without brackets) */
+	int port;         /* redis: 1..65535 (6379 when omitted) */
+	int db;           /* redis: 0..65535 (0 when omitted) */
+	char name[SHIFT_KV_MEM_NAME_MAX + 1]; /* mem: store name */
+};
+
+/* Parse and validate url (NULL or "" -> SHIFT_KV_DEFAULT_URL) into *out.
+ * Accepted: redis://[user:password@]host[:port][/db], redis://:password@...,
+ * mem://NAME.  User and password may use %XX escapes.  Returns 0 or -EINVAL. */
+int shift_kv_url_parse(const char *url, struct shift_kv_url *out);
+
+/* 0 if ns is a valid namespace (1..SHIFT_KV_NS_MAX of [A-Za-z0-9_.-]),
+ * else -EINVAL. */
+int shift_kv_validate_namespace(const char *ns);
+
+/* Open a handle on url (NULL/"" -> default) with namespace ns (NULL/"" ->
+ * SHIFT_KV_DEFAULT_NAMESPACE).  opts may be NULL.  Unless lazy_connect, the
+ * store is contacted now, bounded by connect_timeout_ms (DNS resolution of a
+ * host name is not bounded by it; use an IP).  On success *out is the handle
+ * and 0 is returned; on failure *out is NULL. */
+int shift_kv_open(const char *url, const char *ns,
+		  const struct shift_kv_options *opts, shift_kv **out);
+
+/* shift_kv_open() with url from $SHIFT_KV_URL and namespace from
+ * $SHIFT_KV_NAMESPACE (each defaulted when unset or empty). */
+int shift_kv_open_from_env(const struct shift_kv_options *opts, shift_kv **out);
+
+/* Release the handle and its connection.  Keys stay in the store (call
+ * shift_kv_delete_own() first to remove them).  NULL is a no-op. */
+void shift_kv_close(shift_kv *h);
+
+/* Store len bytes at val under key, replacing any old value.  ttl_ms > 0
+ * makes the key expire after that many milliseconds; 0 means no expiry.
+ * val may be NULL only when len is 0.  The key is remembered for
+ * shift_kv_delete_own(). */
+int shift_kv_put(shift_kv *h, const char *key, const void *val, size_t len,
+		 uint64_t ttl_ms);
+
+/* Fetch key.  On success *val is a malloc'd copy (caller free()s; it has one
+ * extra NUL byte after the value for convenience) and *len its length. */
+int shift_kv_get(shift_kv *h, const char *key, void **val, size_t *len);
+
+/* Fetch key into buf (capacity cap).  *len receives the value length; if it
+ * exceeds cap nothing is copied and -EMSGSIZE is returned. */
+int shift_kv_get_buf(shift_kv *h, const char *key, void *buf, size_t cap,
+		     size_t *len);
+
+/* Remove key.  0 if it was removed, -ENOENT if it did not exist. */
+int shift_kv_delete(shift_kv *h, const char *key);
+
+/* Return key's value as shift_kv_get() does, waiting up to timeout_ms
+ * (0 = check once) for it to appear.  -ETIMEDOUT if it does not; a store
+ * outage fails fast with -ENOTCONN instead of waiting out the timeout.
+ * Never blocks longer than timeout_ms plus one scheduling quantum. */
+int shift_kv_wait(shift_kv *h, const char *key, int timeout_ms, void **val,
+		  size_t *len);
+
+/* Delete every key this handle put and has not deleted since (meant for the
+ * owner's exit path).  Keys that could not be deleted stay remembered so a
+ * later call can retry.  Returns the number deleted, or the first error. */
+int shift_kv_delete_own(shift_kv *h);
+
+/* Number of keys shift_kv_delete_own() would try to delete. */
+size_t shift_kv_own_count(shift_kv *h);
+
+/* Write the stored form of key ("shift:<ns>:<key>") into buf.  Returns its
+ * length (excluding the NUL), -EINVAL/-ENAMETOOLONG on a bad key, or
+ * -EMSGSIZE if cap is too small. */
+int shift_kv_full_key(const shift_kv *h, const char *key, char *buf,
+		      size_t cap);
+
+/* The handle's namespace and backend name ("redis" or "mem"). */
+const char *shift_kv_namespace(const shift_kv *h);
+const char *shift_kv_backend_name(const shift_kv *h);
+
+/* One-line explanation of the calling thread's last failed kv call. */
+const char *shift_kv_last_error(void);
+
+/* Short static description of a return code. */
+const char *shift_kv_strerror(int rc);
+
+/* mem:// fault injection and reset (tests).  set_down(true) makes every
+ * operation on store NAME fail with -ENOTCONN (waiters are woken and fail)
+ * until set_down(false).  clear() drops every key.  Both create the store if
+ * it does not exist yet.  Return 0 or -EINVAL/-ENOMEM. */
+int shift_kv_mem_set_down(const char *name, bool down);
+int shift_kv_mem_clear(const char *name);
+
+#endif /* SHIFT_KV_H */

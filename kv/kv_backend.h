@@ -1,0 +1,100 @@
+/*
+ * kv/kv_backend.h - internals shared by the kv front end (kv.c) and its
+ * backends (kv_redis.c, kv_mem.c).  Not installed, not for other modules.
+ *
+ * A backend is a table of operations in the style of Redis' ae.c /
+ * ConnectionType: kv.c validates arguments, builds the namespaced key and
+ * holds the handle lock, then makes one indirect call.  Backends only see
+ * full keys ("shift:<ns>:<key>") and absolute CLOCK_MONOTONIC deadlines.
+ */
+#ifndef SHIFT_KV_BACKEND_H
+#define SHIFT_KV_BACKEND_H
+
+#include <pthread.h>
+
+#include "kv/kv.h"
+
+/* ---- string-keyed hash map (kv_map.c); not thread-safe by itself ---- */
+
+struct kv_entry {
+	struct kv_entry *next; /* bucket chain */
+	char *key;             /* NUL-terminated, owned */
+	size_t klen;
+	void *val;             /* owned (malloc), may be NULL */
+	size_t vlen;
+	uint64_t expire_ns;    /* CLOCK_MONOTONIC deadline, 0 = never */
+};
+
+struct kv_map {
+	struct kv_entry **buckets;
+	size_t nbuckets; /* power of two, or 0 before the first insert */
+	size_t count;
+};
+
+/* Find key; NULL if absent. */
+struct kv_entry *kv_map_find(struct kv_map *m, const char *key, size_t klen);
+/* Find key or insert an empty entry for it (val NULL).  NULL on ENOMEM. */
+struct kv_entry *kv_map_upsert(struct kv_map *m, const char *key, size_t klen);
+/* Remove key; returns 1 if removed, 0 if absent. */
+int kv_map_remove(struct kv_map *m, const char *key, size_t klen);
+/* Call fn on every entry.  fn returns 1 to remove the entry, 0 to keep it,
+ * negative to stop (that value is returned).  Returns 0 after a full pass. */
+int kv_map_each(struct kv_map *m, int (*fn)(void *arg, struct kv_entry *e),
+		void *arg);
+/* Drop every entry and the bucket array. */
+void kv_map_clear(struct kv_map *m);
+
+/* ---- handle and backend table ---- */
+
+struct kv_backend {
+	const char *name;
+	/* Called once from shift_kv_open() before the handle is shared; may
+	 * connect (unless h->opts.lazy_connect).  Sets h->priv. */
+	int (*open)(shift_kv *h);
+	/* Releases h->priv.  No other call is in progress. */
+	void (*close)(shift_kv *h);
+	/* The three commands below run with h->lock held. */
+	int (*put)(shift_kv *h, const char *k, size_t klen, const void *v,
+		   size_t vlen, uint64_t ttl_ms, uint64_t deadline_ns);
+	int (*get)(shift_kv *h, const char *k, size_t klen, void **v,
+		   size_t *vlen, uint64_t deadline_ns);
+	int (*del)(shift_kv *h, const char *k, size_t klen,
+		   uint64_t deadline_ns);
+	/* Optional native wait, called WITHOUT h->lock.  When NULL, kv.c polls
+	 * get() with bounded sleeps. */
+	int (*wait)(shift_kv *h, const char *k, size_t klen, void **v,
+		    size_t *vlen, uint64_t deadline_ns);
+};
+
+struct shift_kv {
+	const struct kv_backend *be;
+	struct shift_kv_url url;
+	struct shift_kv_options opts; /* defaults filled in */
+	char ns[SHIFT_KV_NS_MAX + 1];
+	char prefix[SHIFT_KV_NS_MAX + 8]; /* "shift:<ns>:" */
+	size_t prefix_len;
+	/* Serialises backend commands (hiredis contexts are not thread-safe)
+	 * and guards own. */
+	pthread_mutex_t lock;
+	struct kv_map own; /* full keys this handle put; guarded by lock */
+	void *priv;        /* backend state */
+};
+
+extern const struct kv_backend kv_backend_redis;
+extern const struct kv_backend kv_backend_mem;
+
+/* ---- helpers (kv.c) ---- */
+
+/* CLOCK_MONOTONIC in nanoseconds. */
+uint64_t kv_now_ns(void);
+/* Milliseconds left until deadline_ns (0 if passed), rounded up. */
+int kv_ms_left(uint64_t deadline_ns);
+/* Sleep ms milliseconds (EINTR-safe). */
+void kv_sleep_ms(int ms);
+/* Record a printf-style message as the calling thread's last error and
+ * return rc unchanged (so `return kv_err(-EINVAL, "...")` reads well). */
+int kv_err(int rc, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* Copy a value into a fresh malloc'd buffer with a trailing NUL. */
+void *kv_dup_value(const void *v, size_t len);
+
+#endif /* SHIFT_KV_BACKEND_H */
