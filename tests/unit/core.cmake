@@ -1,0 +1,2 @@
+# SHIFT core unit tests (fake provider; the simulated RNIC has its own).
+shift_unit_test(test_ctx SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/test_ctx.c LIBS shift_core)

@@ -1,0 +1,260 @@
+/*
+ * Unit tests of the context takeover (shift/ctx.c): SHIFT installs its own
+ * data-path ops and extended-verb slots on the contexts it opens, routes the
+ * verbs.h inline functions through them to the provider's, and gives the
+ * provider's back on close. A fake provider counts what reaches it.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdlib.h>
+#include <string.h>
+#include <cmocka.h>
+
+#include "shift/shift.h"
+#include "shift/config.h"
+
+/* verbs.h's inline fallbacks name these; this test never takes them. */
+int (ibv_query_port)(struct ibv_context *c, uint8_t p, struct _compat_ibv_port_attr *a)
+{
+	(void)c; (void)p; (void)a;
+	fail_msg("legacy ibv_query_port reached");
+	return -1;
+}
+
+struct fake {
+	struct verbs_context vctx; /* its context is the app's */
+	int post_send, post_recv, srq_recv, poll_cq, notify, query_port, create_qp_ex;
+	struct ibv_qp qp;
+	struct ibv_cq cq;
+	struct ibv_srq srq;
+};
+
+static struct fake *fake_of(struct ibv_context *c)
+{
+	return (struct fake *)((char *)c - offsetof(struct verbs_context, context));
+}
+
+static int f_post_send(struct ibv_qp *qp, struct ibv_send_wr *wr, struct ibv_send_wr **bad)
+{
+	(void)wr; (void)bad;
+	fake_of(qp->context)->post_send++;
+	return 0;
+}
+static int f_post_recv(struct ibv_qp *qp, struct ibv_recv_wr *wr, struct ibv_recv_wr **bad)
+{
+	(void)wr; (void)bad;
+	fake_of(qp->context)->post_recv++;
+	return 0;
+}
+static int f_srq_recv(struct ibv_srq *srq, struct ibv_recv_wr *wr, struct ibv_recv_wr **bad)
+{
+	(void)wr; (void)bad;
+	fake_of(srq->context)->srq_recv++;
+	return 0;
+}
+static int f_poll_cq(struct ibv_cq *cq, int n, struct ibv_wc *wc)
+{
+	(void)wc;
+	fake_of(cq->context)->poll_cq++;
+	return n > 0 ? 0 : -1;
+}
+static int f_notify(struct ibv_cq *cq, int solicited)
+{
+	(void)solicited;
+	fake_of(cq->context)->notify++;
+	return 0;
+}
+static int f_query_port(struct ibv_context *c, uint8_t port, struct ibv_port_attr *a, size_t len)
+{
+	(void)len;
+	fake_of(c)->query_port++;
+	memset(a, 0, sizeof(*a));
+	a->state = IBV_PORT_ACTIVE;
+	return port == 1 ? 0 : EINVAL;
+}
+static struct ibv_qp *f_create_qp_ex(struct ibv_context *c, struct ibv_qp_init_attr_ex *a)
+{
+	(void)a;
+	fake_of(c)->create_qp_ex++;
+	return &fake_of(c)->qp;
+}
+
+static struct fake *fake_new(int extended)
+{
+	struct fake *f = calloc(1, sizeof(*f));
+	struct ibv_context *c = &f->vctx.context;
+
+	c->ops.post_send = f_post_send;
+	c->ops.post_recv = f_post_recv;
+	c->ops.post_srq_recv = f_srq_recv;
+	c->ops.poll_cq = f_poll_cq;
+	c->ops.req_notify_cq = f_notify;
+	if (extended) {
+		c->abi_compat = __VERBS_ABI_IS_EXTENDED;
+		f->vctx.sz = sizeof(f->vctx);
+		f->vctx.query_port = f_query_port;
+		f->vctx.create_qp_ex = f_create_qp_ex;
+	}
+	f->qp.context = c;
+	f->cq.context = c;
+	f->srq.context = c;
+	return f;
+}
+
+static struct fake *next_fake;
+static struct ibv_context *l_open(struct ibv_device *d)
+{
+	(void)d;
+	return &next_fake->vctx.context;
+}
+static int closed;
+static int l_close(struct ibv_context *c)
+{
+	(void)c;
+	closed++;
+	return 0;
+}
+static const struct shift_lower fake_lower = {
+	.name = "fake", .open_device = l_open, .close_device = l_close,
+};
+
+static int setup(void **state)
+{
+	(void)state;
+	shift_lower_set(&fake_lower);
+	closed = 0;
+	return 0;
+}
+
+static void test_takeover_routes_data_path(void **state)
+{
+	struct fake *f = fake_new(1);
+	struct ibv_send_wr swr = { 0 }, *sbad;
+	struct ibv_recv_wr rwr = { 0 }, *rbad;
+	struct ibv_wc wc;
+	(void)state;
+
+	next_fake = f;
+	struct ibv_context *c = shift_verbs.open_device(NULL);
+	assert_ptr_equal(c, &f->vctx.context); /* the provider's own object */
+	assert_ptr_not_equal(c->ops.post_send, f_post_send);
+	assert_ptr_not_equal(f->vctx.create_qp_ex, f_create_qp_ex);
+
+	assert_int_equal(ibv_post_send(&f->qp, &swr, &sbad), 0);
+	assert_int_equal(ibv_post_recv(&f->qp, &rwr, &rbad), 0);
+	assert_int_equal(ibv_post_srq_recv(&f->srq, &rwr, &rbad), 0);
+	assert_int_equal(ibv_poll_cq(&f->cq, 1, &wc), 0);
+	assert_int_equal(ibv_req_notify_cq(&f->cq, 0), 0);
+	assert_int_equal(f->post_send, 1);
+	assert_int_equal(f->post_recv, 1);
+	assert_int_equal(f->srq_recv, 1);
+	assert_int_equal(f->poll_cq, 1);
+	assert_int_equal(f->notify, 1);
+
+	/* extended verbs through struct verbs_context reach SHIFT, then the provider */
+	struct ibv_port_attr pa;
+	assert_int_equal(ibv_query_port(c, 1, &pa), 0);
+	assert_int_equal(pa.state, IBV_PORT_ACTIVE);
+	assert_int_equal(ibv_query_port(c, 2, &pa), EINVAL); /* errors pass through */
+	assert_int_equal(f->query_port, 2);
+	struct ibv_qp_init_attr_ex qa = { 0 };
+	assert_ptr_equal(ibv_create_qp_ex(c, &qa), &f->qp);
+	assert_int_equal(f->create_qp_ex, 1);
+
+	/* close gives the provider its ops back */
+	assert_int_equal(shift_verbs.close_device(c), 0);
+	assert_int_equal(closed, 1);
+	assert_ptr_equal(c->ops.post_send, f_post_send);
+	assert_ptr_equal(c->ops.poll_cq, f_poll_cq);
+	assert_ptr_equal(f->vctx.create_qp_ex, f_create_qp_ex);
+	assert_ptr_equal(f->vctx.query_port, f_query_port);
+	assert_null(shift_ctx_of(c));
+	free(f);
+}
+
+static void test_legacy_context(void **state)
+{
+	struct fake *f = fake_new(0);
+	struct ibv_send_wr swr = { 0 }, *sbad;
+	(void)state;
+
+	next_fake = f;
+	struct ibv_context *c = shift_verbs.open_device(NULL);
+	assert_non_null(shift_ctx_of(c));
+	assert_null(verbs_get_ctx(c)); /* no extended slots to take */
+	assert_int_equal(ibv_post_send(&f->qp, &swr, &sbad), 0);
+	assert_int_equal(f->post_send, 1);
+	shift_verbs.close_device(c);
+	assert_ptr_equal(c->ops.post_send, f_post_send);
+	free(f);
+}
+
+static void test_context_table_full_leaves_unprotected(void **state)
+{
+	struct fake *f[SHIFT_MAX_CTX + 1];
+	struct ibv_send_wr swr = { 0 }, *sbad;
+	(void)state;
+
+	for (int i = 0; i <= SHIFT_MAX_CTX; i++) {
+		f[i] = fake_new(1);
+		next_fake = f[i];
+		assert_ptr_equal(shift_verbs.open_device(NULL), &f[i]->vctx.context);
+	}
+	/* the one past the table still works, untouched by SHIFT */
+	struct fake *last = f[SHIFT_MAX_CTX];
+	assert_ptr_equal(last->vctx.context.ops.post_send, f_post_send);
+	assert_null(shift_ctx_of(&last->vctx.context));
+	assert_int_equal(ibv_post_send(&last->qp, &swr, &sbad), 0);
+	assert_int_equal(last->post_send, 1);
+	/* and each earlier one is found and routed */
+	assert_int_equal(ibv_post_send(&f[SHIFT_MAX_CTX - 1]->qp, &swr, &sbad), 0);
+	assert_int_equal(f[SHIFT_MAX_CTX - 1]->post_send, 1);
+	for (int i = 0; i <= SHIFT_MAX_CTX; i++) {
+		shift_verbs.close_device(&f[i]->vctx.context);
+		free(f[i]);
+	}
+}
+
+static void test_dummy_lower_slots(void **state)
+{
+	(void)state;
+	/* the fake lower has no alloc_pd: SHIFT fills a dummy, never a NULL */
+	errno = 0;
+	assert_null(shift_verbs.alloc_pd(NULL));
+	assert_int_equal(errno, EOPNOTSUPP);
+	assert_int_equal(shift_verbs.dealloc_pd(NULL), EOPNOTSUPP);
+	assert_int_equal(shift_verbs.modify_qp(NULL, NULL, 0), EOPNOTSUPP);
+}
+
+static void test_config(void **state)
+{
+	(void)state;
+	setenv("SHIFT_ENABLE", "0", 1);
+	setenv("SHIFT_LOG_LEVEL", "debug", 1);
+	setenv("SHIFT_PROBE_MS", "not-a-number", 1);
+	assert_int_equal(shift_config_load("/x/libibverbs.so.1"), 1);
+	assert_false(shift_config.enable);
+	assert_int_equal(shift_config.log_level, SHIFT_LOG_DEBUG);
+	assert_int_equal(shift_config.probe_ms, 1000); /* bad value: default kept */
+	assert_string_equal(shift_config.real_lib, "/x/libibverbs.so.1");
+	assert_string_equal(shift_config.kv_url, "redis://127.0.0.1:6379");
+	unsetenv("SHIFT_ENABLE");
+	unsetenv("SHIFT_LOG_LEVEL");
+	unsetenv("SHIFT_PROBE_MS");
+	assert_int_equal(shift_config_load(NULL), 0);
+	assert_true(shift_config.enable);
+	assert_int_equal(shift_config.log_level, SHIFT_LOG_WARN);
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test_setup(test_takeover_routes_data_path, setup),
+		cmocka_unit_test_setup(test_legacy_context, setup),
+		cmocka_unit_test_setup(test_context_table_full_leaves_unprotected, setup),
+		cmocka_unit_test_setup(test_dummy_lower_slots, setup),
+		cmocka_unit_test(test_config),
+	};
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}
