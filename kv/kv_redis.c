@@ -174,6 +174,15 @@ static int kv_redis_reply_err(struct kv_redis *r, redisReply *rep,
 	return rc;
 }
 
+/* AUTH or SELECT got no reply (or no time was left to send it): a context
+ * that skipped its setup must never be reused, so drop it.  Returns rc. */
+static int kv_redis_setup_failed(shift_kv *h, struct kv_redis *r, int rc)
+{
+	if (r->c)
+		kv_redis_fail(h, r, "connection setup did not complete");
+	return rc;
+}
+
 /* Make sure r->c is a connected, authenticated context on the right db. */
 static int kv_redis_connect(shift_kv *h, struct kv_redis *r, uint64_t deadline)
 {
@@ -200,10 +209,8 @@ static int kv_redis_connect(shift_kv *h, struct kv_redis *r, uint64_t deadline)
 	if (!r->c || r->c->err) {
 		char why[160];
 
-		snprintf(why, sizeof(why), "connect: %s",
+		snprintf(why, sizeof(why), "connect (limit %d ms): %s", to,
 			 r->c ? r->c->errstr : "out of memory");
-		if (r->c && r->c->err == REDIS_ERR_IO && errno == EINPROGRESS)
-			snprintf(why, sizeof(why), "connect: timed out after %d ms", to);
 		kv_redis_fail(h, r, why);
 		return kv_err(-ENOTCONN, "%s: %s", r->where, why);
 	}
@@ -217,13 +224,16 @@ static int kv_redis_connect(shift_kv *h, struct kv_redis *r, uint64_t deadline)
 			rep = kv_redis_cmd(h, r, deadline, &rc, "AUTH %b",
 					   h->url.password, strlen(h->url.password));
 		if (!rep)
-			return rc;
+			return kv_redis_setup_failed(h, r, rc);
 		if (rep->type != REDIS_REPLY_STATUS) {
-			rc = kv_redis_reply_err(r, rep, "AUTH");
-			if (rc == -EPROTO) /* e.g. ERR AUTH <password> called without any password configured */
-				rc = -EACCES;
-			kv_err(rc, "%s: authentication failed (%.200s)", r->where,
-			       shift_kv_last_error());
+			char why[240];
+
+			kv_redis_reply_err(r, rep, "AUTH");
+			/* a wrong password, an unknown ACL user, or AUTH sent to
+			 * a server without a password: all are auth failures */
+			rc = -EACCES;
+			snprintf(why, sizeof(why), "%s", shift_kv_last_error());
+			kv_err(rc, "%s: authentication failed (%s)", r->where, why);
 			kv_redis_fail(h, r, "authentication failed");
 			return rc;
 		}
@@ -232,7 +242,7 @@ static int kv_redis_connect(shift_kv *h, struct kv_redis *r, uint64_t deadline)
 	if (h->url.db) {
 		rep = kv_redis_cmd(h, r, deadline, &rc, "SELECT %d", h->url.db);
 		if (!rep)
-			return rc;
+			return kv_redis_setup_failed(h, r, rc);
 		if (rep->type != REDIS_REPLY_STATUS) {
 			rc = kv_redis_reply_err(r, rep, "SELECT");
 			kv_redis_fail(h, r, "SELECT refused");

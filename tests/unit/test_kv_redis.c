@@ -339,6 +339,65 @@ static void test_redis_wait(void **state)
 	shift_kv_close(h);
 }
 
+/* ---- one handle shared by threads (hiredis context behind the lock) ---- */
+
+struct worker {
+	shift_kv *h;
+	int id;
+	int errors;
+};
+
+static void *worker_main(void *arg)
+{
+	struct worker *w = arg;
+	char key[32], val[32];
+
+	for (int i = 0; i < 100; i++) {
+		int len = snprintf(val, sizeof(val), "%d-%d", w->id, i);
+		void *v = NULL;
+		size_t n;
+
+		snprintf(key, sizeof(key), "w%d/%d", w->id, i % 7);
+		if (shift_kv_put(w->h, key, val, (size_t)len, 60000) ||
+		    shift_kv_get(w->h, key, &v, &n) || n != (size_t)len ||
+		    memcmp(v, val, n))
+			w->errors++;
+		free(v);
+	}
+	if (w->id == 0) {
+		if (shift_kv_put(w->h, "go", "1", 1, 60000))
+			w->errors++;
+	} else {
+		void *v = NULL;
+		size_t n;
+
+		if (shift_kv_wait(w->h, "go", 5000, &v, &n))
+			w->errors++;
+		free(v);
+	}
+	return NULL;
+}
+
+static void test_redis_threads(void **state)
+{
+	shift_kv *h = open_ok("redis://:" PASSWORD "@127.0.0.1:%d", "thr", NULL);
+	struct worker w[4];
+	pthread_t t[4];
+
+	(void)state;
+	for (int i = 0; i < 4; i++) {
+		w[i] = (struct worker){ h, i, 0 };
+		assert_int_equal(pthread_create(&t[i], NULL, worker_main, &w[i]), 0);
+	}
+	for (int i = 0; i < 4; i++) {
+		pthread_join(t[i], NULL);
+		assert_int_equal(w[i].errors, 0);
+	}
+	assert_int_equal(shift_kv_own_count(h), 4 * 7 + 1);
+	assert_int_equal(shift_kv_delete_own(h), 4 * 7 + 1);
+	shift_kv_close(h);
+}
+
 /* ---- authentication and databases ---- */
 
 static void test_redis_auth(void **state)
@@ -555,6 +614,7 @@ int main(void)
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_redis_basic),
 		cmocka_unit_test(test_redis_wait),
+		cmocka_unit_test(test_redis_threads),
 		cmocka_unit_test(test_redis_auth),
 		cmocka_unit_test(test_redis_restart),
 		cmocka_unit_test(test_redis_unreachable),
