@@ -211,7 +211,7 @@ void shift_kv_close(shift_kv *h)
 	kv_map_clear(&h->own);
 	pthread_mutex_destroy(&h->lock);
 	/* the URL holds the password: do not leave it in freed memory */
-	memset(&h->url, 0, sizeof(h->url));
+	explicit_bzero(&h->url, sizeof(h->url));
 	free(h);
 }
 

@@ -124,7 +124,8 @@ int shift_kv_delete(shift_kv *h, const char *key);
 /* Return key's value as shift_kv_get() does, waiting up to timeout_ms
  * (0 = check once) for it to appear.  -ETIMEDOUT if it does not; a store
  * outage fails fast with -ENOTCONN instead of waiting out the timeout.
- * Never blocks longer than timeout_ms plus one scheduling quantum. */
+ * Never blocks longer than timeout_ms plus scheduling slack (timeout 0: one
+ * lookup, bounded like shift_kv_get()). */
 int shift_kv_wait(shift_kv *h, const char *key, int timeout_ms, void **val,
 		  size_t *len);
 
