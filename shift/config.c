@@ -100,6 +100,9 @@ static const struct config_row rows[] = {
 	{ "SHIFT_PROBE_MS", "1000",
 	  "period of the recovery probe on a failed default path, in ms",
 	  parse_uint, FIELD(probe_ms) },
+	{ "SHIFT_STATUS_DIR", "/tmp/shift",
+	  "where each process writes its per-QP status for shiftctl ('' = none)",
+	  parse_string, FIELD(status_dir) },
 };
 
 #define NROWS (sizeof(rows) / sizeof(rows[0]))

@@ -8,6 +8,7 @@
  * In the Default state they add one table lookup and one indirect call.
  */
 #include "shift/shift.h"
+#include "shift/shadow.h"
 
 #include <pthread.h>
 #include <stddef.h>
@@ -109,7 +110,14 @@ static struct ibv_qp *shift_vctx_create_qp_ex(struct ibv_context *context,
 		errno = EOPNOTSUPP;
 		return NULL;
 	}
-	return s->create_qp_ex(context, attr);
+	struct ibv_qp *qp = s->create_qp_ex(context, attr);
+
+	if (qp && s->rnic) {
+		shift_shadow_qp(s->rnic, qp, attr->qp_type, attr->send_cq, attr->recv_cq,
+				&attr->cap, attr->sq_sig_all,
+				attr->srq != NULL || (attr->comp_mask & IBV_QP_INIT_ATTR_XRCD));
+	}
+	return qp;
 }
 
 static struct ibv_cq_ex *shift_vctx_create_cq_ex(struct ibv_context *context,
@@ -121,7 +129,12 @@ static struct ibv_cq_ex *shift_vctx_create_cq_ex(struct ibv_context *context,
 		errno = EOPNOTSUPP;
 		return NULL;
 	}
-	return s->create_cq_ex(context, attr);
+	struct ibv_cq_ex *cq = s->create_cq_ex(context, attr);
+
+	if (cq && s->rnic)
+		shift_shadow_cq(s->rnic, ibv_cq_ex_to_cq(cq), (int)attr->cqe,
+				attr->channel != NULL, (int)attr->comp_vector);
+	return cq;
 }
 
 /* ---- attach / detach ------------------------------------------------------ */

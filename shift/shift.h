@@ -19,6 +19,8 @@
 
 #define SHIFT_MAX_CTX 64
 
+struct shift_rnic;
+
 struct shift_ctx {
 	struct ibv_context *ibctx; /* the provider's context, as the app sees it */
 
@@ -44,6 +46,7 @@ struct shift_ctx {
 	struct ibv_cq_ex *(*create_cq_ex)(struct ibv_context *context,
 					  struct ibv_cq_init_attr_ex *init_attr);
 	int slot; /* index in the context table */
+	struct shift_rnic *rnic; /* shadow verbs of this RNIC, NULL if unprotected */
 };
 
 /* The contexts SHIFT manages, for the data path's lookup (shift/ctx.c). */

@@ -9,10 +9,19 @@
  * unprotected.
  */
 #include "shift/shift.h"
+#include "shift/shadow.h"
 
 #include <stdlib.h>
 
 #define L (shift_lower)
+
+/* The shadowing RNIC of a context, or NULL (unprotected / not SHIFT's). */
+static struct shift_rnic *rnic_of(struct ibv_context *ctx)
+{
+	struct shift_ctx *s = ctx ? shift_ctx_of(ctx) : NULL;
+
+	return s ? s->rnic : NULL;
+}
 
 struct ibv_device **shift_ibv_get_device_list(int *num_devices)
 {
@@ -37,14 +46,22 @@ __be64 shift_ibv_get_device_guid(struct ibv_device *device)
 struct ibv_context *shift_ibv_open_device(struct ibv_device *device)
 {
 	struct ibv_context *ctx = L->open_device(device);
+	struct shift_ctx *s;
 
-	if (ctx)
-		shift_ctx_attach(ctx); /* on failure: unprotected, logged */
+	if (ctx) {
+		s = shift_ctx_attach(ctx); /* on failure: unprotected, logged */
+		if (s)
+			s->rnic = shift_rnic_start(s);
+	}
 	return ctx;
 }
 
 int shift_ibv_close_device(struct ibv_context *context)
 {
+	struct shift_rnic *r = rnic_of(context);
+
+	if (r)
+		shift_rnic_stop(r);
 	shift_ctx_detach(context);
 	return L->close_device(context);
 }
@@ -80,49 +97,92 @@ void shift_ibv_ack_async_event(struct ibv_async_event *event)
 
 struct ibv_pd *shift_ibv_alloc_pd(struct ibv_context *context)
 {
-	return L->alloc_pd(context);
+	struct ibv_pd *pd = L->alloc_pd(context);
+	struct shift_rnic *r = pd ? rnic_of(context) : NULL;
+
+	if (r)
+		shift_shadow_pd(r, pd);
+	return pd;
 }
 
 int shift_ibv_dealloc_pd(struct ibv_pd *pd)
 {
-	return L->dealloc_pd(pd);
+	struct shift_rnic *r = pd ? rnic_of(pd->context) : NULL;
+	int rc = L->dealloc_pd(pd);
+
+	if (!rc && r)
+		shift_shadow_pd_gone(r, pd);
+	return rc;
 }
 
 struct ibv_mr *shift_ibv_reg_mr(struct ibv_pd *pd, void *addr, size_t length,
 				int access)
 {
-	return L->reg_mr(pd, addr, length, access);
+	struct ibv_mr *mr = L->reg_mr(pd, addr, length, access);
+	struct shift_rnic *r = mr ? rnic_of(pd->context) : NULL;
+
+	if (r)
+		shift_shadow_mr(r, mr, SHIFT_MR_PLAIN, addr, length, 0, 0, -1,
+				(unsigned int)access);
+	return mr;
 }
 
 struct ibv_mr *shift_ibv_reg_mr_iova(struct ibv_pd *pd, void *addr,
 				     size_t length, uint64_t iova, int access)
 {
-	return L->reg_mr_iova(pd, addr, length, iova, access);
+	struct ibv_mr *mr = L->reg_mr_iova(pd, addr, length, iova, access);
+	struct shift_rnic *r = mr ? rnic_of(pd->context) : NULL;
+
+	if (r)
+		shift_shadow_mr(r, mr, SHIFT_MR_IOVA, addr, length, iova, 0, -1,
+				(unsigned int)access);
+	return mr;
 }
 
 struct ibv_mr *shift_ibv_reg_mr_iova2(struct ibv_pd *pd, void *addr,
 				      size_t length, uint64_t iova,
 				      unsigned int access)
 {
-	return L->reg_mr_iova2(pd, addr, length, iova, access);
+	struct ibv_mr *mr = L->reg_mr_iova2(pd, addr, length, iova, access);
+	struct shift_rnic *r = mr ? rnic_of(pd->context) : NULL;
+
+	if (r)
+		shift_shadow_mr(r, mr, SHIFT_MR_IOVA, addr, length, iova, 0, -1, access);
+	return mr;
 }
 
 struct ibv_mr *shift_ibv_reg_dmabuf_mr(struct ibv_pd *pd, uint64_t offset,
 				       size_t length, uint64_t iova, int fd,
 				       int access)
 {
-	return L->reg_dmabuf_mr(pd, offset, length, iova, fd, access);
+	struct ibv_mr *mr = L->reg_dmabuf_mr(pd, offset, length, iova, fd, access);
+	struct shift_rnic *r = mr ? rnic_of(pd->context) : NULL;
+
+	if (r)
+		shift_shadow_mr(r, mr, SHIFT_MR_DMABUF, NULL, length, iova, offset, fd,
+				(unsigned int)access);
+	return mr;
 }
 
 int shift_ibv_rereg_mr(struct ibv_mr *mr, int flags, struct ibv_pd *pd,
 		       void *addr, size_t length, int access)
 {
-	return L->rereg_mr(mr, flags, pd, addr, length, access);
+	struct shift_rnic *r = mr ? rnic_of(mr->context) : NULL;
+	int rc = L->rereg_mr(mr, flags, pd, addr, length, access);
+
+	if (!rc && r)
+		shift_shadow_mr_rereg(r, mr, flags, access);
+	return rc;
 }
 
 int shift_ibv_dereg_mr(struct ibv_mr *mr)
 {
-	return L->dereg_mr(mr);
+	struct shift_rnic *r = mr ? rnic_of(mr->context) : NULL;
+	int rc = L->dereg_mr(mr);
+
+	if (!rc && r)
+		shift_shadow_mr_gone(r, mr);
+	return rc;
 }
 
 struct ibv_comp_channel *shift_ibv_create_comp_channel(struct ibv_context *context)
@@ -140,7 +200,12 @@ struct ibv_cq *shift_ibv_create_cq(struct ibv_context *context, int cqe,
 				   struct ibv_comp_channel *channel,
 				   int comp_vector)
 {
-	return L->create_cq(context, cqe, cq_context, channel, comp_vector);
+	struct ibv_cq *cq = L->create_cq(context, cqe, cq_context, channel, comp_vector);
+	struct shift_rnic *r = cq ? rnic_of(context) : NULL;
+
+	if (r)
+		shift_shadow_cq(r, cq, cq->cqe, channel != NULL, comp_vector);
+	return cq;
 }
 
 int shift_ibv_resize_cq(struct ibv_cq *cq, int cqe)
@@ -150,7 +215,12 @@ int shift_ibv_resize_cq(struct ibv_cq *cq, int cqe)
 
 int shift_ibv_destroy_cq(struct ibv_cq *cq)
 {
-	return L->destroy_cq(cq);
+	struct shift_rnic *r = cq ? rnic_of(cq->context) : NULL;
+	int rc = L->destroy_cq(cq);
+
+	if (!rc && r)
+		shift_shadow_cq_gone(r, cq);
+	return rc;
 }
 
 int shift_ibv_get_cq_event(struct ibv_comp_channel *channel,
@@ -167,13 +237,25 @@ void shift_ibv_ack_cq_events(struct ibv_cq *cq, unsigned int nevents)
 struct ibv_qp *shift_ibv_create_qp(struct ibv_pd *pd,
 				   struct ibv_qp_init_attr *qp_init_attr)
 {
-	return L->create_qp(pd, qp_init_attr);
+	struct ibv_qp *qp = L->create_qp(pd, qp_init_attr);
+	struct shift_rnic *r = qp ? rnic_of(pd->context) : NULL;
+
+	if (r)
+		shift_shadow_qp(r, qp, qp_init_attr->qp_type, qp_init_attr->send_cq,
+				qp_init_attr->recv_cq, &qp_init_attr->cap,
+				qp_init_attr->sq_sig_all, qp_init_attr->srq != NULL);
+	return qp;
 }
 
 int shift_ibv_modify_qp(struct ibv_qp *qp, struct ibv_qp_attr *attr,
 			int attr_mask)
 {
-	return L->modify_qp(qp, attr, attr_mask);
+	int rc = L->modify_qp(qp, attr, attr_mask);
+	struct shift_rnic *r = !rc && qp ? rnic_of(qp->context) : NULL;
+
+	if (r)
+		shift_shadow_qp_modified(r, qp, attr, attr_mask);
+	return rc;
 }
 
 int shift_ibv_query_qp(struct ibv_qp *qp, struct ibv_qp_attr *attr,
@@ -184,7 +266,12 @@ int shift_ibv_query_qp(struct ibv_qp *qp, struct ibv_qp_attr *attr,
 
 int shift_ibv_destroy_qp(struct ibv_qp *qp)
 {
-	return L->destroy_qp(qp);
+	struct shift_rnic *r = qp ? rnic_of(qp->context) : NULL;
+	int rc = L->destroy_qp(qp);
+
+	if (!rc && r)
+		shift_shadow_qp_gone(r, qp);
+	return rc;
 }
 
 int shift_ibv_query_ece(struct ibv_qp *qp, struct ibv_ece *ece)

@@ -1,2 +1,3 @@
 # SHIFT core unit tests (fake provider; the simulated RNIC has its own).
 shift_unit_test(test_ctx SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/test_ctx.c LIBS shift_core)
+shift_unit_test(test_exchange SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/test_exchange.c LIBS shift_core)

@@ -1,0 +1,140 @@
+/*
+ * Spelling of the keys and values SHIFT exchanges through the KV store
+ * (see exchange.h). Text, so that `redis-cli` shows what SHIFT agreed on.
+ */
+#include "shift/exchange.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+void shift_gid_hex(const union ibv_gid *gid, char out[33])
+{
+	static const char hex[] = "0123456789abcdef";
+
+	for (int i = 0; i < 16; i++) {
+		out[2 * i] = hex[gid->raw[i] >> 4];
+		out[2 * i + 1] = hex[gid->raw[i] & 15];
+	}
+	out[32] = '\0';
+}
+
+static int gid_parse(const char *s, union ibv_gid *gid)
+{
+	for (int i = 0; i < 32; i++) {
+		char c = s[i];
+		int v = c >= '0' && c <= '9' ? c - '0' :
+			c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
+
+		if (v < 0)
+			return -EINVAL;
+		if (i & 1)
+			gid->raw[i / 2] |= (uint8_t)v;
+		else
+			gid->raw[i / 2] = (uint8_t)(v << 4);
+	}
+	return 0;
+}
+
+static int fit(int n, size_t cap)
+{
+	return n < 0 || (size_t)n >= cap ? -EMSGSIZE : n;
+}
+
+int shift_exchange_qp_key(const struct shift_qp_key *k, char *buf, size_t cap)
+{
+	char g[33];
+
+	shift_gid_hex(&k->gid, g);
+	return fit(snprintf(buf, cap, "qp:%s:%u", g, k->qpn), cap);
+}
+
+int shift_exchange_mr_key(const union ibv_gid *gid, uint32_t rkey, char *buf,
+			  size_t cap)
+{
+	char g[33];
+
+	shift_gid_hex(gid, g);
+	return fit(snprintf(buf, cap, "mr:%s:%u", g, rkey), cap);
+}
+
+int shift_exchange_qp_encode(const struct shift_qp_value *v, char *buf, size_t cap)
+{
+	char g[33];
+
+	shift_gid_hex(&v->gid, g);
+	return fit(snprintf(buf, cap, SHIFT_EXCHANGE_VERSION " qp gid=%s qpn=%u psn=%u mtu=%u",
+			    g, v->qpn, v->psn, v->mtu), cap);
+}
+
+int shift_exchange_mr_encode(uint32_t bk_rkey, char *buf, size_t cap)
+{
+	return fit(snprintf(buf, cap, SHIFT_EXCHANGE_VERSION " mr rkey=%u", bk_rkey), cap);
+}
+
+/* Parse "name=<decimal>" at *p into *out (bounded by max), advance *p. */
+static int field_u32(const char **p, const char *end, const char *name,
+		     uint32_t max, uint32_t *out)
+{
+	size_t n = strlen(name);
+	uint64_t v = 0;
+	const char *q = *p;
+
+	if ((size_t)(end - q) < n + 2 || memcmp(q, name, n) || q[n] != '=')
+		return -EINVAL;
+	q += n + 1;
+	if (q >= end || *q < '0' || *q > '9')
+		return -EINVAL;
+	while (q < end && *q >= '0' && *q <= '9') {
+		v = v * 10 + (uint64_t)(*q++ - '0');
+		if (v > max)
+			return -EINVAL;
+	}
+	if (q < end && *q != ' ')
+		return -EINVAL;
+	*out = (uint32_t)v;
+	*p = q < end ? q + 1 : q;
+	return 0;
+}
+
+static int prefix(const char **p, const char *end, const char *want)
+{
+	size_t n = strlen(want);
+
+	if ((size_t)(end - *p) < n || memcmp(*p, want, n))
+		return -EINVAL;
+	*p += n;
+	return 0;
+}
+
+int shift_exchange_qp_decode(const char *s, size_t len, struct shift_qp_value *v)
+{
+	const char *p = s, *end = s + len;
+	struct shift_qp_value out;
+
+	memset(&out, 0, sizeof(out));
+	if (prefix(&p, end, SHIFT_EXCHANGE_VERSION " qp gid=") || end - p < 33 ||
+	    gid_parse(p, &out.gid) || p[32] != ' ')
+		return -EINVAL;
+	p += 33;
+	if (field_u32(&p, end, "qpn", 0xffffff, &out.qpn) ||
+	    field_u32(&p, end, "psn", 0xffffff, &out.psn) ||
+	    field_u32(&p, end, "mtu", IBV_MTU_4096, &out.mtu) || p != end ||
+	    out.mtu < IBV_MTU_256 || out.qpn == 0)
+		return -EINVAL;
+	*v = out;
+	return 0;
+}
+
+int shift_exchange_mr_decode(const char *s, size_t len, uint32_t *bk_rkey)
+{
+	const char *p = s, *end = s + len;
+	uint32_t r;
+
+	if (prefix(&p, end, SHIFT_EXCHANGE_VERSION " mr ") ||
+	    field_u32(&p, end, "rkey", 0xffffffffu, &r) || p != end)
+		return -EINVAL;
+	*bk_rkey = r;
+	return 0;
+}

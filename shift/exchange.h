@@ -1,0 +1,46 @@
+/*
+ * What the two ends of a connection exchange through the key-value store,
+ * and how it is spelled. Keys derive from what the application already
+ * exchanged itself:
+ *   qp:<default GID, 32 hex>:<default QPN>  -> the backup QP's GID, QPN, PSN, MTU
+ *   mr:<default GID, 32 hex>:<default rkey> -> the backup MR's rkey
+ * Values are versioned text ("shift1 qp ..."), validated on read: a value
+ * of another version or with a missing or out-of-range field is rejected.
+ */
+#ifndef SHIFT_EXCHANGE_H
+#define SHIFT_EXCHANGE_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <infiniband/verbs.h>
+
+#define SHIFT_EXCHANGE_VERSION "shift1"
+#define SHIFT_EXCHANGE_KEY_MAX 80
+#define SHIFT_EXCHANGE_VALUE_MAX 160
+
+struct shift_qp_key {
+	union ibv_gid gid;
+	uint32_t qpn;
+};
+
+struct shift_qp_value {
+	union ibv_gid gid; /* backup GID */
+	uint32_t qpn;      /* backup QPN */
+	uint32_t psn;      /* backup QP's initial send PSN */
+	uint32_t mtu;      /* enum ibv_mtu of the backup port */
+};
+
+int shift_exchange_qp_key(const struct shift_qp_key *k, char *buf, size_t cap);
+int shift_exchange_mr_key(const union ibv_gid *gid, uint32_t rkey, char *buf,
+			  size_t cap);
+/* Encoders return the length written, or -EMSGSIZE. */
+int shift_exchange_qp_encode(const struct shift_qp_value *v, char *buf, size_t cap);
+int shift_exchange_mr_encode(uint32_t bk_rkey, char *buf, size_t cap);
+/* Decoders return 0, or -EINVAL for anything but a well-formed value of
+ * this version. s need not be NUL-terminated. */
+int shift_exchange_qp_decode(const char *s, size_t len, struct shift_qp_value *v);
+int shift_exchange_mr_decode(const char *s, size_t len, uint32_t *bk_rkey);
+
+void shift_gid_hex(const union ibv_gid *gid, char out[33]);
+
+#endif /* SHIFT_EXCHANGE_H */

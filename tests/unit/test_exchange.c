@@ -1,0 +1,117 @@
+/*
+ * Unit tests of the KV spelling (shift/exchange.c) and of the backup NIC
+ * choice (shift/backup.c): pure functions, no devices.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <string.h>
+#include <cmocka.h>
+
+#include "shift/backup.h"
+#include "shift/exchange.h"
+
+static void test_qp_roundtrip(void **state)
+{
+	struct shift_qp_value v = { .qpn = 0x123456, .psn = 77, .mtu = IBV_MTU_1024 }, w;
+	struct shift_qp_key k = { .qpn = 17 };
+	char buf[SHIFT_EXCHANGE_VALUE_MAX], key[SHIFT_EXCHANGE_KEY_MAX];
+	(void)state;
+
+	for (int i = 0; i < 16; i++)
+		v.gid.raw[i] = (uint8_t)(i * 17);
+	k.gid = v.gid;
+	int n = shift_exchange_qp_encode(&v, buf, sizeof(buf));
+	assert_true(n > 0);
+	assert_int_equal(shift_exchange_qp_decode(buf, (size_t)n, &w), 0);
+	assert_memory_equal(&v.gid, &w.gid, 16);
+	assert_int_equal(w.qpn, v.qpn);
+	assert_int_equal(w.psn, 77);
+	assert_int_equal(w.mtu, IBV_MTU_1024);
+	assert_true(shift_exchange_qp_key(&k, key, sizeof(key)) > 0);
+	assert_string_equal(key, "qp:00112233445566778899aabbccddeeff:17");
+	/* too small a buffer is an error, not a truncation */
+	assert_int_equal(shift_exchange_qp_key(&k, key, 10), -EMSGSIZE);
+}
+
+static void test_qp_decode_rejects(void **state)
+{
+	struct shift_qp_value w;
+	static const char *const bad[] = {
+		"",
+		"shift0 qp gid=00112233445566778899aabbccddeeff qpn=1 psn=2 mtu=3",
+		"shift1 qp gid=00112233445566778899aabbccddeefX qpn=1 psn=2 mtu=3",
+		"shift1 qp gid=00112233445566778899aabbccddeeff qpn=1 psn=2",
+		"shift1 qp gid=00112233445566778899aabbccddeeff qpn=16777216 psn=2 mtu=3",
+		"shift1 qp gid=00112233445566778899aabbccddeeff qpn=1 psn=2 mtu=9",
+		"shift1 qp gid=00112233445566778899aabbccddeeff qpn=0 psn=2 mtu=3",
+		"shift1 qp gid=00112233445566778899aabbccddeeff qpn=1 psn=2 mtu=3 extra=1",
+		"shift1 qp gid=00112233445566778899aabbccddeeff qpn=-1 psn=2 mtu=3",
+		"shift1 mr rkey=5",
+	};
+	(void)state;
+	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++)
+		assert_int_equal(shift_exchange_qp_decode(bad[i], strlen(bad[i]), &w), -EINVAL);
+	/* a truncated value (length shorter than the text) is rejected too */
+	const char *ok = "shift1 qp gid=00112233445566778899aabbccddeeff qpn=1 psn=2 mtu=3";
+	assert_int_equal(shift_exchange_qp_decode(ok, strlen(ok), &w), 0);
+	assert_int_equal(shift_exchange_qp_decode(ok, strlen(ok) - 7, &w), -EINVAL);
+}
+
+static void test_mr(void **state)
+{
+	char buf[64], key[SHIFT_EXCHANGE_KEY_MAX];
+	uint32_t r;
+	union ibv_gid g;
+	(void)state;
+
+	memset(&g, 0xab, sizeof(g));
+	int n = shift_exchange_mr_encode(4000000000u, buf, sizeof(buf));
+	assert_int_equal(shift_exchange_mr_decode(buf, (size_t)n, &r), 0);
+	assert_true(r == 4000000000u);
+	assert_int_equal(shift_exchange_mr_decode("shift1 mr rkey=", 15, &r), -EINVAL);
+	assert_int_equal(shift_exchange_mr_decode("shift1 mr rkey=4294967296", 25, &r), -EINVAL);
+	assert_true(shift_exchange_mr_key(&g, 9, key, sizeof(key)) > 0);
+	assert_string_equal(key, "mr:abababababababababababababababab:9");
+}
+
+static void test_backup_pick(void **state)
+{
+	struct shift_backup_cand c[] = {
+		{ "rxe1", IBV_LINK_LAYER_ETHERNET, true },
+		{ "rxe0", IBV_LINK_LAYER_ETHERNET, true },
+		{ "mlx5_0", IBV_LINK_LAYER_INFINIBAND, true },
+		{ "rxe2", IBV_LINK_LAYER_ETHERNET, false },
+	};
+	char out[64];
+	(void)state;
+
+	/* automatic: next active, same link layer, name order, cyclic */
+	assert_int_equal(shift_backup_pick(c, 4, "rxe0", "", out, sizeof(out)), 0);
+	assert_string_equal(out, "rxe1");
+	assert_int_equal(shift_backup_pick(c, 4, "rxe1", "", out, sizeof(out)), 0);
+	assert_string_equal(out, "rxe0"); /* rxe2 is down: wraps around */
+	assert_int_equal(shift_backup_pick(c, 4, "mlx5_0", "", out, sizeof(out)), -ENODEV);
+	assert_int_equal(shift_backup_pick(c, 1, "rxe1", "", out, sizeof(out)), -ENODEV);
+	/* explicit map */
+	assert_int_equal(shift_backup_pick(c, 4, "rxe0", "rxe0:rxe2,rxe1:rxe0", out, sizeof(out)), 0);
+	assert_string_equal(out, "rxe2");
+	assert_int_equal(shift_backup_pick(c, 4, "rxe1", "rxe0:rxe2,rxe1:rxe0", out, sizeof(out)), 0);
+	assert_string_equal(out, "rxe0");
+	assert_int_equal(shift_backup_pick(c, 4, "mlx5_0", "rxe0:rxe1", out, sizeof(out)), -ENOENT);
+	assert_int_equal(shift_backup_pick(c, 4, "rxe0", "rxe0:nope", out, sizeof(out)), -ENODEV);
+	assert_int_equal(shift_backup_pick(c, 4, "rxe0", "rxe0rxe1", out, sizeof(out)), -EINVAL);
+	assert_int_equal(shift_backup_pick(c, 4, "rxe0", "rxe0:", out, sizeof(out)), -EINVAL);
+	assert_int_equal(shift_backup_pick(c, 4, "rxe0", "rxe0:rxe0", out, sizeof(out)), -EINVAL);
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_qp_roundtrip),
+		cmocka_unit_test(test_qp_decode_rejects),
+		cmocka_unit_test(test_mr),
+		cmocka_unit_test(test_backup_pick),
+	};
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}
