@@ -1,0 +1,86 @@
+/*
+ * shiftctl: look at SHIFT from outside the application.
+ *   shiftctl config          every SHIFT_* knob, its value here and its doc
+ *   shiftctl status [DIR]    per process, each default QP and its backup QP
+ *                            (from the status files SHIFT's threads write in
+ *                            $SHIFT_STATUS_DIR, default /tmp/shift)
+ */
+#include "shift/config.h"
+
+#include <dirent.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <errno.h>
+#include <sys/types.h>
+
+static int errno_is_esrch(void) { return errno == ESRCH; }
+
+static int usage(void)
+{
+	fprintf(stderr, "usage: shiftctl config | status [DIR]\n");
+	return 2;
+}
+
+static int status(const char *dir)
+{
+	DIR *d = opendir(dir);
+	struct dirent *e;
+	int files = 0;
+
+	if (!d) {
+		printf("no SHIFT status in %s (no process running with SHIFT?)\n", dir);
+		return 0;
+	}
+	printf("%-7s %-8s %-8s %-6s %-11s %-8s %-8s %-6s %-8s %s\n", "PID", "DEV", "QPN",
+	       "STATE", "SHADOW", "BACKUP", "BK_QPN", "BK_ST", "PEER_BK", "NOTE");
+	while ((e = readdir(d))) {
+		char path[4096], line[1024];
+		int pid;
+
+		if (strncmp(e->d_name, "shift-", 6) || !strstr(e->d_name, ".status") ||
+		    strstr(e->d_name, ".tmp"))
+			continue;
+		if (sscanf(e->d_name, "shift-%d-", &pid) == 1 && kill(pid, 0) && errno_is_esrch())
+			continue;
+		snprintf(path, sizeof(path), "%s/%s", dir, e->d_name);
+		FILE *f = fopen(path, "r");
+		if (!f)
+			continue;
+		files++;
+		while (fgets(line, sizeof(line), f)) {
+			char dev[64], st[16], sh[16], bk[64], bks[16];
+			unsigned qpn, bkqpn, peer;
+			int p, off = 0;
+
+			if (line[0] == '#')
+				continue;
+			if (sscanf(line, "%d %63s %u %15s %15s %63s %u %15s %u %n", &p, dev, &qpn, st,
+				   sh, bk, &bkqpn, bks, &peer, &off) < 9)
+				continue;
+			line[strcspn(line, "\n")] = '\0';
+			printf("%-7d %-8s %-8u %-6s %-11s %-8s %-8u %-6s %-8u %s\n", p, dev, qpn, st,
+			       sh, bk, bkqpn, bks, peer, off ? line + off : "");
+		}
+		fclose(f);
+	}
+	closedir(d);
+	if (!files)
+		printf("(no process with SHIFT has reported yet)\n");
+	return 0;
+}
+
+int main(int argc, char **argv)
+{
+	if (argc < 2)
+		return usage();
+	shift_config_load(NULL);
+	if (!strcmp(argv[1], "config")) {
+		shift_config_print(stdout);
+		return 0;
+	}
+	if (!strcmp(argv[1], "status"))
+		return status(argc > 2 ? argv[2] : shift_config.status_dir);
+	return usage();
+}
