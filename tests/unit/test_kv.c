@@ -367,7 +367,7 @@ static void test_mem_wait(void **state)
 		t0 = now_ms();
 		assert_int_equal(shift_kv_wait(a, "never", tmo[i], &v, &n), -ETIMEDOUT);
 		dt = now_ms() - t0;
-		if (dt + 1 < (uint64_t)tmo[i] || dt > (uint64_t)tmo[i] + 60)
+		if (dt + 1 < (uint64_t)tmo[i] || dt > (uint64_t)tmo[i] + 100)
 			fail_msg("wait(%d ms) took %llu ms", tmo[i],
 				 (unsigned long long)dt);
 		assert_non_null(strstr(shift_kv_last_error(), "did not appear"));
@@ -429,7 +429,7 @@ static void test_mem_outage(void **state)
 	assert_int_equal(shift_kv_wait(h, "k", 5000, &v, &n), -ENOTCONN);
 	assert_int_equal(shift_kv_delete_own(h), -ENOTCONN);
 	assert_int_equal(shift_kv_own_count(h), 1); /* kept for a retry */
-	assert_true(now_ms() - t0 < 100);
+	assert_true(now_ms() - t0 < 200);
 
 	/* opening while down: refused, unless lazy */
 	assert_int_equal(shift_kv_open("mem://down", "ns", NULL, &h2), -ENOTCONN);
