@@ -1013,3 +1013,50 @@ void shift_status_remove(struct shift_rnic *r)
 		 (int)getpid(), r->name);
 	unlink(path);
 }
+
+/* ---- introspection ------------------------------------------------------ */
+
+struct shift_rnic *shift_rnic_of(struct ibv_context *ctx)
+{
+	struct shift_ctx *s = ctx ? shift_ctx_of(ctx) : NULL;
+
+	return s ? s->rnic : NULL;
+}
+
+int shift_shadow_qp_info(struct ibv_qp *qp, struct shift_qp_info *out)
+{
+	struct shift_rnic *r = shift_rnic_of(qp->context);
+	int rc = -ENOENT;
+
+	if (!r)
+		return rc;
+	pthread_mutex_lock(&r->lock);
+	struct shift_qp *q = find_qp(r, qp);
+	if (q) {
+		out->state = q->state;
+		out->why = q->why;
+		out->bk = q->bk;
+		out->bk_state = q->bk_state;
+		out->peer_bk_qpn = q->peer_known ? q->peer_bk.qpn : 0;
+		out->published = q->published;
+		out->bk_dev = r->bk_name;
+		rc = 0;
+	}
+	pthread_mutex_unlock(&r->lock);
+	return rc;
+}
+
+struct ibv_mr *shift_shadow_mr_backup(struct ibv_mr *mr)
+{
+	struct shift_rnic *r = shift_rnic_of(mr->context);
+	struct ibv_mr *bk = NULL;
+
+	if (!r)
+		return NULL;
+	pthread_mutex_lock(&r->lock);
+	for (struct shift_mr *m = r->mrs; m; m = m->next)
+		if (m->app == mr && !m->dead)
+			bk = m->bk;
+	pthread_mutex_unlock(&r->lock);
+	return bk;
+}

@@ -179,4 +179,20 @@ void shift_status_remove(struct shift_rnic *r);
 /* Tests: run shadow replay synchronously (shift_rnic_pass), no threads. */
 extern bool shift_shadow_sync;
 
+
+
+/* What SHIFT knows of an application QP / MR (tests, tools). Reads
+ * thread-owned fields: call with replay synchronous or quiescent. */
+struct shift_qp_info {
+	enum shift_shadow_state state;
+	const char *why;
+	struct ibv_qp *bk;
+	enum ibv_qp_state bk_state;
+	uint32_t peer_bk_qpn;
+	bool published;
+	const char *bk_dev;
+};
+int shift_shadow_qp_info(struct ibv_qp *qp, struct shift_qp_info *out);
+struct ibv_mr *shift_shadow_mr_backup(struct ibv_mr *mr);
+struct shift_rnic *shift_rnic_of(struct ibv_context *ctx);
 #endif /* SHIFT_SHADOW_H */

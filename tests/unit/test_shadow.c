@@ -1,0 +1,344 @@
+/*
+ * Unit tests of shadow control verbs (shift/shadow.c) on the simulated
+ * RNIC with the in-memory KV store: two hosts of two NICs each in one
+ * process, the application on NIC 0 of each, SHIFT stacked in between
+ * (app -> shift_verbs -> sim). Replay runs synchronously
+ * (shift_shadow_sync), so each test decides when each host's thread "runs".
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include <cmocka.h>
+
+#include "kv/kv.h"
+#include "shift/config.h"
+#include "shift/exchange.h"
+#include "shift/shadow.h"
+#include "shift/shift.h"
+#include "sim.h"
+#include "ep.h"
+
+/* verbs.h's inline fallbacks name these; the simulator never takes them. */
+int (ibv_query_port)(struct ibv_context *c, uint8_t p, struct _compat_ibv_port_attr *a)
+{
+	(void)c; (void)p; (void)a;
+	fail_msg("legacy ibv_query_port reached");
+	return -1;
+}
+
+static struct sim_world *world;
+static struct sim_host *host[2];
+static struct shift_lower both; /* the sim, listing both hosts' devices */
+static char kvname[32];
+
+static struct ibv_device **both_get_device_list(int *n)
+{
+	int na = 0, nb = 0;
+	struct ibv_device **a = sim_lower(host[0])->get_device_list(&na);
+	struct ibv_device **b = sim_lower(host[1])->get_device_list(&nb);
+	struct ibv_device **l = calloc((size_t)(na + nb + 1), sizeof(*l));
+
+	memcpy(l, a, sizeof(*l) * (size_t)na);
+	memcpy(l + na, b, sizeof(*l) * (size_t)nb);
+	sim_lower(host[0])->free_device_list(a);
+	sim_lower(host[1])->free_device_list(b);
+	*n = na + nb;
+	return l;
+}
+
+static void both_free_device_list(struct ibv_device **l)
+{
+	free(l);
+}
+
+static int setup(void **state)
+{
+	static int run;
+	(void)state;
+
+	world = sim_world_create(NULL);
+	host[0] = sim_host_create(world, 2);
+	host[1] = sim_host_create(world, 2);
+	both = *sim_lower(host[0]);
+	both.get_device_list = both_get_device_list;
+	both.free_device_list = both_free_device_list;
+	shift_lower_set(&both);
+	shift_shadow_sync = true;
+	snprintf(kvname, sizeof(kvname), "shadow%d", run++);
+	char url[64];
+	snprintf(url, sizeof(url), "mem://%s", kvname);
+	setenv("SHIFT_KV_URL", url, 1);
+	setenv("SHIFT_KV_NAMESPACE", "job42", 1);
+	setenv("SHIFT_STATUS_DIR", "", 1);
+	shift_config_load(NULL);
+	return 0;
+}
+
+static int teardown(void **state)
+{
+	(void)state;
+	sim_world_destroy(world);
+	return 0;
+}
+
+static const struct ibv_qp_cap cap = {
+	.max_send_wr = 16, .max_recv_wr = 16, .max_send_sge = 2, .max_recv_sge = 2,
+};
+#define ACCESS (IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ)
+
+static void open_pair(struct sim_ep *a, struct sim_ep *b)
+{
+	char an[32], bn[32];
+
+	snprintf(an, sizeof(an), "%s", sim_dev_name(sim_host_dev(host[0], 0)));
+	snprintf(bn, sizeof(bn), "%s", sim_dev_name(sim_host_dev(host[1], 0)));
+	assert_int_equal(sim_ep_open(a, &shift_verbs, an, 4096, ACCESS, &cap, 64, SIM_EP_CHANNEL), 0);
+	assert_int_equal(sim_ep_open(b, &shift_verbs, bn, 4096, ACCESS, &cap, 64, 0), 0);
+}
+
+static void connect_pair(struct sim_ep *a, struct sim_ep *b)
+{
+	struct sim_ep_info ia, ib;
+
+	sim_ep_info(a, 100, &ia);
+	sim_ep_info(b, 200, &ib);
+	assert_int_equal(sim_ep_connect(a, &ia, &ib, NULL), 0);
+	assert_int_equal(sim_ep_connect(b, &ib, &ia, NULL), 0);
+}
+
+static void passes(struct ibv_context *a, struct ibv_context *b, int n)
+{
+	for (int i = 0; i < n; i++) {
+		shift_rnic_pass(shift_rnic_of(a));
+		shift_rnic_pass(shift_rnic_of(b));
+	}
+}
+
+static void assert_paired(struct sim_ep *a, struct sim_ep *b)
+{
+	struct shift_qp_info qa, qb;
+	struct ibv_qp_attr at;
+	struct ibv_qp_init_attr it;
+
+	assert_int_equal(shift_shadow_qp_info(a->qp, &qa), 0);
+	assert_int_equal(shift_shadow_qp_info(b->qp, &qb), 0);
+	assert_int_equal(qa.state, SHIFT_SHADOW_READY);
+	assert_int_equal(qb.state, SHIFT_SHADOW_READY);
+	assert_int_equal(qa.bk_state, IBV_QPS_RTS);
+	/* each backup QP is connected to the peer's backup QP, on NIC 1 */
+	assert_int_equal(qa.peer_bk_qpn, qb.bk->qp_num);
+	assert_int_equal(qb.peer_bk_qpn, qa.bk->qp_num);
+	assert_ptr_equal(qa.bk->context, shift_rnic_of(a->ctx) ? qa.bk->context : NULL);
+	assert_string_equal(qa.bk_dev, sim_dev_name(sim_host_dev(host[0], 1)));
+	assert_string_equal(qb.bk_dev, sim_dev_name(sim_host_dev(host[1], 1)));
+	assert_int_equal(shift_lower->query_qp(qa.bk, &at, IBV_QP_STATE | IBV_QP_DEST_QPN, &it), 0);
+	assert_int_equal(at.qp_state, IBV_QPS_RTS);
+	assert_int_equal(at.dest_qp_num, qb.bk->qp_num);
+}
+
+/* The backup rkey of (gid, rkey) as the peer would find it in the store. */
+static int kv_backup_rkey(struct ibv_context *ctx, uint32_t rkey, uint32_t *out)
+{
+	shift_kv *h;
+	union ibv_gid gid;
+	char key[SHIFT_EXCHANGE_KEY_MAX], url[64];
+	void *v;
+	size_t len;
+	int rc;
+
+	snprintf(url, sizeof(url), "mem://%s", kvname);
+	assert_int_equal(shift_kv_open(url, "job42", NULL, &h), 0);
+	assert_int_equal(shift_lower->query_gid(ctx, 1, 1, &gid), 0);
+	shift_exchange_mr_key(&gid, rkey, key, sizeof(key));
+	rc = shift_kv_get(h, key, &v, &len);
+	if (!rc) {
+		rc = shift_exchange_mr_decode(v, len, out);
+		free(v);
+	}
+	shift_kv_close(h);
+	return rc;
+}
+
+static void test_pair_is_shadowed(void **state)
+{
+	struct sim_ep a, b;
+	uint32_t bk_rkey;
+	(void)state;
+
+	open_pair(&a, &b);
+	connect_pair(&a, &b);
+	passes(a.ctx, b.ctx, 3);
+	assert_paired(&a, &b);
+
+	/* MRs: a backup on the backup NIC, its rkey in the store under the
+	 * default (GID, rkey) */
+	struct ibv_mr *bk = shift_shadow_mr_backup(a.mr);
+	assert_non_null(bk);
+	assert_ptr_not_equal(bk->context, a.ctx);
+	assert_ptr_equal(bk->addr, a.mr->addr);
+	assert_int_equal(kv_backup_rkey(a.ctx, a.mr->rkey, &bk_rkey), 0);
+	assert_int_equal(bk_rkey, bk->rkey);
+
+	/* more MR variants registered after the QP exists */
+	static char extra[8192];
+	struct ibv_mr *m2 = shift_verbs.reg_mr_iova2(a.pd, extra, sizeof(extra), 0x1000, ACCESS);
+	assert_non_null(m2);
+	passes(a.ctx, b.ctx, 1);
+	struct ibv_mr *bk2 = shift_shadow_mr_backup(m2);
+	assert_non_null(bk2);
+	assert_int_equal(kv_backup_rkey(a.ctx, m2->rkey, &bk_rkey), 0);
+	assert_int_equal(bk_rkey, bk2->rkey);
+
+	/* destruction is mirrored: keys go away with the objects */
+	uint32_t rkey2 = m2->rkey;
+	assert_int_equal(shift_verbs.dereg_mr(m2), 0);
+	passes(a.ctx, b.ctx, 1);
+	assert_int_equal(kv_backup_rkey(a.ctx, rkey2, &bk_rkey), -ENOENT);
+
+	sim_ep_close(&a);
+	sim_ep_close(&b);
+}
+
+/* SHIFT paper B.1: each side's thread first meets the QP whose peer is not
+ * published yet. Best-effort replay must still finish both. */
+static void test_cross_dependency(void **state)
+{
+	struct sim_ep a1, b1, a2, b2;
+	struct sim_ep_info i_a1, i_b1, i_a2, i_b2;
+	(void)state;
+
+	open_pair(&a1, &b1);
+	open_pair(&a2, &b2);
+	sim_ep_info(&a1, 1, &i_a1);
+	sim_ep_info(&b1, 2, &i_b1);
+	sim_ep_info(&a2, 3, &i_a2);
+	sim_ep_info(&b2, 4, &i_b2);
+	/* host A connects QP 1 and replays; host B connects QP 2 and replays */
+	assert_int_equal(sim_ep_connect(&a1, &i_a1, &i_b1, NULL), 0);
+	shift_rnic_pass(shift_rnic_of(a1.ctx));
+	assert_int_equal(sim_ep_connect(&b2, &i_b2, &i_a2, NULL), 0);
+	shift_rnic_pass(shift_rnic_of(b2.ctx));
+	/* then the other QP on each side, in the opposite order */
+	assert_int_equal(sim_ep_connect(&b1, &i_b1, &i_a1, NULL), 0);
+	assert_int_equal(sim_ep_connect(&a2, &i_a2, &i_b2, NULL), 0);
+	for (int i = 0; i < 4; i++) {
+		shift_rnic_pass(shift_rnic_of(b1.ctx));
+		shift_rnic_pass(shift_rnic_of(a1.ctx));
+		shift_rnic_pass(shift_rnic_of(a2.ctx));
+		shift_rnic_pass(shift_rnic_of(b2.ctx));
+	}
+	assert_paired(&a1, &b1);
+	assert_paired(&a2, &b2);
+	sim_ep_close(&a1);
+	sim_ep_close(&b1);
+	sim_ep_close(&a2);
+	sim_ep_close(&b2);
+}
+
+/* KV down: the application sets up and moves data as if SHIFT were not
+ * there; its QPs wait, unprotected, and are shadowed once the store is back. */
+static void test_kv_outage(void **state)
+{
+	struct sim_ep a, b;
+	struct shift_qp_info qi;
+	struct shift_shadow_stats st0, st1;
+	(void)state;
+
+	shift_shadow_stats_get(&st0);
+	assert_int_equal(shift_kv_mem_set_down(kvname, true), 0);
+	open_pair(&a, &b);
+	connect_pair(&a, &b);
+	passes(a.ctx, b.ctx, 3);
+	shift_shadow_stats_get(&st1);
+	assert_true(st1.kv_errors > st0.kv_errors);
+	assert_int_equal(shift_shadow_qp_info(a.qp, &qi), 0);
+	assert_int_equal(qi.state, SHIFT_SHADOW_PENDING);
+	assert_false(qi.published);
+
+	/* the application's own traffic is unaffected */
+	struct ibv_sge sge = { .addr = (uintptr_t)a.buf, .length = 64, .lkey = a.mr->lkey };
+	struct ibv_send_wr wr = {
+		.wr_id = 7, .sg_list = &sge, .num_sge = 1, .opcode = IBV_WR_RDMA_WRITE,
+		.send_flags = IBV_SEND_SIGNALED,
+		.wr.rdma = { .remote_addr = (uintptr_t)b.buf, .rkey = b.mr->rkey },
+	}, *bad;
+	struct ibv_wc wc;
+	memset(a.buf, 0x5a, 64);
+	assert_int_equal(ibv_post_send(a.qp, &wr, &bad), 0);
+	sim_world_run_until_idle(world);
+	assert_int_equal(ibv_poll_cq(a.cq, 1, &wc), 1);
+	assert_int_equal(wc.status, IBV_WC_SUCCESS);
+	assert_int_equal(wc.wr_id, 7);
+	assert_int_equal(b.buf[63], 0x5a);
+
+	/* store back: shadowing completes */
+	assert_int_equal(shift_kv_mem_set_down(kvname, false), 0);
+	passes(a.ctx, b.ctx, 3);
+	assert_paired(&a, &b);
+	sim_ep_close(&a);
+	sim_ep_close(&b);
+}
+
+/* A peer without SHIFT never publishes: the QP stays unprotected, the
+ * application is unaffected. */
+static void test_peer_without_shift(void **state)
+{
+	struct sim_ep a, b;
+	struct shift_qp_info qi;
+	char bn[32];
+	struct sim_ep_info ia, ib;
+	(void)state;
+
+	snprintf(bn, sizeof(bn), "%s", sim_dev_name(sim_host_dev(host[1], 0)));
+	assert_int_equal(sim_ep_open(&a, &shift_verbs, sim_dev_name(sim_host_dev(host[0], 0)),
+				     4096, ACCESS, &cap, 64, 0), 0);
+	assert_int_equal(sim_ep_open(&b, &both, bn, 4096, ACCESS, &cap, 64, 0), 0); /* plain */
+	sim_ep_info(&a, 1, &ia);
+	sim_ep_info(&b, 2, &ib);
+	assert_int_equal(sim_ep_connect(&a, &ia, &ib, NULL), 0);
+	assert_int_equal(sim_ep_connect(&b, &ib, &ia, NULL), 0);
+	shift_rnic_pass(shift_rnic_of(a.ctx));
+	shift_rnic_pass(shift_rnic_of(a.ctx));
+	assert_int_equal(shift_shadow_qp_info(a.qp, &qi), 0);
+	assert_true(qi.published);
+	assert_int_equal(qi.peer_bk_qpn, 0);
+	assert_int_equal(qi.state, SHIFT_SHADOW_PENDING);
+	assert_null(shift_rnic_of(b.ctx));
+	sim_ep_close(&a);
+	sim_ep_close(&b);
+}
+
+/* No backup NIC (one NIC per host): everything runs unprotected, the
+ * application works. */
+static void test_no_backup_nic(void **state)
+{
+	struct sim_ep a;
+	struct shift_qp_info qi;
+	(void)state;
+
+	struct sim_host *lone = sim_host_create(world, 1);
+	both = *sim_lower(lone);
+	shift_lower_set(&both);
+	assert_int_equal(sim_ep_open(&a, &shift_verbs, sim_dev_name(sim_host_dev(lone, 0)),
+				     4096, ACCESS, &cap, 64, 0), 0);
+	assert_int_equal(shift_shadow_qp_info(a.qp, &qi), 0);
+	assert_int_equal(qi.state, SHIFT_SHADOW_UNPROTECTED);
+	assert_non_null(qi.why);
+	sim_ep_close(&a);
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test_setup_teardown(test_pair_is_shadowed, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_cross_dependency, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_kv_outage, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_peer_without_shift, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_no_backup_nic, setup, teardown),
+	};
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}
