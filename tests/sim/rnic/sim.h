@@ -44,6 +44,10 @@ struct sim_world_opts {
 	 * min_rnr_timer (0: defaults, see docs/sim.md). */
 	uint32_t timeout_ticks;
 	uint32_t rnr_ticks;
+	/* Checker self-test only: responders execute duplicate requests again
+	 * instead of re-ACKing them, as a NIC that lost its state would (what
+	 * naive retransmission on another NIC does). Breaks exactly-once. */
+	int reexecute_duplicates;
 };
 
 /* Statistics of a world, for summaries. */

@@ -265,7 +265,8 @@ int sim_post_send(struct ibv_qp *qp, struct ibv_send_wr *wr,
 		e->imm = wr->imm_data;
 		e->num_sge = (unsigned)wr->num_sge;
 		e->len = (uint32_t)len;
-		memcpy(e->sge, wr->sg_list, e->num_sge * sizeof(*e->sge));
+		if (e->num_sge)
+			memcpy(e->sge, wr->sg_list, e->num_sge * sizeof(*e->sge));
 		if (is_rd_atomic(wr->opcode) && wr->opcode != IBV_WR_RDMA_READ) {
 			e->raddr = wr->wr.atomic.remote_addr;
 			e->rkey = wr->wr.atomic.rkey;
@@ -322,7 +323,8 @@ int sim_post_recv(struct ibv_qp *qp, struct ibv_recv_wr *wr,
 		r = &q->rq[q->rq_tail % q->rq_cap];
 		r->wr_id = wr->wr_id;
 		r->num_sge = (unsigned)wr->num_sge;
-		memcpy(r->sge, wr->sg_list, r->num_sge * sizeof(*r->sge));
+		if (r->num_sge)
+			memcpy(r->sge, wr->sg_list, r->num_sge * sizeof(*r->sge));
 		q->rq_tail++;
 	}
 	if (rc && bad)
@@ -807,6 +809,11 @@ static void sim_responder_rx(struct sim_qp *dq, struct sim_pkt *p)
 			dq->nak_sent = true;
 			sim_respond(dq, SIM_PKT_NAK_SEQ, dq->epsn, NULL, 0, 0, 0);
 		}
+		return;
+	}
+	if (d < 0 && w->opts.reexecute_duplicates) {
+		sim_trace(w, TAG("REEX"), dq->qp.qp_num, p->psn);
+		sim_execute(dq, p);
 		return;
 	}
 	if (d < 0) {

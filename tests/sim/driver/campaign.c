@@ -1,0 +1,353 @@
+/*
+ * shift-campaign: runs N random fault schedules of a workload over the
+ * simulated RNIC and checks the failover invariants.
+ *
+ * Schedule i uses seed S+i: the seed fixes the world (scheduler and packet
+ * loss), the workload shape (connections, messages) and the fault plan, so
+ * `--schedules 1 --seed S+i` replays schedule i exactly. Each schedule is
+ * two hosts with two devices each; the workload runs between the default
+ * devices sim0_0 and sim1_0, and faults hit only those (the second device
+ * of each host is the backup SHIFT fails over to): NIC death (port down,
+ * sometimes fatal), link cut, flaps, the receiver NIC dying right after
+ * executing, and random request / ACK loss.
+ *
+ * Output: one summary line. App-visible errors (expected without SHIFT)
+ * are counted apart from integrity violations (always a bug); any
+ * violation exits 1 after printing the seed that reproduces it.
+ */
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "front.h"
+#include "sim.h"
+#include "workload.h"
+
+struct opts {
+	uint64_t schedules, seed;
+	int kind;		/* -1: rotate over all workloads */
+	bool shift, verbose, trace, check_determinism, expect_errors;
+	bool no_faults, reexec;
+	double min_rate;
+};
+
+struct totals {
+	uint64_t faults, app_errors, conns_failed, violations, unfinished;
+	uint64_t msgs, bytes, atomics_ok, atomics_err, steps;
+	uint64_t hash;
+};
+
+static uint64_t splitmix(uint64_t *s)
+{
+	uint64_t z = (*s += 0x9E3779B97F4A7C15ULL);
+
+	z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+	z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+	return z ^ (z >> 31);
+}
+
+static void usage(void)
+{
+	fprintf(stderr,
+		"usage: shift-campaign [--schedules N] [--seed S] [--workload "
+		"nccl|sendrecv|read|mix|all]\n"
+		"                      [--shift] [--no-faults] [--verbose] [--trace]\n"
+		"                      [--selftest-reexecute]\n"
+		"                      [--check-determinism] [--expect-app-errors]"
+		" [--min-rate SCHED_PER_MIN]\n");
+}
+
+/* Fault durations relative to the retry budget of a QP with the default
+ * attributes (timeout 14, retry_cnt 7): short ones are ridden out by RC
+ * retransmission, long and permanent ones are not. */
+static uint64_t duration(uint64_t *rs, uint64_t budget, bool *forever)
+{
+	uint64_t r = splitmix(rs) % 8;
+
+	*forever = r == 7;
+	if (r < 3)
+		return budget / 8 + splitmix(rs) % (budget / 2);
+	return 2 * budget + splitmix(rs) % (2 * budget);
+}
+
+static void plan_faults(struct sim_world *w, struct sim_dev *d[2],
+			uint64_t *rs, uint64_t budget)
+{
+	unsigned n = (unsigned)(splitmix(rs) % 4);
+
+	for (unsigned i = 0; i < n; i++) {
+		uint64_t t = splitmix(rs) % (4 * budget), dur;
+		struct sim_dev *x = d[splitmix(rs) & 1];
+		bool forever;
+
+		switch (splitmix(rs) % 4) {
+		case 0:	/* NIC death */
+			dur = duration(rs, budget, &forever);
+			sim_world_schedule_fault(w, t, SIM_FAULT_KILL, x, NULL,
+						 splitmix(rs) % 4 == 0);
+			if (!forever)
+				sim_world_schedule_fault(w, t + dur, SIM_FAULT_REVIVE,
+							 x, NULL, 0);
+			break;
+		case 1:	/* link cut */
+			dur = duration(rs, budget, &forever);
+			sim_world_schedule_fault(w, t, SIM_FAULT_CUT, d[0], d[1], 0);
+			if (!forever)
+				sim_world_schedule_fault(w, t + dur,
+							 SIM_FAULT_RESTORE, d[0],
+							 d[1], 0);
+			break;
+		case 2:	/* receiver dies right after executing */
+			dur = duration(rs, budget, &forever);
+			sim_world_schedule_fault(w, t, SIM_FAULT_KILL_AFTER_EXEC, x,
+						 NULL, 1 + splitmix(rs) % 20);
+			if (!forever)
+				sim_world_schedule_fault(w, t + dur + 4 * budget,
+							 SIM_FAULT_REVIVE, x, NULL, 0);
+			break;
+		default: { /* flapping */
+			unsigned k = 2 + (unsigned)(splitmix(rs) % 3);
+
+			for (unsigned j = 0; j < k; j++) {
+				uint64_t down = budget / 8 + splitmix(rs) % budget;
+				uint64_t up = budget / 8 + splitmix(rs) % budget;
+
+				sim_world_schedule_fault(w, t, SIM_FAULT_KILL, x, NULL, 0);
+				sim_world_schedule_fault(w, t + down, SIM_FAULT_REVIVE,
+							 x, NULL, 0);
+				t += down + up;
+			}
+			break;
+		}
+		}
+	}
+}
+
+/* Runs one schedule; returns 0, or -1 on a setup failure. */
+static int run_schedule(const struct opts *o, uint64_t seed,
+			struct totals *t, struct wl_report *rep,
+			enum wl_kind *kind_out)
+{
+	uint64_t rs = seed;
+	struct sim_world_opts wo = { .seed = seed };
+	struct sim_world *w;
+	struct sim_host *h[2];
+	const struct shift_lower *v[2];
+	struct sim_dev *d[2];
+	struct wl_params p;
+	struct wl *wl;
+	const char *why = NULL;
+	unsigned idle = 0;
+
+	splitmix(&rs);
+	wo.reexecute_duplicates = o->reexec;
+	if (!o->no_faults && splitmix(&rs) % 3 == 0) {
+		wo.drop_req_ppm = (uint32_t)(splitmix(&rs) % 5000);
+		wo.drop_resp_ppm = (uint32_t)(splitmix(&rs) % 5000);
+	}
+	p.kind = o->kind >= 0 ? (enum wl_kind)o->kind :
+				(enum wl_kind)(seed % WL_NKINDS);
+	p.nconn = 1 + (unsigned)(splitmix(&rs) % 3);
+	p.msgs = 16 + (unsigned)(splitmix(&rs) % 48);
+	p.strict = o->shift;
+	*kind_out = p.kind;
+
+	w = sim_world_create(&wo);
+	if (!w)
+		return -1;
+	if (o->trace)
+		sim_world_set_trace(w, stderr);
+	for (int i = 0; i < 2; i++) {
+		h[i] = sim_host_create(w, 2);
+		d[i] = h[i] ? sim_host_dev(h[i], 0) : NULL;
+		v[i] = h[i] ? campaign_front(h[i], o->shift, &why) : NULL;
+		if (!v[i]) {
+			fprintf(stderr, "shift-campaign: %s\n",
+				why ? why : "cannot create the simulated hosts");
+			sim_world_destroy(w);
+			exit(2);
+		}
+	}
+	wl = wl_create(w, &p, v[0], "sim0_0", v[1], "sim1_0", splitmix(&rs));
+	if (!wl) {
+		sim_world_destroy(w);
+		return -1;
+	}
+	if (!o->no_faults) {
+		/* the retry budget of the workload's QPs: (retry_cnt + 1)
+		 * timeouts of timeout 14 */
+		uint64_t budget = 8 * ((uint64_t)4 << 4);
+
+		plan_faults(w, d, &rs, budget);
+	}
+	/* Interleave application actions and network events at random until
+	 * neither can move. */
+	for (uint64_t it = 0; it < 20000000 && idle < 4; it++) {
+		bool app_first = splitmix(&rs) % 4 == 0;
+		bool ev = app_first ? wl_step(wl) : sim_world_step(w) != 0;
+
+		if (!ev)
+			ev = app_first ? sim_world_step(w) != 0 : wl_step(wl);
+		idle = ev ? 0 : idle + 1;
+	}
+	wl_finish(wl, rep);
+	wl_destroy(wl);
+	for (int i = 0; i < 2; i++)
+		campaign_front_done(h[i], o->shift);
+
+	const struct sim_stats *st = sim_world_stats(w);
+	uint64_t hw = sim_world_hash(w);
+
+	t->faults += st->faults;
+	t->steps += st->steps;
+	for (int i = 0; i < 8; i++) {
+		t->hash ^= (uint8_t)(hw >> (8 * i));
+		t->hash *= 0x100000001b3ULL;
+	}
+	if (o->verbose)
+		printf("schedule seed=%" PRIu64 " workload=%s conns=%u msgs=%u "
+		       "faults=%" PRIu64 " steps=%" PRIu64 " timeouts=%" PRIu64
+		       " dropped=%" PRIu64 " app_errors=%" PRIu64
+		       " violations=%" PRIu64 " hash=%016" PRIx64 "\n",
+		       seed, wl_kind_name(p.kind), p.nconn, p.msgs, st->faults,
+		       st->steps, st->timeouts, st->dropped, rep->app_errors,
+		       rep->violations, hw);
+	sim_world_destroy(w);
+	t->app_errors += rep->app_errors;
+	t->conns_failed += rep->conns_failed;
+	t->violations += rep->violations;
+	t->unfinished += rep->unfinished;
+	t->msgs += rep->msgs;
+	t->bytes += rep->bytes;
+	t->atomics_ok += rep->atomics_ok;
+	t->atomics_err += rep->atomics_err;
+	return 0;
+}
+
+static int run_all(const struct opts *o, struct totals *t, double *secs)
+{
+	struct timespec a, b;
+
+	memset(t, 0, sizeof(*t));
+	t->hash = 0xcbf29ce484222325ULL;
+	clock_gettime(CLOCK_MONOTONIC, &a);
+	for (uint64_t i = 0; i < o->schedules; i++) {
+		uint64_t seed = o->seed + i;
+		struct wl_report rep;
+		enum wl_kind k;
+
+		memset(&rep, 0, sizeof(rep));
+		if (run_schedule(o, seed, t, &rep, &k)) {
+			fprintf(stderr, "shift-campaign: setup failed for seed %"
+				PRIu64 ": %s\n", seed, strerror(errno));
+			return 2;
+		}
+		if (rep.violations) {
+			printf("VIOLATION seed=%" PRIu64 " workload=%s: %s\n", seed,
+			       wl_kind_name(k), rep.first);
+			printf("reproduce: tests/sim/campaign --schedules 1 --seed %"
+			       PRIu64 " --workload %s%s --verbose --trace\n", seed,
+			       wl_kind_name(k), o->shift ? " --shift" :
+			       o->reexec ? " --selftest-reexecute" : "");
+		}
+	}
+	clock_gettime(CLOCK_MONOTONIC, &b);
+	*secs = (double)(b.tv_sec - a.tv_sec) + (double)(b.tv_nsec - a.tv_nsec) / 1e9;
+	return 0;
+}
+
+int main(int argc, char **argv)
+{
+	struct opts o = { .schedules = 100, .seed = 1, .kind = -1 };
+	struct totals t;
+	double secs, rate;
+	int rc;
+
+	for (int i = 1; i < argc; i++) {
+		const char *a = argv[i];
+		const char *val = i + 1 < argc ? argv[i + 1] : NULL;
+
+		if (!strcmp(a, "--schedules") && val) {
+			o.schedules = strtoull(val, NULL, 0);
+			i++;
+		} else if (!strcmp(a, "--seed") && val) {
+			o.seed = strtoull(val, NULL, 0);
+			i++;
+		} else if (!strcmp(a, "--workload") && val) {
+			enum wl_kind k;
+
+			if (!strcmp(val, "all")) {
+				o.kind = -1;
+			} else if (wl_kind_parse(val, &k)) {
+				usage();
+				return 2;
+			} else {
+				o.kind = (int)k;
+			}
+			i++;
+		} else if (!strcmp(a, "--min-rate") && val) {
+			o.min_rate = strtod(val, NULL);
+			i++;
+		} else if (!strcmp(a, "--shift")) {
+			o.shift = true;
+		} else if (!strcmp(a, "--selftest-reexecute")) {
+			o.reexec = true;
+		} else if (!strcmp(a, "--no-faults")) {
+			o.no_faults = true;
+		} else if (!strcmp(a, "--verbose")) {
+			o.verbose = true;
+		} else if (!strcmp(a, "--trace")) {
+			o.trace = true;
+		} else if (!strcmp(a, "--check-determinism")) {
+			o.check_determinism = true;
+		} else if (!strcmp(a, "--expect-app-errors")) {
+			o.expect_errors = true;
+		} else {
+			usage();
+			return 2;
+		}
+	}
+	rc = run_all(&o, &t, &secs);
+	if (rc)
+		return rc;
+	rate = secs > 0 ? (double)o.schedules * 60.0 / secs : 0;
+	printf("campaign: mode=%s workload=%s schedules=%" PRIu64 " seed=%" PRIu64
+	       " faults=%" PRIu64 " app_errors=%" PRIu64 " conns_failed=%" PRIu64
+	       " violations=%" PRIu64 " unfinished=%" PRIu64 " msgs=%" PRIu64
+	       " atomics=%" PRIu64 "/%" PRIu64 " steps=%" PRIu64
+	       " trace_hash=%016" PRIx64 " schedules/min=%.0f\n",
+	       o.shift ? "shift" : "pass-through",
+	       o.kind < 0 ? "all" : wl_kind_name((enum wl_kind)o.kind),
+	       o.schedules, o.seed, t.faults, t.app_errors, t.conns_failed,
+	       t.violations, t.unfinished, t.msgs, t.atomics_ok,
+	       t.atomics_ok + t.atomics_err, t.steps, t.hash, rate);
+	if (o.check_determinism) {
+		struct totals t2;
+		double s2;
+		bool v = o.verbose;
+
+		o.verbose = false;
+		rc = run_all(&o, &t2, &s2);
+		o.verbose = v;
+		if (rc)
+			return rc;
+		printf("determinism: first=%016" PRIx64 " second=%016" PRIx64 " %s\n",
+		       t.hash, t2.hash, t.hash == t2.hash ? "same" : "DIFFERENT");
+		if (t.hash != t2.hash)
+			return 1;
+	}
+	if (t.violations)
+		return 1;
+	if (o.expect_errors && !t.app_errors) {
+		printf("expected app-visible errors without SHIFT, saw none\n");
+		return 1;
+	}
+	if (o.min_rate > 0 && rate < o.min_rate) {
+		printf("too slow: %.0f schedules/min < %.0f\n", rate, o.min_rate);
+		return 1;
+	}
+	return 0;
+}

@@ -1,0 +1,21 @@
+/*
+ * The hook between the campaign and the verbs stack the application sees.
+ * Pass-through: the simulated host's own lower table. SHIFT mode: SHIFT's
+ * application-facing table stacked over the simulated host (wired by the
+ * SHIFT core, see front.c).
+ */
+#ifndef SHIFT_SIM_FRONT_H
+#define SHIFT_SIM_FRONT_H
+
+#include <stdbool.h>
+
+#include "sim.h"
+
+/* The app verbs of host h, or NULL with *why set. */
+const struct shift_lower *campaign_front(struct sim_host *h, bool shift,
+					 const char **why);
+/* Called once per host after the schedule's objects are destroyed and
+ * before the world is. */
+void campaign_front_done(struct sim_host *h, bool shift);
+
+#endif /* SHIFT_SIM_FRONT_H */

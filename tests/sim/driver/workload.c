@@ -1,0 +1,892 @@
+/*
+ * Workload drivers of the fault campaign (see workload.h): the NCCL Simple
+ * pattern, two-sided send/recv, RDMA reads and a mix with atomics, over
+ * nconn RC connections used in both directions at once.
+ *
+ * Every endpoint owns one registered buffer laid out as below; the peer
+ * knows its address and rkey. Message m of a direction has a length and
+ * content derived from (connection, direction, m), so a receiver can check
+ * every byte it consumes without a side channel. Receivers "consume" a
+ * message on its notification (write-with-imm or receive completion):
+ * they check the sequence number (exactly once, in order) and the bytes,
+ * poison the slot, repost the receive and return a credit with an inline
+ * RDMA write (NCCL's CTS). Senders reuse a staging slot only after their
+ * own completion for the message that used it.
+ */
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ep.h"
+#include "sim.h"
+#include "workload.h"
+
+#define WL_MAX_CONN 4
+#define SLOTS 4		/* NCCL slots in flight per direction */
+#define SLOT 512
+#define NRECV 8		/* receives posted per endpoint */
+#define RSRC 1024	/* read source size */
+#define NRD 4		/* reads in flight */
+#define NAT 256		/* max atomics of each kind per endpoint */
+#define SQ_DEPTH 128
+
+enum {
+	O_SLOTS = 0,
+	O_STAGE = O_SLOTS + SLOTS * SLOT,
+	O_RECV = O_STAGE + SLOTS * SLOT,
+	O_RSRC = O_RECV + NRECV * SLOT,
+	O_RDST = O_RSRC + RSRC,
+	O_CREDIT = O_RDST + NRD * RSRC,
+	O_ACNT = O_CREDIT + 8,
+	O_CAS = O_ACNT + 8,
+	O_ARES = O_CAS + 8,
+	BUFSZ = O_ARES + 8 * 8,
+};
+
+/* wr_id = kind << 56 | sequence */
+enum { K_DATA = 1, K_NOTIFY, K_CTS, K_SEND, K_READ, K_FADD, K_CAS, K_RECV };
+#define WRID(k, s) ((uint64_t)(k) << 56 | (uint64_t)(s))
+#define WR_K(id) ((unsigned)((id) >> 56))
+#define WR_S(id) ((uint32_t)(id))
+
+struct wl_ep {
+	struct wl *wl;
+	unsigned conn, side;
+	struct ibv_qp *qp;
+	uint8_t *buf;
+	struct ibv_mr *mr;
+	uint64_t raddr;			/* the peer's buffer */
+	uint32_t rkey;
+	/* totals for this endpoint as a sender */
+	uint32_t n_msg, n_rd, n_fa, n_cas;
+	/* sender */
+	uint32_t tx_next, tx_done, cts_sent;
+	bool cts_pending;
+	uint64_t ring[SQ_DEPTH];	/* posted WRs, in order */
+	uint8_t ring_sig[SQ_DEPTH];
+	uint32_t r_head, r_tail;
+	/* receiver */
+	uint32_t rx_next, recv_posted, recv_done;
+	/* reads and atomics */
+	uint32_t rd_next, rd_done, rd_out;
+	uint32_t fa_next, fa_ok, fa_err;
+	uint8_t fa_seen[NAT];
+	uint32_t cas_next, cas_ok, cas_err;
+	uint64_t cas_expect;
+	bool errored;			/* saw an app-visible error */
+};
+
+struct wl_side {
+	const struct shift_lower *v;
+	struct ibv_context *ctx;
+	struct ibv_pd *pd;
+	struct ibv_cq *cq;
+};
+
+struct wl_conn {
+	struct wl_ep ep[2];
+	bool dead;
+};
+
+struct wl {
+	struct sim_world *w;
+	struct wl_params p;
+	uint64_t rng;
+	struct wl_side side[2];
+	struct wl_conn conn[WL_MAX_CONN];
+	struct wl_report rep;
+};
+
+static const char *const kind_names[WL_NKINDS] = {
+	"nccl", "sendrecv", "read", "mix",
+};
+
+const char *wl_kind_name(enum wl_kind k)
+{
+	return k < WL_NKINDS ? kind_names[k] : "?";
+}
+
+int wl_kind_parse(const char *s, enum wl_kind *k)
+{
+	for (int i = 0; i < WL_NKINDS; i++) {
+		if (!strcmp(s, kind_names[i])) {
+			*k = (enum wl_kind)i;
+			return 0;
+		}
+	}
+	return -1;
+}
+
+static uint64_t wl_rand(struct wl *wl)
+{
+	uint64_t z = (wl->rng += 0x9E3779B97F4A7C15ULL);
+
+	z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+	z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+	return z ^ (z >> 31);
+}
+
+static uint32_t mix32(uint32_t a, uint32_t b, uint32_t c, uint32_t d)
+{
+	uint32_t x = a * 0x9E3779B1u ^ b * 0x85EBCA77u ^ c * 0xC2B2AE3Du ^
+		     d * 0x27D4EB2Fu;
+
+	x ^= x >> 15;
+	x *= 0x2C1B3C6Du;
+	x ^= x >> 12;
+	x *= 0x297A2D39u;
+	x ^= x >> 15;
+	return x;
+}
+
+/* Byte off of message m sent by side dir on connection conn. */
+static uint8_t pat(const struct wl_ep *s, uint32_t m, uint32_t off)
+{
+	return (uint8_t)mix32(s->conn, s->side, m, off);
+}
+
+static uint32_t msg_len(const struct wl_ep *s, uint32_t m)
+{
+	uint32_t h = mix32(s->conn, s->side, m, 0xffffffffu);
+
+	if (s->wl->p.kind == WL_SENDRECV)
+		return 8 + h % (SLOT - 8);
+	return 1 + h % SLOT;
+}
+
+static const char *wc_status_name(enum ibv_wc_status st)
+{
+	switch (st) {
+	case IBV_WC_SUCCESS: return "success";
+	case IBV_WC_LOC_LEN_ERR: return "local length error";
+	case IBV_WC_LOC_PROT_ERR: return "local protection error";
+	case IBV_WC_WR_FLUSH_ERR: return "flush error";
+	case IBV_WC_REM_INV_REQ_ERR: return "remote invalid request";
+	case IBV_WC_REM_ACCESS_ERR: return "remote access error";
+	case IBV_WC_REM_OP_ERR: return "remote operation error";
+	case IBV_WC_RETRY_EXC_ERR: return "retry exceeded";
+	case IBV_WC_RNR_RETRY_EXC_ERR: return "RNR retry exceeded";
+	default: return "error";
+	}
+}
+
+static void violation(struct wl *wl, const char *fmt, ...)
+{
+	va_list ap;
+
+	wl->rep.violations++;
+	if (wl->rep.violations > 1)
+		return;
+	va_start(ap, fmt);
+	vsnprintf(wl->rep.first, sizeof(wl->rep.first), fmt, ap);
+	va_end(ap);
+}
+
+static struct wl_ep *peer(struct wl_ep *e)
+{
+	return &e->wl->conn[e->conn].ep[!e->side];
+}
+
+/* --- posting ------------------------------------------------------------- */
+
+static uint32_t ring_room(const struct wl_ep *e)
+{
+	return SQ_DEPTH - (e->r_tail - e->r_head);
+}
+
+/* Posts a chain; records each WR in the ring. A failed post is an
+ * app-visible error. */
+static bool post(struct wl_ep *e, struct ibv_send_wr *wr)
+{
+	struct ibv_send_wr *bad = NULL;
+	int rc;
+
+	for (struct ibv_send_wr *x = wr; x; x = x->next) {
+		e->ring[e->r_tail % SQ_DEPTH] = x->wr_id;
+		e->ring_sig[e->r_tail % SQ_DEPTH] =
+			(x->send_flags & IBV_SEND_SIGNALED) != 0;
+		e->r_tail++;
+	}
+	rc = ibv_post_send(e->qp, wr, &bad);
+	if (rc) {
+		/* un-record what was not posted */
+		for (struct ibv_send_wr *x = bad; x; x = x->next)
+			e->r_tail--;
+		e->wl->rep.app_errors++;
+		if (!e->errored) {
+			e->errored = true;
+			if (!e->wl->conn[e->conn].dead)
+				e->wl->rep.conns_failed++;
+		}
+		e->wl->conn[e->conn].dead = true;
+		return false;
+	}
+	return true;
+}
+
+static void post_recv(struct wl_ep *e)
+{
+	struct ibv_sge sge;
+	struct ibv_recv_wr wr, *bad;
+	uint32_t b = e->recv_posted % NRECV;
+
+	memset(&wr, 0, sizeof(wr));
+	wr.wr_id = WRID(K_RECV, e->recv_posted);
+	if (e->wl->p.kind == WL_SENDRECV) {
+		sge.addr = (uintptr_t)e->buf + O_RECV + b * SLOT;
+		sge.length = SLOT;
+		sge.lkey = e->mr->lkey;
+		wr.sg_list = &sge;
+		wr.num_sge = 1;
+	}
+	if (ibv_post_recv(e->qp, &wr, &bad)) {
+		e->wl->rep.app_errors++;
+		e->wl->conn[e->conn].dead = true;
+		return;
+	}
+	e->recv_posted++;
+}
+
+static uint64_t credit(const struct wl_ep *e)
+{
+	uint64_t c;
+
+	memcpy(&c, e->buf + O_CREDIT, 8);
+	return c;
+}
+
+static bool post_cts(struct wl_ep *e)
+{
+	uint64_t v = e->rx_next;
+	struct ibv_sge sge = { (uintptr_t)&v, 8, 0 };
+	struct ibv_send_wr wr;
+
+	memset(&wr, 0, sizeof(wr));
+	wr.wr_id = WRID(K_CTS, e->cts_sent);
+	wr.sg_list = &sge;
+	wr.num_sge = 1;
+	wr.opcode = IBV_WR_RDMA_WRITE;
+	wr.send_flags = IBV_SEND_INLINE |
+			(e->cts_sent % 4 == 3 ? IBV_SEND_SIGNALED : 0);
+	wr.wr.rdma.remote_addr = e->raddr + O_CREDIT;
+	wr.wr.rdma.rkey = e->rkey;
+	e->cts_pending = false;
+	e->cts_sent++;
+	return post(e, &wr);
+}
+
+/* NCCL Simple: unsignaled writes of the data, then a signaled
+ * write-with-imm carrying the message number. */
+static bool post_nccl(struct wl_ep *e)
+{
+	uint32_t m = e->tx_next, len = msg_len(e, m), slot = m % SLOTS;
+	uint32_t h = mix32(e->conn, e->side, m, 0xabcdu);
+	uint32_t nchunk = 1 + h % 3, imm_carries = (h >> 4) & 1;
+	struct ibv_send_wr wr[4];
+	struct ibv_sge sge[4];
+	uint8_t *stage = e->buf + O_STAGE + slot * SLOT;
+	uint32_t off = 0, nw;
+
+	for (uint32_t i = 0; i < len; i++)
+		stage[i] = pat(e, m, i);
+	if (nchunk > len)
+		nchunk = len;
+	nw = nchunk + !imm_carries;	/* WRs including the notification */
+	memset(wr, 0, sizeof(wr));
+	for (uint32_t i = 0; i < nw; i++) {
+		uint32_t clen = i < nchunk ? (i + 1 == nchunk ? len - off :
+					      len / nchunk) : 0;
+
+		sge[i].addr = (uintptr_t)stage + off;
+		sge[i].length = clen;
+		sge[i].lkey = e->mr->lkey;
+		wr[i].sg_list = &sge[i];
+		wr[i].num_sge = 1;
+		wr[i].opcode = IBV_WR_RDMA_WRITE;
+		wr[i].wr_id = WRID(K_DATA, m);
+		wr[i].wr.rdma.remote_addr = e->raddr + O_SLOTS + slot * SLOT + off;
+		wr[i].wr.rdma.rkey = e->rkey;
+		wr[i].next = i + 1 < nw ? &wr[i + 1] : NULL;
+		off += clen;
+	}
+	wr[nw - 1].opcode = IBV_WR_RDMA_WRITE_WITH_IMM;
+	wr[nw - 1].imm_data = htobe32(m);
+	wr[nw - 1].wr_id = WRID(K_NOTIFY, m);
+	wr[nw - 1].send_flags = IBV_SEND_SIGNALED;
+	e->tx_next++;
+	return post(e, wr);
+}
+
+static bool post_send_msg(struct wl_ep *e)
+{
+	uint32_t m = e->tx_next, len = msg_len(e, m), slot = m % SLOTS;
+	uint8_t *stage = e->buf + O_STAGE + slot * SLOT;
+	struct ibv_sge sge = { (uintptr_t)stage, len, e->mr->lkey };
+	struct ibv_send_wr wr;
+	uint64_t hdr = m;
+	bool sig = (m & 1) || m + 1 == e->n_msg || m + 1 >= e->tx_done + SLOTS;
+
+	memcpy(stage, &hdr, 8);
+	for (uint32_t i = 8; i < len; i++)
+		stage[i] = pat(e, m, i);
+	memset(&wr, 0, sizeof(wr));
+	wr.wr_id = WRID(K_SEND, m);
+	wr.sg_list = &sge;
+	wr.num_sge = 1;
+	wr.opcode = IBV_WR_SEND;
+	wr.send_flags = sig ? IBV_SEND_SIGNALED : 0;
+	e->tx_next++;
+	return post(e, &wr);
+}
+
+static void read_geom(const struct wl_ep *e, uint32_t r, uint32_t *off,
+		      uint32_t *len)
+{
+	uint32_t h = mix32(e->conn, e->side, r, 0x5eadu);
+
+	*off = h % (RSRC / 2);
+	*len = 1 + (h >> 12) % (RSRC / 2);
+}
+
+static bool post_read(struct wl_ep *e)
+{
+	uint32_t r = e->rd_next, off, len;
+	struct ibv_sge sge;
+	struct ibv_send_wr wr;
+
+	read_geom(e, r, &off, &len);
+	sge.addr = (uintptr_t)e->buf + O_RDST + (r % NRD) * RSRC;
+	sge.length = len;
+	sge.lkey = e->mr->lkey;
+	memset(&wr, 0, sizeof(wr));
+	wr.wr_id = WRID(K_READ, r);
+	wr.sg_list = &sge;
+	wr.num_sge = 1;
+	wr.opcode = IBV_WR_RDMA_READ;
+	wr.send_flags = IBV_SEND_SIGNALED;
+	wr.wr.rdma.remote_addr = e->raddr + O_RSRC + off;
+	wr.wr.rdma.rkey = e->rkey;
+	e->rd_next++;
+	e->rd_out++;
+	return post(e, &wr);
+}
+
+static bool post_atomic(struct wl_ep *e, bool cas)
+{
+	uint32_t s = cas ? e->cas_next++ : e->fa_next++;
+	struct ibv_sge sge = { (uintptr_t)e->buf + O_ARES + (cas ? 8 : 0), 8,
+			       e->mr->lkey };
+	struct ibv_send_wr wr;
+
+	memset(&wr, 0, sizeof(wr));
+	wr.wr_id = WRID(cas ? K_CAS : K_FADD, s);
+	wr.sg_list = &sge;
+	wr.num_sge = 1;
+	wr.opcode = cas ? IBV_WR_ATOMIC_CMP_AND_SWP : IBV_WR_ATOMIC_FETCH_AND_ADD;
+	wr.send_flags = IBV_SEND_SIGNALED;
+	wr.wr.atomic.remote_addr = e->raddr + (cas ? O_CAS : O_ACNT);
+	wr.wr.atomic.rkey = e->rkey;
+	wr.wr.atomic.compare_add = cas ? e->cas_expect : 1;
+	wr.wr.atomic.swap = e->cas_expect + 1;
+	return post(e, &wr);
+}
+
+/* Posts one unit of work on e if the traffic allows it. */
+static bool try_post(struct wl_ep *e)
+{
+	struct wl *wl = e->wl;
+	bool can[4];
+	unsigned n = 0, pick;
+	uint32_t win = wl->p.kind == WL_SENDRECV ? NRECV : SLOTS;
+
+	if (wl->conn[e->conn].dead)
+		return false;
+	if (e->cts_pending && ring_room(e) >= 1)
+		return post_cts(e);
+	can[0] = e->tx_next < e->n_msg && e->tx_next < e->tx_done + SLOTS &&
+		 e->tx_next - credit(e) < win && ring_room(e) >= 4;
+	can[1] = e->rd_next < e->n_rd && e->rd_out < NRD && ring_room(e) >= 1;
+	/* one atomic of each kind at a time: results share a buffer */
+	can[2] = e->fa_next < e->n_fa && e->fa_next == e->fa_ok + e->fa_err &&
+		 ring_room(e) >= 1;
+	can[3] = e->cas_next < e->n_cas &&
+		 e->cas_next == e->cas_ok + e->cas_err && ring_room(e) >= 1;
+	for (int i = 0; i < 4; i++)
+		n += can[i];
+	if (!n)
+		return false;
+	pick = (unsigned)(wl_rand(wl) % n);
+	for (int i = 0; i < 4; i++) {
+		if (!can[i] || pick--)
+			continue;
+		switch (i) {
+		case 0:
+			return wl->p.kind == WL_SENDRECV ? post_send_msg(e) :
+							   post_nccl(e);
+		case 1: return post_read(e);
+		case 2: return post_atomic(e, false);
+		default: return post_atomic(e, true);
+		}
+	}
+	return false;
+}
+
+/* --- completions --------------------------------------------------------- */
+
+/* Retires WRs up to wr_id; a signaled WR passed over is a completion out of
+ * order. */
+static bool ring_retire(struct wl_ep *e, uint64_t wr_id)
+{
+	uint32_t i;
+
+	for (i = e->r_head; i != e->r_tail; i++)
+		if (e->ring[i % SQ_DEPTH] == wr_id)
+			break;
+	if (i == e->r_tail) {
+		violation(e->wl, "conn %u side %u: completion for unknown wr %#llx",
+			  e->conn, e->side, (unsigned long long)wr_id);
+		return false;
+	}
+	for (uint32_t j = e->r_head; j != i; j++) {
+		if (e->ring_sig[j % SQ_DEPTH]) {
+			violation(e->wl, "conn %u side %u: completion of wr %#llx "
+				  "before signaled wr %#llx", e->conn, e->side,
+				  (unsigned long long)wr_id,
+				  (unsigned long long)e->ring[j % SQ_DEPTH]);
+			break;
+		}
+	}
+	e->r_head = i + 1;
+	return true;
+}
+
+static void on_error(struct wl_ep *e, const struct ibv_wc *wc)
+{
+	struct wl *wl = e->wl;
+	unsigned k = WR_K(wc->wr_id);
+
+	wl->rep.app_errors++;
+	if (!e->errored) {
+		e->errored = true;
+		if (!wl->conn[e->conn].dead)
+			wl->rep.conns_failed++;
+		/* SHIFT may surface an error only where an atomic was in
+		 * flight; anything else must be hidden. */
+		if (wl->p.strict && e->fa_next == e->fa_ok + e->fa_err &&
+		    e->cas_next == e->cas_ok + e->cas_err)
+			violation(wl, "conn %u side %u: app-visible %s on "
+				  "idempotent traffic (wr %#llx)", e->conn,
+				  e->side, wc_status_name(wc->status),
+				  (unsigned long long)wc->wr_id);
+	}
+	wl->conn[e->conn].dead = true;
+	if (k == K_RECV) {
+		e->recv_done++;
+		return;
+	}
+	ring_retire(e, wc->wr_id);
+	if (k == K_FADD) {
+		e->fa_err++;
+		wl->rep.atomics_err++;
+	} else if (k == K_CAS) {
+		e->cas_err++;
+		wl->rep.atomics_err++;
+	} else if (k == K_READ) {
+		e->rd_out--;
+	}
+}
+
+static void on_recv(struct wl_ep *e, const struct ibv_wc *wc)
+{
+	struct wl *wl = e->wl;
+	struct wl_ep *s = peer(e);	/* the sender of what arrives here */
+	uint32_t m, len;
+	const uint8_t *data;
+
+	if (WR_S(wc->wr_id) != e->recv_done)
+		violation(wl, "conn %u side %u: receive %u completed, expected %u",
+			  e->conn, e->side, WR_S(wc->wr_id), e->recv_done);
+	e->recv_done++;
+	if (wl->p.kind == WL_SENDRECV) {
+		uint64_t hdr;
+
+		data = e->buf + O_RECV + (WR_S(wc->wr_id) % NRECV) * SLOT;
+		memcpy(&hdr, data, 8);
+		m = (uint32_t)hdr;
+		if (wc->opcode != IBV_WC_RECV) {
+			violation(wl, "conn %u side %u: opcode %d for a send",
+				  e->conn, e->side, wc->opcode);
+			return;
+		}
+	} else {
+		if (wc->opcode != IBV_WC_RECV_RDMA_WITH_IMM ||
+		    !(wc->wc_flags & IBV_WC_WITH_IMM)) {
+			violation(wl, "conn %u side %u: opcode %d, not write-imm",
+				  e->conn, e->side, wc->opcode);
+			return;
+		}
+		m = be32toh(wc->imm_data);
+		data = e->buf + O_SLOTS + (m % SLOTS) * SLOT;
+	}
+	if (m != e->rx_next) {
+		violation(wl, "conn %u side %u: notification %u, expected %u "
+			  "(duplicate or out of order)", e->conn, e->side, m,
+			  e->rx_next);
+		return;
+	}
+	len = msg_len(s, m);
+	if (wl->p.kind == WL_SENDRECV && wc->byte_len != len)
+		violation(wl, "conn %u side %u: message %u byte_len %u != %u",
+			  e->conn, e->side, m, wc->byte_len, len);
+	for (uint32_t i = wl->p.kind == WL_SENDRECV ? 8 : 0; i < len; i++) {
+		if (data[i] != pat(s, m, i)) {
+			violation(wl, "conn %u side %u: message %u byte %u is %#x, "
+				  "sent %#x", e->conn, e->side, m, i, data[i],
+				  pat(s, m, i));
+			break;
+		}
+	}
+	memset((uint8_t *)data, 0xee, SLOT);	/* consumed: poison */
+	sim_world_note(wl->w, 0x56434552 /* "RECV" */, e->conn << 1 | e->side, m);
+	e->rx_next++;
+	wl->rep.msgs++;
+	wl->rep.bytes += len;
+	if (!wl->conn[e->conn].dead) {
+		post_recv(e);
+		e->cts_pending = true;
+	}
+}
+
+static void on_send_done(struct wl_ep *e, const struct ibv_wc *wc)
+{
+	struct wl *wl = e->wl;
+	unsigned k = WR_K(wc->wr_id);
+	uint32_t s = WR_S(wc->wr_id);
+
+	if (!ring_retire(e, wc->wr_id))
+		return;
+	switch (k) {
+	case K_NOTIFY:
+	case K_SEND:
+		if (s + 1 <= e->tx_done)
+			violation(wl, "conn %u side %u: message %u completed twice",
+				  e->conn, e->side, s);
+		else
+			e->tx_done = s + 1;
+		break;
+	case K_READ: {
+		uint32_t off, len;
+		const uint8_t *d = e->buf + O_RDST + (s % NRD) * RSRC;
+		struct wl_ep *p = peer(e);
+
+		read_geom(e, s, &off, &len);
+		for (uint32_t i = 0; i < len; i++) {
+			if (d[i] != pat(p, 0xffffffffu, off + i)) {
+				violation(wl, "conn %u side %u: read %u byte %u wrong",
+					  e->conn, e->side, s, i);
+				break;
+			}
+		}
+		e->rd_out--;
+		e->rd_done++;
+		break;
+	}
+	case K_FADD: {
+		uint64_t v;
+
+		memcpy(&v, e->buf + O_ARES, 8);
+		if (v >= NAT || e->fa_seen[v])
+			violation(wl, "conn %u side %u: fetch-add returned %llu twice "
+				  "(applied twice)", e->conn, e->side,
+				  (unsigned long long)v);
+		else
+			e->fa_seen[v] = 1;
+		e->fa_ok++;
+		wl->rep.atomics_ok++;
+		break;
+	}
+	case K_CAS: {
+		uint64_t v;
+
+		memcpy(&v, e->buf + O_ARES + 8, 8);
+		if (v != e->cas_expect)
+			violation(wl, "conn %u side %u: compare-swap %u found %llu, "
+				  "expected %llu (applied twice or lost)", e->conn,
+				  e->side, s, (unsigned long long)v,
+				  (unsigned long long)e->cas_expect);
+		e->cas_expect++;
+		e->cas_ok++;
+		wl->rep.atomics_ok++;
+		break;
+	}
+	default:
+		break;
+	}
+}
+
+static struct wl_ep *ep_of(struct wl *wl, unsigned side, uint32_t qpn)
+{
+	for (unsigned c = 0; c < wl->p.nconn; c++)
+		if (wl->conn[c].ep[side].qp->qp_num == qpn)
+			return &wl->conn[c].ep[side];
+	return NULL;
+}
+
+static bool poll_side(struct wl *wl, unsigned side)
+{
+	struct ibv_wc wc[16];
+	int n = ibv_poll_cq(wl->side[side].cq, 16, wc);
+
+	if (n < 0) {
+		violation(wl, "side %u: poll_cq failed", side);
+		return false;
+	}
+	for (int i = 0; i < n; i++) {
+		struct wl_ep *e = ep_of(wl, side, wc[i].qp_num);
+
+		sim_world_note(wl->w, 0x4c4c4f50 /* "POLL" */, wc[i].wr_id,
+			       (uint64_t)wc[i].status << 32 | wc[i].qp_num);
+		if (!e) {
+			violation(wl, "side %u: completion for unknown qp %u",
+				  side, wc[i].qp_num);
+			continue;
+		}
+		if (wc[i].status != IBV_WC_SUCCESS)
+			on_error(e, &wc[i]);
+		else if (wc[i].opcode & IBV_WC_RECV)
+			on_recv(e, &wc[i]);
+		else
+			on_send_done(e, &wc[i]);
+	}
+	return n > 0;
+}
+
+bool wl_step(struct wl *wl)
+{
+	unsigned n = 2 * wl->p.nconn, start = (unsigned)(wl_rand(wl) % n);
+
+	for (unsigned k = 0; k < n; k++) {
+		unsigned i = (start + k) % n;
+		struct wl_ep *e = &wl->conn[i >> 1].ep[i & 1];
+
+		if (poll_side(wl, e->side) | try_post(e))
+			return true;
+	}
+	return false;
+}
+
+static bool ep_finished(const struct wl_ep *e)
+{
+	return e->tx_done == e->n_msg && e->rx_next == peer((struct wl_ep *)e)->n_msg &&
+	       e->rd_done == e->n_rd && e->fa_ok == e->n_fa &&
+	       e->cas_ok == e->n_cas && !e->cts_pending;
+}
+
+bool wl_done(const struct wl *wl)
+{
+	for (unsigned c = 0; c < wl->p.nconn; c++)
+		if (!wl->conn[c].dead && (!ep_finished(&wl->conn[c].ep[0]) ||
+					  !ep_finished(&wl->conn[c].ep[1])))
+			return false;
+	return true;
+}
+
+void wl_finish(struct wl *wl, struct wl_report *r)
+{
+	bool strict = wl->p.strict;
+
+	for (unsigned c = 0; c < wl->p.nconn; c++) {
+		struct wl_conn *cn = &wl->conn[c];
+
+		if (!cn->dead && (!ep_finished(&cn->ep[0]) ||
+				  !ep_finished(&cn->ep[1]))) {
+			wl->rep.unfinished++;
+			if (strict)
+				violation(wl, "conn %u: did not finish (stalled)", c);
+		}
+		for (int s = 0; s < 2; s++) {
+			struct wl_ep *e = &cn->ep[s];
+			struct wl_ep *p = &cn->ep[!s];
+			uint64_t fa, cas;
+
+			memcpy(&fa, p->buf + O_ACNT, 8);
+			memcpy(&cas, p->buf + O_CAS, 8);
+			/* an atomic is applied at most once, and every one in
+			 * flight at a failure surfaced (ok or error) */
+			if (fa < e->fa_ok || fa > e->fa_ok + e->fa_err)
+				violation(wl, "conn %u side %u: fetch-add counter %llu, "
+					  "%u ok %u failed", c, s,
+					  (unsigned long long)fa, e->fa_ok, e->fa_err);
+			if (cas < e->cas_ok || cas > e->cas_ok + e->cas_err)
+				violation(wl, "conn %u side %u: compare-swap word %llu, "
+					  "%u ok %u failed", c, s,
+					  (unsigned long long)cas, e->cas_ok,
+					  e->cas_err);
+			if (e->fa_next != e->fa_ok + e->fa_err ||
+			    e->cas_next != e->cas_ok + e->cas_err)
+				violation(wl, "conn %u side %u: an atomic never "
+					  "completed", c, s);
+		}
+	}
+	*r = wl->rep;
+}
+
+/* --- setup and teardown -------------------------------------------------- */
+
+static int open_side(struct wl_side *sd, const struct shift_lower *v,
+		     const char *dev)
+{
+	struct ibv_device **list;
+	int n = 0;
+
+	sd->v = v;
+	list = v->get_device_list(&n);
+	if (!list)
+		return -1;
+	for (int i = 0; i < n && !sd->ctx; i++)
+		if (!strcmp(v->get_device_name(list[i]), dev))
+			sd->ctx = v->open_device(list[i]);
+	v->free_device_list(list);
+	if (!sd->ctx)
+		return -1;
+	sd->pd = v->alloc_pd(sd->ctx);
+	if (!sd->pd)
+		return -1;
+	sd->cq = v->create_cq(sd->ctx, 2048, NULL, NULL, 0);
+	return sd->cq ? 0 : -1;
+}
+
+static int open_ep(struct wl *wl, struct wl_ep *e, unsigned conn,
+		   unsigned side)
+{
+	struct wl_side *sd = &wl->side[side];
+	struct ibv_qp_init_attr ia;
+
+	e->wl = wl;
+	e->conn = conn;
+	e->side = side;
+	memset(&ia, 0, sizeof(ia));
+	ia.send_cq = sd->cq;
+	ia.recv_cq = sd->cq;
+	ia.cap.max_send_wr = SQ_DEPTH;
+	ia.cap.max_recv_wr = NRECV * 2;
+	ia.cap.max_send_sge = 1;
+	ia.cap.max_recv_sge = 1;
+	ia.cap.max_inline_data = 64;
+	ia.qp_type = IBV_QPT_RC;
+	e->qp = sd->v->create_qp(sd->pd, &ia);
+	if (!e->qp)
+		return -1;
+	e->buf = calloc(1, BUFSZ);
+	if (!e->buf)
+		return -1;
+	for (uint32_t i = 0; i < RSRC; i++)
+		e->buf[O_RSRC + i] = pat(e, 0xffffffffu, i);
+	e->mr = sd->v->reg_mr(sd->pd, e->buf, BUFSZ,
+			      IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE |
+			      IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC);
+	if (!e->mr)
+		return -1;
+	switch (wl->p.kind) {
+	case WL_NCCL:
+	case WL_SENDRECV:
+		e->n_msg = wl->p.msgs;
+		break;
+	case WL_READ:
+		e->n_rd = wl->p.msgs;
+		break;
+	case WL_MIX:
+		e->n_msg = wl->p.msgs;
+		e->n_rd = wl->p.msgs / 2;
+		e->n_fa = wl->p.msgs / 4 < NAT ? wl->p.msgs / 4 : NAT;
+		e->n_cas = wl->p.msgs / 4;
+		break;
+	default:
+		break;
+	}
+	return 0;
+}
+
+struct wl *wl_create(struct sim_world *w, const struct wl_params *p,
+		     const struct shift_lower *va, const char *deva,
+		     const struct shift_lower *vb, const char *devb,
+		     uint64_t seed)
+{
+	struct wl *wl;
+
+	if (!p->nconn || p->nconn > WL_MAX_CONN || p->kind >= WL_NKINDS) {
+		errno = EINVAL;
+		return NULL;
+	}
+	wl = calloc(1, sizeof(*wl));
+	if (!wl)
+		return NULL;
+	wl->w = w;
+	wl->p = *p;
+	wl->rng = seed;
+	if (open_side(&wl->side[0], va, deva) ||
+	    open_side(&wl->side[1], vb, devb))
+		goto fail;
+	for (unsigned c = 0; c < p->nconn; c++)
+		for (unsigned s = 0; s < 2; s++)
+			if (open_ep(wl, &wl->conn[c].ep[s], c, s))
+				goto fail;
+	for (unsigned c = 0; c < p->nconn; c++) {
+		struct sim_ep x[2];
+		struct sim_ep_info info[2];
+
+		for (unsigned s = 0; s < 2; s++) {
+			struct wl_ep *e = &wl->conn[c].ep[s];
+
+			memset(&x[s], 0, sizeof(x[s]));
+			x[s].v = wl->side[s].v;
+			x[s].ctx = wl->side[s].ctx;
+			x[s].qp = e->qp;
+			sim_ep_info(&x[s], (uint32_t)wl_rand(wl), &info[s]);
+			e->raddr = (uintptr_t)wl->conn[c].ep[!s].buf;
+			e->rkey = wl->conn[c].ep[!s].mr->rkey;
+		}
+		for (unsigned s = 0; s < 2; s++)
+			if (sim_ep_connect(&x[s], &info[s], &info[!s], NULL))
+				goto fail;
+		for (unsigned s = 0; s < 2; s++)
+			for (unsigned i = 0; i < NRECV; i++)
+				post_recv(&wl->conn[c].ep[s]);
+	}
+	return wl;
+fail:
+	wl_destroy(wl);
+	errno = EIO;
+	return NULL;
+}
+
+void wl_destroy(struct wl *wl)
+{
+	if (!wl)
+		return;
+	for (unsigned c = 0; c < WL_MAX_CONN; c++) {
+		for (unsigned s = 0; s < 2; s++) {
+			struct wl_ep *e = &wl->conn[c].ep[s];
+			const struct shift_lower *v = wl->side[s].v;
+
+			if (e->mr)
+				v->dereg_mr(e->mr);
+			if (e->qp)
+				v->destroy_qp(e->qp);
+			free(e->buf);
+		}
+	}
+	for (unsigned s = 0; s < 2; s++) {
+		struct wl_side *sd = &wl->side[s];
+
+		if (sd->cq)
+			sd->v->destroy_cq(sd->cq);
+		if (sd->pd)
+			sd->v->dealloc_pd(sd->pd);
+		if (sd->ctx)
+			sd->v->close_device(sd->ctx);
+	}
+	free(wl);
+}

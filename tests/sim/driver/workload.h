@@ -1,0 +1,73 @@
+/*
+ * Workload drivers for the fault campaign: application traffic written
+ * against the verbs API only (a `const struct shift_lower *` "app verbs"
+ * table per host plus the inline data-path functions of verbs.h), so the
+ * same driver runs directly on the simulated RNIC (pass-through) or on
+ * SHIFT stacked over it.
+ *
+ * A workload is nconn RC connections between host A and host B (one QP on
+ * each side, one shared CQ per side), carrying traffic in both directions
+ * at once. The driver checks, as it consumes, the invariants of the
+ * failover issue and counts app-visible errors separately from integrity
+ * violations (see struct wl_report).
+ */
+#ifndef SHIFT_SIM_WORKLOAD_H
+#define SHIFT_SIM_WORKLOAD_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "shift/lower.h"
+
+struct sim_world;
+
+enum wl_kind {
+	WL_NCCL,	/* unsignaled writes + signaled write-with-imm, CTS */
+	WL_SENDRECV,	/* two-sided sends with credits */
+	WL_READ,	/* RDMA reads of a static remote pattern */
+	WL_MIX,		/* NCCL + reads + fetch-add + compare-swap */
+	WL_NKINDS
+};
+
+const char *wl_kind_name(enum wl_kind k);
+int wl_kind_parse(const char *s, enum wl_kind *k); /* 0 or -1 */
+
+struct wl_params {
+	enum wl_kind kind;
+	unsigned nconn;		/* connections (QP pairs), 1..4 */
+	unsigned msgs;		/* messages per direction per connection */
+	/* SHIFT mode: an app-visible error on idempotent traffic (no atomic
+	 * in flight on that QP) or an unfinished connection is a violation. */
+	bool strict;
+};
+
+struct wl_report {
+	uint64_t msgs;		/* notifications consumed by receivers */
+	uint64_t bytes;		/* bytes verified by receivers */
+	uint64_t app_errors;	/* completions in error + failed posts */
+	uint64_t conns_failed;	/* connections that saw an app error */
+	uint64_t atomics_ok, atomics_err;
+	uint64_t violations;	/* integrity violations (always a bug) */
+	uint64_t unfinished;	/* healthy connections that did not finish */
+	char first[200];	/* the first violation, for the log */
+};
+
+struct wl;
+
+/* Opens the devices through the two tables, creates and connects the
+ * QPs. Returns NULL (errno set) on a setup failure. */
+struct wl *wl_create(struct sim_world *w, const struct wl_params *p,
+		     const struct shift_lower *va, const char *deva,
+		     const struct shift_lower *vb, const char *devb,
+		     uint64_t seed);
+/* One application action: poll a side's CQ and post what the traffic
+ * allows. Returns true if anything happened. */
+bool wl_step(struct wl *wl);
+/* Every connection finished or failed, every expected completion seen. */
+bool wl_done(const struct wl *wl);
+/* Final checks (atomic accounting, liveness) and the report. Call once the
+ * world is idle and wl_step() makes no progress. */
+void wl_finish(struct wl *wl, struct wl_report *r);
+void wl_destroy(struct wl *wl);
+
+#endif /* SHIFT_SIM_WORKLOAD_H */
