@@ -128,6 +128,7 @@ static int setup(struct nc_ctx *c)
 		         errno ? errno : ETIMEDOUT, 0);
 		return -1;
 	}
+	nc_hard_watchdog(c, 4 * tmo); /* connected: the set-up clock restarts */
 	if (c->is_server) {
 		if (nc_tcp_recv_u64(c->sock, w, HELLO_WORDS, tmo)) {
 			nc_error(c, -1, "bootstrap", "no HELLO from the client", errno, 0);
@@ -145,7 +146,10 @@ static int setup(struct nc_ctx *c)
 
 	/* Both sides open their verbs objects, then tell each other whether
 	 * that worked (and which self-test the other asked for). */
+	double t_open = nc_now();
 	int ok = nc_rdma_open(c) == 0;
+	if (ok)
+		nc_log("%s: verbs objects ready in %.1f s", c->dev_name, nc_now() - t_open);
 	if (ok)
 		nc_roles_setup(c);
 	uint64_t st[STATUS_WORDS] = {HELLO_MAGIC, (uint64_t)ok, o->inject, o->inject_at};
@@ -185,7 +189,10 @@ static int setup(struct nc_ctx *c)
 
 	/* RTR/RTS and receives posted before GO: the peer sends nothing
 	 * before it has our GO, so nothing can arrive at a QP not ready. */
+	t_open = nc_now();
 	ok = nc_rdma_connect(c) == 0 && nc_traffic_prepost(c) == 0;
+	if (ok)
+		nc_log("QPs at RTS in %.1f s", nc_now() - t_open);
 	uint64_t go[2] = {GO_WORD, (uint64_t)ok}, pgo[2];
 	if (nc_tcp_send_u64(c->sock, go, 2) || nc_tcp_recv_u64(c->sock, pgo, 2, tmo)) {
 		nc_error(c, -1, "bootstrap", "lost the peer before GO", errno, 0);

@@ -585,6 +585,13 @@ static int poll_peer(struct nc_ctx *c, double deadline)
 			continue;
 		if (deadline <= 0 || nc_now() >= deadline)
 			return 0;
+		/* Keep reaping completions while we wait (a library that does its
+		 * work inside ibv_poll_cq must see a live application); not after
+		 * an error, when the rest would only be flushes. */
+		struct ibv_wc wc[16];
+		int n = c->fatal || !c->cq ? 0 : ibv_poll_cq(c->cq, 16, wc);
+		for (int i = 0; i < n && !c->fatal; i++)
+			on_completion(c, &wc[i]);
 		struct timespec ts = {0, 1000 * 1000};
 		nanosleep(&ts, NULL);
 	}
