@@ -7,6 +7,7 @@
  * attribute-mask rules, and extended CQ polling.
  */
 #include <poll.h>
+#include <stdlib.h>
 #include <fcntl.h>
 #include <unistd.h>
 
@@ -27,6 +28,14 @@ static void test_devices(void **state)
 	assert_string_equal(v->get_device_name(list[1]), "sim1_1");
 	assert_null(list[2]);
 	v->free_device_list(list);
+
+	/* the world-wide table lists all four */
+	list = sim_lower_world(f->w)->get_device_list(&n);
+	assert_int_equal(n, 4);
+	assert_string_equal(list[3]->name, "sim1_1");
+	free(list);
+	assert_ptr_equal(sim_dev_host(sim_dev_of_context(f->b.ctx)), f->h[1]);
+	assert_int_equal(sim_dev_index(sim_dev_of_context(f->b.ctx)), 0);
 
 	assert_int_equal(v->query_port(f->b.ctx, 1, &pa), 0);
 	assert_int_equal(pa.state, IBV_PORT_ACTIVE);

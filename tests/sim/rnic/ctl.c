@@ -141,6 +141,22 @@ static int sim_query_gid(struct ibv_context *c, uint8_t port, int index,
 static struct ibv_cq_ex *sim_create_cq_ex(struct ibv_context *c,
 					  struct ibv_cq_init_attr_ex *ia);
 
+/* Slots the sim does not implement fail cleanly instead of being NULL. */
+static int sim_post_srq_recv(struct ibv_srq *srq, struct ibv_recv_wr *wr,
+			     struct ibv_recv_wr **bad)
+{
+	(void)srq;
+	*bad = wr;
+	return EOPNOTSUPP;
+}
+
+static struct ibv_mw *sim_alloc_mw(struct ibv_pd *pd, enum ibv_mw_type type)
+{
+	(void)pd; (void)type;
+	errno = EOPNOTSUPP;
+	return NULL;
+}
+
 static struct ibv_context *sim_open_device(struct ibv_device *device)
 {
 	struct sim_dev *d = (struct sim_dev *)device;
@@ -177,6 +193,8 @@ static struct ibv_context *sim_open_device(struct ibv_device *device)
 	c->ops.req_notify_cq = sim_req_notify_cq;
 	c->ops.post_send = sim_post_send;
 	c->ops.post_recv = sim_post_recv;
+	c->ops.post_srq_recv = sim_post_srq_recv;
+	c->ops.alloc_mw = sim_alloc_mw;
 	ctx->next = d->ctxs;
 	d->ctxs = ctx;
 	return c;

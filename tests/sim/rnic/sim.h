@@ -76,7 +76,16 @@ struct sim_world *sim_host_world(const struct sim_host *h);
  * devices only; every other slot dispatches through the object. */
 const struct shift_lower *sim_lower(struct sim_host *h);
 
+/* The same table, but get_device_list lists every device of the world
+ * (sim0_0, sim0_1, sim1_0, ...): for a single SHIFT instance serving all
+ * simulated hosts of the process. One world at a time. */
+const struct shift_lower *sim_lower_world(struct sim_world *w);
+
+/* From a context opened on the sim (also one SHIFT wrapped: the context
+ * object itself is the sim's). */
 struct sim_dev *sim_dev_of_context(struct ibv_context *ctx);
+struct sim_host *sim_dev_host(const struct sim_dev *d);
+unsigned sim_dev_index(const struct sim_dev *d);	/* in its host */
 struct ibv_device *sim_dev_ibv(struct sim_dev *d);
 const char *sim_dev_name(const struct sim_dev *d);
 

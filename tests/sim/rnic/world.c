@@ -58,6 +58,40 @@ static struct ibv_device **(*const g_slot_fn[SIM_MAX_HOSTS])(int *) = {
 	sim_devlist_12, sim_devlist_13, sim_devlist_14, sim_devlist_15,
 };
 
+/* The world-wide table: lists every device of the world it was last asked
+ * for (one world at a time per process). */
+static struct sim_world *g_world_listed;
+static struct shift_lower g_world_table;
+
+static struct ibv_device **sim_world_device_list(int *num)
+{
+	struct sim_world *w = g_world_listed;
+	struct ibv_device **list;
+
+	if (!w) {
+		errno = ENODEV;
+		return NULL;
+	}
+	list = calloc(w->ndevs + 1, sizeof(*list));
+	if (!list) {
+		errno = ENOMEM;
+		return NULL;
+	}
+	for (unsigned i = 0; i < w->ndevs; i++)
+		list[i] = &w->devs[i]->ibdev;
+	if (num)
+		*num = (int)w->ndevs;
+	return list;
+}
+
+const struct shift_lower *sim_lower_world(struct sim_world *w)
+{
+	g_world_listed = w;
+	g_world_table = sim_lower_proto;
+	g_world_table.get_device_list = sim_world_device_list;
+	return &g_world_table;
+}
+
 const struct shift_lower *sim_lower(struct sim_host *h)
 {
 	return h->slot >= 0 ? &g_slot_table[h->slot] : NULL;
@@ -216,6 +250,8 @@ struct sim_dev *sim_host_dev(struct sim_host *h, unsigned i)
 unsigned sim_host_index(const struct sim_host *h) { return h->idx; }
 struct sim_world *sim_host_world(const struct sim_host *h) { return h->w; }
 struct ibv_device *sim_dev_ibv(struct sim_dev *d) { return &d->ibdev; }
+struct sim_host *sim_dev_host(const struct sim_dev *d) { return d->host; }
+unsigned sim_dev_index(const struct sim_dev *d) { return d->lidx; }
 const char *sim_dev_name(const struct sim_dev *d) { return d->ibdev.name; }
 
 struct sim_dev *sim_dev_by_gid(struct sim_world *w, const union ibv_gid *g)
@@ -249,6 +285,8 @@ void sim_world_destroy(struct sim_world *w)
 			g_slot_host[w->hosts[i]->slot] = NULL;
 		free(w->hosts[i]);
 	}
+	if (g_world_listed == w)
+		g_world_listed = NULL;
 	free(w->evs);
 	free(w);
 }
