@@ -476,6 +476,43 @@ static void test_cq_ex(void **state)
 	assert_int_equal(f->a.v->destroy_cq(ibv_cq_ex_to_cq(cx)), 0);
 }
 
+/* A layer above (SHIFT) replaces ctx->ops with its own and calls the
+ * sim's: everything must keep working. */
+static int (*orig_post_send)(struct ibv_qp *, struct ibv_send_wr *,
+			     struct ibv_send_wr **);
+static int (*orig_poll_cq)(struct ibv_cq *, int, struct ibv_wc *);
+static int n_wrapped;
+
+static int wrap_post_send(struct ibv_qp *qp, struct ibv_send_wr *wr,
+			  struct ibv_send_wr **bad)
+{
+	n_wrapped++;
+	return orig_post_send(qp, wr, bad);
+}
+
+static int wrap_poll_cq(struct ibv_cq *cq, int n, struct ibv_wc *wc)
+{
+	n_wrapped++;
+	return orig_poll_cq(cq, n, wc);
+}
+
+static void test_ops_swapped(void **state)
+{
+	struct fx *f = *state;
+
+	orig_post_send = f->a.ctx->ops.post_send;
+	orig_poll_cq = f->a.ctx->ops.poll_cq;
+	f->a.ctx->ops.post_send = wrap_post_send;
+	f->a.ctx->ops.poll_cq = wrap_poll_cq;
+	n_wrapped = 0;
+	memset(f->a.buf, 0x31, 64);
+	assert_int_equal(fx_post(&f->a, 1, IBV_WR_RDMA_WRITE, 0, 64, &f->b, 0,
+				 IBV_SEND_SIGNALED), 0);
+	assert_int_equal(fx_wc(f, &f->a).status, IBV_WC_SUCCESS);
+	assert_int_equal(n_wrapped, 2);
+	assert_int_equal(f->b.buf[63], 0x31);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -493,6 +530,8 @@ int main(void)
 						fx_teardown),
 		cmocka_unit_test_setup_teardown(test_channel, fx_setup_ch, fx_teardown),
 		cmocka_unit_test_setup_teardown(test_cq_ex, fx_setup, fx_teardown),
+		cmocka_unit_test_setup_teardown(test_ops_swapped, fx_setup,
+						fx_teardown),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);

@@ -349,6 +349,39 @@ static void test_sqd_drain(void **state)
 	assert_int_equal(fx_nwc(&f->a), 1);
 }
 
+/* The backup NICs of the same hosts keep working while the defaults are
+ * dead: a second connection sim0_1 <-> sim1_1 carries traffic. */
+static void test_backup_devices(void **state)
+{
+	struct fx *f = *state;
+	struct sim_ep a2, b2;
+	struct sim_ep_info i2a, i2b;
+	struct ibv_qp_cap cap = { 16, 16, 1, 1, 0 };
+
+	sim_dev_kill(sim_host_dev(f->h[0], 0), 1);
+	assert_int_equal(sim_ep_open(&a2, sim_lower(f->h[0]), "sim0_1", 256,
+				     ACC_ALL, &cap, 64, 0), 0);
+	assert_int_equal(sim_ep_open(&b2, sim_lower(f->h[1]), "sim1_1", 256,
+				     ACC_ALL, &cap, 64, 0), 0);
+	sim_ep_info(&a2, 1, &i2a);
+	sim_ep_info(&b2, 2, &i2b);
+	assert_int_equal(sim_ep_connect(&a2, &i2a, &i2b, NULL), 0);
+	assert_int_equal(sim_ep_connect(&b2, &i2b, &i2a, NULL), 0);
+	memset(a2.buf, 0x99, 16);
+	assert_int_equal(fx_post(&a2, 1, IBV_WR_RDMA_WRITE, 0, 16, &b2, 0,
+				 IBV_SEND_SIGNALED), 0);
+	sim_world_run_until_idle(f->w);
+	struct ibv_wc wc;
+
+	assert_int_equal(ibv_poll_cq(a2.cq, 1, &wc), 1);
+	assert_int_equal(wc.status, IBV_WC_SUCCESS);
+	assert_int_equal(b2.buf[15], 0x99);
+	/* the default pair is flushed */
+	assert_int_equal(f->a.qp->state, IBV_QPS_ERR);
+	sim_ep_close(&a2);
+	sim_ep_close(&b2);
+}
+
 static uint64_t run_mix(uint64_t seed)
 {
 	struct fx f;
@@ -394,6 +427,7 @@ int main(void)
 		T(test_fatal_events),
 		cmocka_unit_test(test_psn_wrap),
 		T(test_sqd_drain),
+		T(test_backup_devices),
 		cmocka_unit_test(test_determinism),
 	};
 
