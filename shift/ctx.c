@@ -86,7 +86,10 @@ static int shift_vctx_query_port(struct ibv_context *context, uint8_t port_num,
 
 	if (!s || !s->query_port)
 		return EOPNOTSUPP;
-	return s->query_port(context, port_num, port_attr, port_attr_len);
+	int rc = s->query_port(context, port_num, port_attr, port_attr_len);
+	shift_debug("query_port(%p, %u, len %zu) = %d, state %d", (void *)context, port_num,
+		    port_attr_len, rc, (int)port_attr->state);
+	return rc;
 }
 
 static int shift_vctx_query_device_ex(struct ibv_context *context,
