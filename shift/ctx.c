@@ -22,28 +22,59 @@ static pthread_mutex_t ctx_lock = PTHREAD_MUTEX_INITIALIZER;
 
 /* ---- data path ---------------------------------------------------------- */
 
+/*
+ * Default state: mirror the WRs, then the provider's post. The mirror and
+ * the provider see the same WRs in the same order (post_lock), and WRs the
+ * provider refuses are forgotten again.
+ */
 static int shift_post_send(struct ibv_qp *qp, struct ibv_send_wr *wr,
 			   struct ibv_send_wr **bad_wr)
 {
 	struct shift_ctx *s = shift_ctx_of(qp->context);
+	struct shift_dqp *d;
+	uint64_t head;
+	int rc;
 
 	if (shift_unlikely(!s)) {
 		*bad_wr = wr;
 		return EINVAL;
 	}
-	return s->post_send(qp, wr, bad_wr);
+	d = shift_dqp_by_qpn(s, qp->qp_num);
+	if (shift_unlikely(!d || d->send_state == SHIFT_SEND_UNPROTECTED))
+		return s->post_send(qp, wr, bad_wr);
+	pthread_spin_lock(&d->post_lock);
+	head = d->sq_head;
+	shift_dqp_record_send(d, wr);
+	rc = s->post_send(qp, wr, bad_wr);
+	if (shift_unlikely(rc))
+		shift_dqp_unrecord_send(d, wr, *bad_wr, head);
+	pthread_spin_unlock(&d->post_lock);
+	return rc;
 }
 
 static int shift_post_recv(struct ibv_qp *qp, struct ibv_recv_wr *wr,
 			   struct ibv_recv_wr **bad_wr)
 {
 	struct shift_ctx *s = shift_ctx_of(qp->context);
+	struct shift_dqp *d;
+	uint64_t head;
+	int rc;
 
 	if (shift_unlikely(!s)) {
 		*bad_wr = wr;
 		return EINVAL;
 	}
-	return s->post_recv(qp, wr, bad_wr);
+	d = shift_dqp_by_qpn(s, qp->qp_num);
+	if (shift_unlikely(!d || d->send_state == SHIFT_SEND_UNPROTECTED))
+		return s->post_recv(qp, wr, bad_wr);
+	pthread_spin_lock(&d->post_lock);
+	head = d->rq_head;
+	shift_dqp_record_recv(d, wr);
+	rc = s->post_recv(qp, wr, bad_wr);
+	if (shift_unlikely(rc))
+		shift_dqp_unrecord_recv(d, wr, *bad_wr, head);
+	pthread_spin_unlock(&d->post_lock);
+	return rc;
 }
 
 static int shift_post_srq_recv(struct ibv_srq *srq, struct ibv_recv_wr *wr,
@@ -58,13 +89,22 @@ static int shift_post_srq_recv(struct ibv_srq *srq, struct ibv_recv_wr *wr,
 	return s->post_srq_recv(srq, wr, bad_wr);
 }
 
+/* Default state: the provider's poll, then retire what completed. */
 static int shift_poll_cq(struct ibv_cq *cq, int num_entries, struct ibv_wc *wc)
 {
 	struct shift_ctx *s = shift_ctx_of(cq->context);
+	int n;
 
 	if (shift_unlikely(!s))
 		return -1;
-	return s->poll_cq(cq, num_entries, wc);
+	n = s->poll_cq(cq, num_entries, wc);
+	for (int i = 0; i < n; i++) {
+		struct shift_dqp *d = shift_dqp_by_qpn(s, wc[i].qp_num);
+
+		if (shift_likely(d && wc[i].status == IBV_WC_SUCCESS))
+			shift_dqp_retire(d, &wc[i]);
+	}
+	return n;
 }
 
 static int shift_req_notify_cq(struct ibv_cq *cq, int solicited_only)
@@ -74,6 +114,29 @@ static int shift_req_notify_cq(struct ibv_cq *cq, int solicited_only)
 	if (shift_unlikely(!s))
 		return EINVAL;
 	return s->req_notify_cq(cq, solicited_only);
+}
+
+void shift_ctx_add_dqp(struct shift_ctx *s, struct shift_dqp *d)
+{
+	struct shift_dqp **b = &s->dqp[d->qpn & (SHIFT_DQP_BUCKETS - 1)];
+
+	pthread_mutex_lock(&ctx_lock);
+	d->next_in_bucket = *b;
+	__atomic_store_n(b, d, __ATOMIC_RELEASE);
+	pthread_mutex_unlock(&ctx_lock);
+}
+
+struct shift_dqp *shift_ctx_remove_dqp(struct shift_ctx *s, struct ibv_qp *qp)
+{
+	struct shift_dqp **pp = &s->dqp[qp->qp_num & (SHIFT_DQP_BUCKETS - 1)], *d;
+
+	pthread_mutex_lock(&ctx_lock);
+	while ((d = *pp) && d->qp != qp)
+		pp = &d->next_in_bucket;
+	if (d)
+		__atomic_store_n(pp, d->next_in_bucket, __ATOMIC_RELEASE);
+	pthread_mutex_unlock(&ctx_lock);
+	return d;
 }
 
 /* ---- extended verbs (struct verbs_context slots) ------------------------- */
@@ -115,6 +178,12 @@ static struct ibv_qp *shift_vctx_create_qp_ex(struct ibv_context *context,
 	}
 	struct ibv_qp *qp = s->create_qp_ex(context, attr);
 
+	if (qp && s->rnic && attr->qp_type == IBV_QPT_RC && !attr->srq) {
+		struct shift_dqp *d = shift_dqp_create(qp, &attr->cap, attr->sq_sig_all);
+
+		if (d)
+			shift_ctx_add_dqp(s, d);
+	}
 	if (qp && s->rnic) {
 		shift_shadow_qp(s->rnic, qp, attr->qp_type, attr->send_cq, attr->recv_cq,
 				&attr->cap, attr->sq_sig_all,
@@ -260,5 +329,13 @@ void shift_ctx_detach(struct ibv_context *ibctx)
 	}
 	__atomic_store_n(&shift_ctx_tab[s->slot], NULL, __ATOMIC_RELEASE);
 	pthread_mutex_unlock(&ctx_lock);
+	for (int i = 0; i < SHIFT_DQP_BUCKETS; i++) {
+		while (s->dqp[i]) {
+			struct shift_dqp *d = s->dqp[i];
+
+			s->dqp[i] = d->next_in_bucket;
+			shift_dqp_destroy(d);
+		}
+	}
 	free(s);
 }

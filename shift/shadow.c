@@ -746,6 +746,17 @@ int shift_rnic_pass(struct shift_rnic *r)
 	return pending(r);
 }
 
+void shift_rnic_pass_all(void)
+{
+	for (int i = 0; i < SHIFT_MAX_CTX; i++) {
+		pthread_mutex_lock(&rnics_lock);
+		struct shift_rnic *r = rnics[i];
+		pthread_mutex_unlock(&rnics_lock);
+		if (r)
+			shift_rnic_pass(r);
+	}
+}
+
 /* ---- the RNIC's thread ------------------------------------------------- */
 
 static void rnic_unprotected(struct shift_rnic *r, const char *why)

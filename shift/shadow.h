@@ -163,6 +163,8 @@ void shift_shadow_qp_gone(struct shift_rnic *r, struct ibv_qp *qp);
 /* Run one replay pass now, on the caller's thread (tests). Returns the
  * number of objects still pending. */
 int shift_rnic_pass(struct shift_rnic *r);
+/* One pass over every RNIC (tests and the campaign, synchronous mode). */
+void shift_rnic_pass_all(void);
 
 /* Counters over all RNICs, for shiftctl and tests. */
 struct shift_shadow_stats {

@@ -16,8 +16,10 @@
 
 #include "shift/log.h"
 #include "shift/lower.h"
+#include "shift/dqp.h"
 
 #define SHIFT_MAX_CTX 64
+#define SHIFT_DQP_BUCKETS 1024 /* power of two */
 
 struct shift_rnic;
 
@@ -46,6 +48,9 @@ struct shift_ctx {
 	struct ibv_cq_ex *(*create_cq_ex)(struct ibv_context *context,
 					  struct ibv_cq_init_attr_ex *init_attr);
 	int slot; /* index in the context table */
+	/* data-path state of the app's protected QPs, by QPN (chained);
+	 * written under the context lock, read lock-free */
+	struct shift_dqp *dqp[SHIFT_DQP_BUCKETS];
 	struct shift_rnic *rnic; /* shadow verbs of this RNIC, NULL if unprotected */
 };
 
@@ -76,6 +81,21 @@ static inline struct shift_ctx *shift_ctx_of(const struct ibv_context *ibctx)
 struct shift_ctx *shift_ctx_attach(struct ibv_context *ibctx);
 /* Give the context back its own ops and forget it; call before closing it. */
 void shift_ctx_detach(struct ibv_context *ibctx);
+
+/* The data-path state of an application QP, or NULL (unprotected). */
+static inline struct shift_dqp *shift_dqp_by_qpn(struct shift_ctx *s, uint32_t qpn)
+{
+	struct shift_dqp *d = __atomic_load_n(&s->dqp[qpn & (SHIFT_DQP_BUCKETS - 1)],
+					      __ATOMIC_ACQUIRE);
+
+	while (shift_unlikely(d && d->qpn != qpn))
+		d = d->next_in_bucket;
+	return d;
+}
+
+/* Register / forget the data-path state of a QP of this context. */
+void shift_ctx_add_dqp(struct shift_ctx *s, struct shift_dqp *d);
+struct shift_dqp *shift_ctx_remove_dqp(struct shift_ctx *s, struct ibv_qp *qp);
 
 /* Statistics kept cheaply (relaxed atomics) for shiftctl and tests. */
 struct shift_stats {

@@ -240,6 +240,14 @@ struct ibv_qp *shift_ibv_create_qp(struct ibv_pd *pd,
 	struct ibv_qp *qp = L->create_qp(pd, qp_init_attr);
 	struct shift_rnic *r = qp ? rnic_of(pd->context) : NULL;
 
+	if (r && qp_init_attr->qp_type == IBV_QPT_RC && !qp_init_attr->srq) {
+		/* create_qp wrote the actual capabilities back into the attr */
+		struct shift_dqp *d = shift_dqp_create(qp, &qp_init_attr->cap,
+						       qp_init_attr->sq_sig_all);
+
+		if (d)
+			shift_ctx_add_dqp(shift_ctx_of(pd->context), d);
+	}
 	if (r)
 		shift_shadow_qp(r, qp, qp_init_attr->qp_type, qp_init_attr->send_cq,
 				qp_init_attr->recv_cq, &qp_init_attr->cap,
@@ -266,9 +274,12 @@ int shift_ibv_query_qp(struct ibv_qp *qp, struct ibv_qp_attr *attr,
 
 int shift_ibv_destroy_qp(struct ibv_qp *qp)
 {
-	struct shift_rnic *r = qp ? rnic_of(qp->context) : NULL;
+	struct shift_ctx *s = qp ? shift_ctx_of(qp->context) : NULL;
+	struct shift_rnic *r = s ? s->rnic : NULL;
 	int rc = L->destroy_qp(qp);
 
+	if (!rc && s)
+		shift_dqp_destroy(shift_ctx_remove_dqp(s, qp));
 	if (!rc && r)
 		shift_shadow_qp_gone(r, qp);
 	return rc;

@@ -187,6 +187,9 @@ static int run_schedule(const struct opts *o, uint64_t seed,
 	 * neither can move. */
 	for (uint64_t it = 0; it < 20000000 && idle < 4; it++) {
 		bool app_first = splitmix(&rs) % 4 == 0;
+
+		if (o->shift && it % 16 == 0)
+			campaign_front_progress(true);
 		bool ev = app_first ? wl_step(wl) : sim_world_step(w) != 0;
 
 		if (!ev)

@@ -1,24 +1,46 @@
 /*
  * The campaign's verbs stack (see front.h). Pass-through hands the
- * application the simulated host's table directly.
- *
- * SHIFT mode is the hook for the SHIFT core: return a table whose slots
- * are SHIFT's application-facing verbs, with SHIFT's lower set to
- * sim_lower(h) (every slot of the per-host tables is the same except
- * get_device_list, which lists that host's devices: sim<h>_0 is the
- * default NIC the workload opens, sim<h>_1 the backup). Until that is
- * wired, --shift is refused with the message below.
+ * application the simulated host's table directly. SHIFT mode stacks
+ * SHIFT's application-facing table (shift_verbs) over the simulated world:
+ * SHIFT's lower is sim_lower_world(w), its KV store an in-memory one, and
+ * its per-RNIC replay runs synchronously (shift_shadow_sync), driven by
+ * campaign_front_progress() from the campaign's event loop, so a schedule
+ * stays deterministic.
  */
 #include "front.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "kv/kv.h"
+#include "shift/config.h"
+#include "shift/shadow.h"
+#include "shift/shift.h"
 
 const struct shift_lower *campaign_front(struct sim_host *h, bool shift,
 					 const char **why)
 {
 	if (!shift)
 		return sim_lower(h);
-	*why = "SHIFT is not wired into the campaign yet: fill campaign_front() "
-	       "in tests/sim/driver/front.c with SHIFT's app-facing table";
-	return NULL;
+	if (sim_host_index(h) == 0) {
+		/* once per schedule: both hosts share the process-wide SHIFT */
+		shift_lower_set(sim_lower_world(sim_host_world(h)));
+		shift_shadow_sync = true;
+		setenv("SHIFT_KV_URL", "mem://campaign", 1);
+		setenv("SHIFT_KV_NAMESPACE", "campaign", 1);
+		setenv("SHIFT_STATUS_DIR", "", 1);
+		setenv("SHIFT_BACKUP", "", 1);
+		shift_config_load(NULL);
+		shift_kv_mem_clear("campaign");
+	}
+	(void)why;
+	return &shift_verbs;
+}
+
+void campaign_front_progress(bool shift)
+{
+	if (shift)
+		shift_rnic_pass_all();
 }
 
 void campaign_front_done(struct sim_host *h, bool shift)

@@ -14,6 +14,8 @@
 /* The app verbs of host h, or NULL with *why set. */
 const struct shift_lower *campaign_front(struct sim_host *h, bool shift,
 					 const char **why);
+/* Let SHIFT's per-RNIC work (shadow replay) run once; SHIFT mode only. */
+void campaign_front_progress(bool shift);
 /* Called once per host after the schedule's objects are destroyed and
  * before the world is. */
 void campaign_front_done(struct sim_host *h, bool shift);

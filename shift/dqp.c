@@ -1,0 +1,170 @@
+/*
+ * Work-queue mirror of an application QP (see dqp.h): allocation, and the
+ * per-WR copy done on every post in the Default state. The copy is the only
+ * work SHIFT adds to a post; it touches preallocated memory only.
+ */
+#include "shift/dqp.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+static uint32_t pow2_at_least(uint32_t n)
+{
+	uint32_t p = 1;
+
+	while (p < n && p < (1u << 30))
+		p <<= 1;
+	return p;
+}
+
+struct shift_dqp *shift_dqp_create(struct ibv_qp *qp, const struct ibv_qp_cap *cap,
+				   int sq_sig_all)
+{
+	struct shift_dqp *d = calloc(1, sizeof(*d));
+
+	if (!d)
+		return NULL;
+	d->qp = qp;
+	d->qpn = qp->qp_num;
+	d->sq_sig_all = sq_sig_all;
+	d->max_send_sge = cap->max_send_sge ? cap->max_send_sge : 1;
+	d->max_recv_sge = cap->max_recv_sge ? cap->max_recv_sge : 1;
+	d->max_inline = cap->max_inline_data;
+	d->sq_size = pow2_at_least(cap->max_send_wr ? cap->max_send_wr : 1);
+	d->rq_size = pow2_at_least(cap->max_recv_wr ? cap->max_recv_wr : 1);
+	/* keep entries 8-byte aligned */
+	d->sq_stride = (uint32_t)((sizeof(struct shift_swqe) +
+				   d->max_send_sge * sizeof(struct ibv_sge) + d->max_inline + 7) & ~7u);
+	d->rq_stride = (uint32_t)(sizeof(struct shift_rwqe) +
+				  d->max_recv_sge * sizeof(struct ibv_sge));
+	d->sq = calloc(d->sq_size, d->sq_stride);
+	d->sig = calloc(d->sq_size, sizeof(*d->sig));
+	d->rq = calloc(d->rq_size, d->rq_stride);
+	if (!d->sq || !d->sig || !d->rq || pthread_spin_init(&d->post_lock, PTHREAD_PROCESS_PRIVATE)) {
+		free(d->sq);
+		free(d->sig);
+		free(d->rq);
+		free(d);
+		return NULL;
+	}
+	return d;
+}
+
+void shift_dqp_destroy(struct shift_dqp *d)
+{
+	if (!d)
+		return;
+	pthread_spin_destroy(&d->post_lock);
+	free(d->sq);
+	free(d->sig);
+	free(d->rq);
+	free(d);
+}
+
+static int mirror_full(struct shift_dqp *d, const char *q)
+{
+	d->send_state = SHIFT_SEND_UNPROTECTED;
+	shift_warn("QP %u: %s mirror overflow (more outstanding WRs than the QP's capacity): "
+		   "QP unprotected", d->qpn, q);
+	return -1;
+}
+
+int shift_dqp_record_send(struct shift_dqp *d, const struct ibv_send_wr *wr)
+{
+	for (; wr; wr = wr->next) {
+		struct shift_swqe *e;
+		uint32_t n = (uint32_t)(wr->num_sge > 0 ? wr->num_sge : 0);
+
+		if (shift_unlikely(d->sq_head - d->sq_tail >= d->sq_size || n > d->max_send_sge))
+			return mirror_full(d, "send");
+		e = shift_dqp_swqe(d, d->sq_head);
+		e->wr_id = wr->wr_id;
+		e->opcode = (uint16_t)wr->opcode;
+		e->send_flags = wr->send_flags;
+		e->num_sge = (uint16_t)n;
+		e->imm = wr->imm_data;
+		/* rdma and atomic share the start of the union: one copy serves both */
+		e->remote_addr = wr->wr.atomic.remote_addr;
+		e->rkey = wr->wr.atomic.rkey;
+		if (shift_unlikely(shift_wr_is_atomic(wr->opcode))) {
+			e->compare_add = wr->wr.atomic.compare_add;
+			e->swap = wr->wr.atomic.swap;
+		}
+		if (shift_likely(n == 1))
+			e->sge[0] = wr->sg_list[0];
+		else
+			memcpy(e->sge, wr->sg_list, n * sizeof(struct ibv_sge));
+		e->inline_len = 0;
+		if (shift_unlikely(wr->send_flags & IBV_SEND_INLINE)) {
+			/* the app may reuse the buffer when post returns: copy the bytes */
+			uint8_t *dst = (uint8_t *)&e->sge[d->max_send_sge];
+			uint32_t len = 0;
+
+			for (uint32_t i = 0; i < n; i++) {
+				if (len + wr->sg_list[i].length > d->max_inline)
+					return mirror_full(d, "inline");
+				memcpy(dst + len, (void *)(uintptr_t)wr->sg_list[i].addr,
+				       wr->sg_list[i].length);
+				len += wr->sg_list[i].length;
+			}
+			e->inline_len = len;
+		}
+		if ((wr->send_flags & IBV_SEND_SIGNALED) || d->sq_sig_all) {
+			d->sig[d->sig_head & (d->sq_size - 1)] = d->sq_head;
+			d->sig_head++;
+		}
+		d->recv_consumers_posted += shift_wr_consumes_recv(wr->opcode);
+		d->sq_head++;
+	}
+	return 0;
+}
+
+void shift_dqp_unrecord_send(struct shift_dqp *d, const struct ibv_send_wr *wr,
+			     const struct ibv_send_wr *bad, uint64_t head_before)
+{
+	uint64_t keep = head_before;
+
+	for (; wr && wr != bad; wr = wr->next)
+		keep++;
+	while (d->sq_head > keep) {
+		struct shift_swqe *e = shift_dqp_swqe(d, --d->sq_head);
+
+		d->recv_consumers_posted -= shift_wr_consumes_recv(e->opcode);
+		if (d->sig_head != d->sig_tail &&
+		    d->sig[(d->sig_head - 1) & (d->sq_size - 1)] == d->sq_head)
+			d->sig_head--;
+	}
+}
+
+int shift_dqp_record_recv(struct shift_dqp *d, const struct ibv_recv_wr *wr)
+{
+	for (; wr; wr = wr->next) {
+		uint32_t n = (uint32_t)(wr->num_sge > 0 ? wr->num_sge : 0);
+		struct shift_rwqe *e;
+
+		if (shift_unlikely(d->rq_head - d->rq_tail >= d->rq_size || n > d->max_recv_sge)) {
+			d->recv_state = SHIFT_RECV_DEFAULT;
+			return mirror_full(d, "receive");
+		}
+		e = shift_dqp_rwqe(d, d->rq_head);
+		e->wr_id = wr->wr_id;
+		e->num_sge = n;
+		if (shift_likely(n == 1))
+			e->sge[0] = wr->sg_list[0];
+		else
+			memcpy(e->sge, wr->sg_list, n * sizeof(struct ibv_sge));
+		d->rq_head++;
+	}
+	return 0;
+}
+
+void shift_dqp_unrecord_recv(struct shift_dqp *d, const struct ibv_recv_wr *wr,
+			     const struct ibv_recv_wr *bad, uint64_t head_before)
+{
+	uint64_t keep = head_before;
+
+	for (; wr && wr != bad; wr = wr->next)
+		keep++;
+	if (d->rq_head > keep)
+		d->rq_head = keep;
+}

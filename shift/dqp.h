@@ -1,0 +1,153 @@
+/*
+ * The data path of one application RC QP: its work-queue mirror and its
+ * send/receive states.
+ *
+ * The mirror keeps what is needed to rebuild every outstanding send and
+ * receive WR on the backup QP: opcode, flags, SGEs, remote address and key,
+ * immediate, atomic operands and a copy of inline data (the application may
+ * reuse that buffer as soon as post_send returns). It is preallocated at QP
+ * creation, indexed like the work queues (head = posted, tail = retired) and
+ * retired as completions are polled: a send completion retires every WR up
+ * to the signaled one it reports (RC completes in order), a receive
+ * completion retires the oldest receive.
+ *
+ * Concurrency: the application may post and poll one QP from different
+ * threads. head is written only by posters (serialized by post_lock, as the
+ * provider itself serializes posts), tail only by pollers of the QP's CQ
+ * (SHIFT serializes a CQ's pollers in the slow path; in the Default state a
+ * CQ is polled by whoever the application lets, as with the provider).
+ */
+#ifndef SHIFT_DQP_H
+#define SHIFT_DQP_H
+
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <infiniband/verbs.h>
+
+#include "shift/log.h"
+
+enum shift_send_state {
+	SHIFT_SEND_DEFAULT,
+	SHIFT_SEND_FALLBACK,
+	SHIFT_SEND_WAIT_SIGNALED,
+	SHIFT_SEND_WAIT_DRAINED,
+	SHIFT_SEND_UNPROTECTED, /* mirror overflowed or the QP failed for good */
+};
+
+enum shift_recv_state {
+	SHIFT_RECV_DEFAULT,
+	SHIFT_RECV_FALLBACK,
+};
+
+/* One mirrored send WR; its SGEs and inline bytes follow it in the ring. */
+struct shift_swqe {
+	uint64_t wr_id;
+	uint64_t remote_addr;
+	uint64_t compare_add;
+	uint64_t swap;
+	uint32_t rkey;
+	uint32_t imm;
+	uint16_t opcode;   /* enum ibv_wr_opcode */
+	uint16_t num_sge;
+	uint32_t send_flags;
+	uint32_t inline_len; /* bytes copied after the SGEs (IBV_SEND_INLINE) */
+	uint32_t pad;
+	struct ibv_sge sge[];
+};
+
+struct shift_rwqe {
+	uint64_t wr_id;
+	uint32_t num_sge;
+	uint32_t pad;
+	struct ibv_sge sge[];
+};
+
+struct shift_dqp {
+	struct shift_dqp *next_in_bucket; /* per-context lookup chain */
+	struct ibv_qp *qp;                /* the application's QP */
+	uint32_t qpn;
+	int sq_sig_all;
+
+	enum shift_send_state send_state;
+	enum shift_recv_state recv_state;
+
+	/* send mirror */
+	pthread_spinlock_t post_lock;
+	uint8_t *sq;          /* sq_size entries of sq_stride bytes */
+	uint32_t sq_size;     /* power of two >= the QP's max_send_wr */
+	uint32_t sq_stride;
+	uint32_t max_send_sge;
+	uint32_t max_inline;
+	uint64_t *sig;        /* sq indices of signaled WRs, sq_size of them */
+	uint64_t sq_head, sq_tail;   /* posted, retired */
+	uint64_t sig_head, sig_tail;
+	uint64_t recv_consumers_posted; /* SEND*, WRITE_WITH_IMM posted (total) */
+
+	/* receive mirror */
+	uint8_t *rq;
+	uint32_t rq_size;
+	uint32_t rq_stride;
+	uint32_t max_recv_sge;
+	uint64_t rq_head, rq_tail;   /* posted, consumed (= receive counter) */
+
+	/* statistics */
+	unsigned long failovers, failbacks, retransmitted;
+	bool atomic_boundary_hit;
+};
+
+static inline struct shift_swqe *shift_dqp_swqe(struct shift_dqp *d, uint64_t i)
+{
+	return (struct shift_swqe *)(d->sq + (size_t)(i & (d->sq_size - 1)) * d->sq_stride);
+}
+
+static inline struct shift_rwqe *shift_dqp_rwqe(struct shift_dqp *d, uint64_t i)
+{
+	return (struct shift_rwqe *)(d->rq + (size_t)(i & (d->rq_size - 1)) * d->rq_stride);
+}
+
+static inline bool shift_wr_is_atomic(unsigned opcode)
+{
+	/* the masked atomics are only reachable through ibv_qp_ex */
+	return opcode == IBV_WR_ATOMIC_CMP_AND_SWP || opcode == IBV_WR_ATOMIC_FETCH_AND_ADD;
+}
+
+/* Does this send WR consume a receive WQE at the peer? */
+static inline bool shift_wr_consumes_recv(unsigned opcode)
+{
+	return opcode == IBV_WR_SEND || opcode == IBV_WR_SEND_WITH_IMM ||
+	       opcode == IBV_WR_SEND_WITH_INV || opcode == IBV_WR_RDMA_WRITE_WITH_IMM;
+}
+
+/* Create the data-path state of an RC QP from its actual capabilities
+ * (as create_qp returned them). NULL on allocation failure: the QP then
+ * runs unprotected. */
+struct shift_dqp *shift_dqp_create(struct ibv_qp *qp, const struct ibv_qp_cap *cap,
+				   int sq_sig_all);
+void shift_dqp_destroy(struct shift_dqp *d);
+
+/*
+ * Mirror the WR chain about to be posted. Returns 0, or -1 if the mirror
+ * cannot hold it (the QP then becomes unprotected; the post still goes to
+ * the provider). Called with post_lock held.
+ */
+int shift_dqp_record_send(struct shift_dqp *d, const struct ibv_send_wr *wr);
+/* Forget the WRs from bad onwards (the provider refused them). */
+void shift_dqp_unrecord_send(struct shift_dqp *d, const struct ibv_send_wr *wr,
+			     const struct ibv_send_wr *bad, uint64_t head_before);
+int shift_dqp_record_recv(struct shift_dqp *d, const struct ibv_recv_wr *wr);
+void shift_dqp_unrecord_recv(struct shift_dqp *d, const struct ibv_recv_wr *wr,
+			     const struct ibv_recv_wr *bad, uint64_t head_before);
+
+/* Retire on a successful completion of this QP. */
+static inline void shift_dqp_retire(struct shift_dqp *d, const struct ibv_wc *wc)
+{
+	if (wc->opcode & IBV_WC_RECV) {
+		d->rq_tail++;
+	} else if (d->sig_tail != d->sig_head) {
+		d->sq_tail = d->sig[d->sig_tail & (d->sq_size - 1)] + 1;
+		d->sig_tail++;
+	}
+}
+
+#endif /* SHIFT_DQP_H */
