@@ -9,6 +9,7 @@
  */
 #include "shift/shift.h"
 #include "shift/shadow.h"
+#include "shift/failover.h"
 
 #include <pthread.h>
 #include <stddef.h>
@@ -43,6 +44,12 @@ static int shift_post_send(struct ibv_qp *qp, struct ibv_send_wr *wr,
 	if (shift_unlikely(!d || d->send_state == SHIFT_SEND_UNPROTECTED))
 		return s->post_send(qp, wr, bad_wr);
 	pthread_spin_lock(&d->post_lock);
+	if (shift_unlikely(d->send_state != SHIFT_SEND_DEFAULT)) {
+		rc = d->send_state == SHIFT_SEND_UNPROTECTED ? s->post_send(qp, wr, bad_wr) :
+			shift_post_send_fallback(d, wr, bad_wr);
+		pthread_spin_unlock(&d->post_lock);
+		return rc;
+	}
 	head = d->sq_head;
 	shift_dqp_record_send(d, wr);
 	rc = s->post_send(qp, wr, bad_wr);
@@ -68,6 +75,11 @@ static int shift_post_recv(struct ibv_qp *qp, struct ibv_recv_wr *wr,
 	if (shift_unlikely(!d || d->send_state == SHIFT_SEND_UNPROTECTED))
 		return s->post_recv(qp, wr, bad_wr);
 	pthread_spin_lock(&d->post_lock);
+	if (shift_unlikely(d->recv_state != SHIFT_RECV_DEFAULT)) {
+		rc = shift_post_recv_fallback(d, wr, bad_wr);
+		pthread_spin_unlock(&d->post_lock);
+		return rc;
+	}
 	head = d->rq_head;
 	shift_dqp_record_recv(d, wr);
 	rc = s->post_recv(qp, wr, bad_wr);
@@ -97,12 +109,16 @@ static int shift_poll_cq(struct ibv_cq *cq, int num_entries, struct ibv_wc *wc)
 
 	if (shift_unlikely(!s))
 		return -1;
+	if (shift_unlikely(__atomic_load_n(&s->slow, __ATOMIC_ACQUIRE)))
+		return shift_poll_slow(s, cq, num_entries, wc, 0, 0);
 	n = s->poll_cq(cq, num_entries, wc);
 	for (int i = 0; i < n; i++) {
 		struct shift_dqp *d = shift_dqp_by_qpn(s, wc[i].qp_num);
 
 		if (shift_likely(d && wc[i].status == IBV_WC_SUCCESS))
 			shift_dqp_retire(d, &wc[i]);
+		else if (d && d->send_state != SHIFT_SEND_UNPROTECTED)
+			return shift_poll_slow(s, cq, num_entries, wc, i, n);
 	}
 	return n;
 }
@@ -114,6 +130,18 @@ static int shift_req_notify_cq(struct ibv_cq *cq, int solicited_only)
 	if (shift_unlikely(!s))
 		return EINVAL;
 	return s->req_notify_cq(cq, solicited_only);
+}
+
+void shift_dqp_link(struct shift_ctx *s, struct ibv_qp *qp, struct ibv_cq *send_cq,
+		    struct ibv_cq *recv_cq)
+{
+	struct shift_dqp *d = s ? shift_dqp_by_qpn(s, qp->qp_num) : NULL;
+
+	if (!d || !s->rnic)
+		return;
+	d->shadow = shift_shadow_qp_of(s->rnic, qp);
+	d->scq = shift_shadow_cq_of(s->rnic, send_cq);
+	d->rcq = shift_shadow_cq_of(s->rnic, recv_cq);
 }
 
 void shift_ctx_add_dqp(struct shift_ctx *s, struct shift_dqp *d)
@@ -188,6 +216,7 @@ static struct ibv_qp *shift_vctx_create_qp_ex(struct ibv_context *context,
 		shift_shadow_qp(s->rnic, qp, attr->qp_type, attr->send_cq, attr->recv_cq,
 				&attr->cap, attr->sq_sig_all,
 				attr->srq != NULL || (attr->comp_mask & IBV_QP_INIT_ATTR_XRCD));
+		shift_dqp_link(s, qp, attr->send_cq, attr->recv_cq);
 	}
 	return qp;
 }

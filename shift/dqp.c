@@ -83,10 +83,12 @@ int shift_dqp_record_send(struct shift_dqp *d, const struct ibv_send_wr *wr)
 		e->send_flags = wr->send_flags;
 		e->num_sge = (uint16_t)n;
 		e->imm = wr->imm_data;
-		/* rdma and atomic share the start of the union: one copy serves both */
-		e->remote_addr = wr->wr.atomic.remote_addr;
-		e->rkey = wr->wr.atomic.rkey;
+		/* remote_addr starts both rdma and atomic in the union; rkey
+		 * sits elsewhere in each */
+		e->remote_addr = wr->wr.rdma.remote_addr;
+		e->rkey = wr->wr.rdma.rkey;
 		if (shift_unlikely(shift_wr_is_atomic(wr->opcode))) {
+			e->rkey = wr->wr.atomic.rkey;
 			e->compare_add = wr->wr.atomic.compare_add;
 			e->swap = wr->wr.atomic.swap;
 		}

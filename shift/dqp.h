@@ -40,6 +40,13 @@ enum shift_recv_state {
 	SHIFT_RECV_FALLBACK,
 };
 
+/* wr_ids of what SHIFT posts on a backup QP (it posts nothing else there) */
+#define SHIFT_WRID_CTRL_RECV 0x7ff0000000000001ull
+#define SHIFT_WRID_CTRL_SEND 0x7ff0000000000002ull
+#define SHIFT_WRID_DATA (1ull << 63)      /* | RECV | mirror index */
+#define SHIFT_WRID_RECV (1ull << 62)
+#define SHIFT_WRID_INDEX(w) ((w) & ((1ull << 48) - 1))
+
 /* One mirrored send WR; its SGEs and inline bytes follow it in the ring. */
 struct shift_swqe {
 	uint64_t wr_id;
@@ -90,6 +97,18 @@ struct shift_dqp {
 	uint32_t rq_stride;
 	uint32_t max_recv_sge;
 	uint64_t rq_head, rq_tail;   /* posted, consumed (= receive counter) */
+
+	/* failover (shift/failover.c), under the CQs' dp_lock */
+	struct shift_qp *shadow;      /* its shadow (backup QP, peer attributes) */
+	struct shift_cq *scq, *rcq;   /* shadows of its send and receive CQs */
+	struct ibv_qp *bk;            /* the backup QP, once failed over */
+	bool ctrl_sent;               /* my handshake message of this epoch */
+	bool handshake_done;          /* both messages seen: post on the backup */
+	uint64_t resend_from;
+	bool ctrl_pending;            /* the peer's arrived, not yet acted on */
+	uint32_t peer_recv_count;     /* ... and the receive counter it carried */
+	struct { uint32_t app, bk; } rkeys[16]; /* remote key translations */
+	unsigned nrkeys;
 
 	/* statistics */
 	unsigned long failovers, failbacks, retransmitted;

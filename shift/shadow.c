@@ -19,6 +19,7 @@
 #include "shift/config.h"
 #include "shift/log.h"
 #include "shift/shift.h"
+#include "shift/failover.h"
 #include "kv/kv.h"
 
 #include <errno.h>
@@ -199,6 +200,7 @@ void shift_shadow_cq(struct shift_rnic *r, struct ibv_cq *cq, int cqe,
 		return;
 	c->app = cq;
 	c->cqe = cqe;
+	pthread_mutex_init(&c->dp_lock, NULL);
 	c->app_has_channel = has_channel;
 	c->comp_vector = comp_vector;
 	PUSH(r, cqs, c);
@@ -627,6 +629,14 @@ static void replay_qp(struct shift_rnic *r, struct shift_qp *q)
 			return;
 		}
 		q->bk_state = IBV_QPS_RTS;
+		/* SHIFT's control receive heads the backup receive queue: the
+		 * peer's one handshake message per failover consumes it */
+		struct ibv_recv_wr rwr = { .wr_id = SHIFT_WRID_CTRL_RECV }, *bad;
+		if (ibv_post_recv(q->bk, &rwr, &bad)) {
+			qp_fail(r, q, "cannot post the control receive");
+			return;
+		}
+		q->ctrl_posted = true;
 		pthread_mutex_lock(&r->lock);
 		q->state = SHIFT_SHADOW_READY;
 		pthread_mutex_unlock(&r->lock);
@@ -691,6 +701,8 @@ static void reap(struct shift_rnic *r)
 			shift_lower->destroy_cq(o->bk);
 		if (o->bk_channel)
 			shift_lower->destroy_comp_channel(o->bk_channel);
+		free(o->kept);
+		pthread_mutex_destroy(&o->dp_lock);
 	});
 	REAP(pds, struct shift_pd, {
 		if (o->bk)
@@ -731,6 +743,7 @@ int shift_rnic_pass(struct shift_rnic *r)
 	if (!r->bk_ctx)
 		return 0;
 	reap(r);
+	shift_failover_background(r->sctx);
 	EACH(r, pds, struct shift_pd, p)
 		if (!p->dead)
 			replay_pd(r, p);
@@ -1052,6 +1065,38 @@ int shift_shadow_qp_info(struct ibv_qp *qp, struct shift_qp_info *out)
 		out->published = q->published;
 		out->bk_dev = r->bk_name;
 		rc = 0;
+	}
+	pthread_mutex_unlock(&r->lock);
+	return rc;
+}
+
+struct shift_cq *shift_shadow_cq_of(struct shift_rnic *r, struct ibv_cq *cq)
+{
+	pthread_mutex_lock(&r->lock);
+	struct shift_cq *c = find_cq(r, cq);
+	pthread_mutex_unlock(&r->lock);
+	return c;
+}
+
+struct shift_qp *shift_shadow_qp_of(struct shift_rnic *r, struct ibv_qp *qp)
+{
+	pthread_mutex_lock(&r->lock);
+	struct shift_qp *q = find_qp(r, qp);
+	pthread_mutex_unlock(&r->lock);
+	return q;
+}
+
+int shift_shadow_bk_lkey(struct shift_rnic *r, uint32_t app_lkey, uint32_t *bk_lkey)
+{
+	int rc = -ENOENT;
+
+	pthread_mutex_lock(&r->lock);
+	for (struct shift_mr *m = r->mrs; m; m = m->next) {
+		if (!m->dead && m->app_lkey == app_lkey && m->state == SHIFT_SHADOW_READY) {
+			*bk_lkey = m->bk->lkey;
+			rc = 0;
+			break;
+		}
 	}
 	pthread_mutex_unlock(&r->lock);
 	return rc;

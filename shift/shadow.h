@@ -67,6 +67,13 @@ struct shift_cq {
 	struct ibv_comp_channel *bk_channel;
 	enum shift_shadow_state state; /* (L) */
 	bool dead;                   /* (L) */
+
+	/* data path after a failover (shift/failover.c), under dp_lock:
+	 * completions kept for the application, in order */
+	pthread_mutex_t dp_lock;
+	struct ibv_wc *kept;
+	unsigned kept_cap;
+	uint64_t kept_head, kept_tail;
 };
 
 struct shift_qp {
@@ -100,6 +107,7 @@ struct shift_qp {
 	enum shift_shadow_state state; /* (L) */
 	const char *why;               /* (L) reason when UNPROTECTED */
 	bool dead;                     /* (L) */
+	bool ctrl_posted;              /* thread-owned: control receive posted */
 };
 
 #define SHIFT_RNIC_MAX_GIDS 4
@@ -185,6 +193,12 @@ extern bool shift_shadow_sync;
 
 /* What SHIFT knows of an application QP / MR (tests, tools). Reads
  * thread-owned fields: call with replay synchronous or quiescent. */
+/* The shadow CQ of an application CQ / the shadow QP of an app QP, or NULL. */
+struct shift_cq *shift_shadow_cq_of(struct shift_rnic *r, struct ibv_cq *cq);
+struct shift_qp *shift_shadow_qp_of(struct shift_rnic *r, struct ibv_qp *qp);
+/* The backup MR's lkey for an application lkey; 0 and -ENOENT if none. */
+int shift_shadow_bk_lkey(struct shift_rnic *r, uint32_t app_lkey, uint32_t *bk_lkey);
+
 struct shift_qp_info {
 	enum shift_shadow_state state;
 	const char *why;

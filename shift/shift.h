@@ -20,6 +20,7 @@
 
 #define SHIFT_MAX_CTX 64
 #define SHIFT_DQP_BUCKETS 1024 /* power of two */
+#define SHIFT_MAX_FO 256 /* failed-over QPs per context */
 
 struct shift_rnic;
 
@@ -51,6 +52,10 @@ struct shift_ctx {
 	/* data-path state of the app's protected QPs, by QPN (chained);
 	 * written under the context lock, read lock-free */
 	struct shift_dqp *dqp[SHIFT_DQP_BUCKETS];
+	/* set once a QP of this context failed over: polls take the slow path */
+	bool slow;
+	struct shift_dqp *fo[SHIFT_MAX_FO]; /* the failed-over QPs (slow path) */
+	int nfo;
 	struct shift_rnic *rnic; /* shadow verbs of this RNIC, NULL if unprotected */
 };
 
@@ -96,6 +101,9 @@ static inline struct shift_dqp *shift_dqp_by_qpn(struct shift_ctx *s, uint32_t q
 /* Register / forget the data-path state of a QP of this context. */
 void shift_ctx_add_dqp(struct shift_ctx *s, struct shift_dqp *d);
 struct shift_dqp *shift_ctx_remove_dqp(struct shift_ctx *s, struct ibv_qp *qp);
+/* Connect a QP's data-path state to its shadow QP and CQs. */
+void shift_dqp_link(struct shift_ctx *s, struct ibv_qp *qp, struct ibv_cq *send_cq,
+		    struct ibv_cq *recv_cq);
 
 /* Statistics kept cheaply (relaxed atomics) for shiftctl and tests. */
 struct shift_stats {

@@ -248,10 +248,13 @@ struct ibv_qp *shift_ibv_create_qp(struct ibv_pd *pd,
 		if (d)
 			shift_ctx_add_dqp(shift_ctx_of(pd->context), d);
 	}
-	if (r)
+	if (r) {
 		shift_shadow_qp(r, qp, qp_init_attr->qp_type, qp_init_attr->send_cq,
 				qp_init_attr->recv_cq, &qp_init_attr->cap,
 				qp_init_attr->sq_sig_all, qp_init_attr->srq != NULL);
+		shift_dqp_link(shift_ctx_of(pd->context), qp, qp_init_attr->send_cq,
+			       qp_init_attr->recv_cq);
+	}
 	return qp;
 }
 

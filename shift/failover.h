@@ -1,0 +1,28 @@
+/*
+ * Failover of application QPs to their backup QPs (see failover.c).
+ */
+#ifndef SHIFT_FAILOVER_H
+#define SHIFT_FAILOVER_H
+
+#include <infiniband/verbs.h>
+
+struct shift_ctx;
+struct shift_dqp;
+
+/*
+ * The slow poll of a context with a failed-over QP, or of a poll whose
+ * provider results hold an error. wc[0..done) are final already; wc[done..
+ * have) came from the provider and still need SHIFT's look. Returns the
+ * number of completions for the application.
+ */
+int shift_poll_slow(struct shift_ctx *s, struct ibv_cq *cq, int num_entries,
+		    struct ibv_wc *wc, int done, int have);
+/* The background thread's share: notice peers' handshake messages. */
+void shift_failover_background(struct shift_ctx *s);
+/* Posting on a QP that is not in the Default state (post_lock held). */
+int shift_post_send_fallback(struct shift_dqp *d, struct ibv_send_wr *wr,
+			     struct ibv_send_wr **bad_wr);
+int shift_post_recv_fallback(struct shift_dqp *d, struct ibv_recv_wr *wr,
+			     struct ibv_recv_wr **bad_wr);
+
+#endif /* SHIFT_FAILOVER_H */
