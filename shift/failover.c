@@ -397,6 +397,8 @@ static void from_backup(struct shift_ctx *s, struct ibv_wc *wc, struct out *o, b
 					if (x->shadow && x->shadow->bk && x->shadow->bk->qp_num == wc->qp_num)
 						d = x;
 		}
+		shift_debug("control message on backup QP %u: status %d, QP %u, app %d", wc->qp_num,
+			    (int)wc->status, d ? d->qpn : 0, app);
 		if (!d || wc->status != IBV_WC_SUCCESS)
 			return;
 		d->peer_recv_count = be32toh(wc->imm_data);
@@ -406,8 +408,12 @@ static void from_backup(struct shift_ctx *s, struct ibv_wc *wc, struct out *o, b
 			on_ctrl(s, d, o);
 		return;
 	}
-	if (wc->wr_id == SHIFT_WRID_CTRL_SEND || !d)
+	if (wc->wr_id == SHIFT_WRID_CTRL_SEND || !d) {
+		if (wc->status != IBV_WC_SUCCESS)
+			shift_debug("backup QP %u: SHIFT's WR %llx failed: %d", wc->qp_num,
+				    (unsigned long long)wc->wr_id, (int)wc->status);
 		return;
+	}
 	if (!(wc->wr_id & SHIFT_WRID_DATA))
 		return;
 	uint64_t idx = SHIFT_WRID_INDEX(wc->wr_id);
