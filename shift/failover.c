@@ -42,6 +42,12 @@
 
 #define TMP_WC 16
 
+/* The handshake message's immediate: the sender's receive counter (31 bits,
+ * compared modulo 2^31), or ABORT: the sender cannot fail over (an atomic
+ * was in flight), so the connection fails for the application at both ends. */
+#define CTRL_ABORT 0x80000000u
+#define CTRL_COUNT(x) ((x) & 0x7fffffffu)
+
 /* ---- kept completions ------------------------------------------------- */
 
 static int kept_push(struct shift_cq *c, const struct ibv_wc *wc)
@@ -233,15 +239,67 @@ static void drain_default(struct shift_ctx *s, struct shift_cq *c)
 	free(all);
 }
 
+static int send_ctrl(struct shift_dqp *d, uint32_t imm)
+{
+	struct ibv_send_wr wr, *bad;
+
+	memset(&wr, 0, sizeof(wr));
+	wr.wr_id = SHIFT_WRID_CTRL_SEND;
+	wr.opcode = IBV_WR_RDMA_WRITE_WITH_IMM;
+	wr.send_flags = IBV_SEND_SIGNALED;
+	wr.imm_data = htobe32(imm);
+	return ibv_post_send(d->bk, &wr, &bad);
+}
+
+/*
+ * The connection cannot be saved (an atomic in flight at either end): the
+ * application gets errors, as it would without SHIFT. The default QP goes
+ * to ERR so its outstanding WRs flush to the application now, and WRs SHIFT
+ * was holding for the backup complete with a flush error too.
+ */
+static void fail_connection(struct shift_ctx *s, struct shift_dqp *d, struct out *o,
+			    bool tell_peer)
+{
+	struct ibv_qp_attr a = { .qp_state = IBV_QPS_ERR };
+	bool held = d->send_state == SHIFT_SEND_FALLBACK;
+
+	if (tell_peer && d->shadow &&
+	    __atomic_load_n(&d->shadow->state, __ATOMIC_ACQUIRE) == SHIFT_SHADOW_READY) {
+		if (!d->bk)
+			d->bk = d->shadow->bk;
+		send_ctrl(d, CTRL_ABORT);
+	}
+	d->send_state = SHIFT_SEND_UNPROTECTED;
+	if (!held) {
+		shift_lower->modify_qp(d->qp, &a, IBV_QP_STATE);
+		return;
+	}
+	(void)s;
+	for (uint64_t i = d->sq_tail; i < d->sq_head; i++) {
+		struct ibv_wc wc = { .wr_id = shift_dqp_swqe(d, i)->wr_id,
+				     .status = IBV_WC_WR_FLUSH_ERR, .qp_num = d->qpn };
+		emit(o, &wc);
+	}
+	d->sq_tail = d->sq_head;
+	d->sig_tail = d->sig_head;
+	for (uint64_t i = d->rq_tail; i < d->rq_head; i++) {
+		struct ibv_wc wc = { .wr_id = shift_dqp_rwqe(d, i)->wr_id,
+				     .status = IBV_WC_WR_FLUSH_ERR, .qp_num = d->qpn,
+				     .opcode = IBV_WC_RECV };
+		emit(o, &wc);
+	}
+	d->rq_tail = d->rq_head;
+	d->recv_state = SHIFT_RECV_DEFAULT;
+}
+
 /*
  * My side of the handshake: stop the default QP, account for everything it
  * completed, repost my outstanding receives on the backup, and tell the peer
  * my receive counter. Called with d's CQs locked.
  */
-static int start(struct shift_ctx *s, struct shift_dqp *d)
+static int start(struct shift_ctx *s, struct shift_dqp *d, struct out *o)
 {
 	struct ibv_qp_attr a = { .qp_state = IBV_QPS_ERR };
-	struct ibv_send_wr wr, *bad;
 
 	if (d->send_state != SHIFT_SEND_DEFAULT)
 		return 0;
@@ -249,6 +307,7 @@ static int start(struct shift_ctx *s, struct shift_dqp *d)
 		if (shift_wr_is_atomic(shift_dqp_swqe(d, i)->opcode)) {
 			d->atomic_boundary_hit = true;
 			give_up(d, "an atomic was in flight: retrying it could apply it twice");
+			fail_connection(s, d, o, true);
 			return -1;
 		}
 	}
@@ -283,12 +342,7 @@ static int start(struct shift_ctx *s, struct shift_dqp *d)
 		}
 	}
 	pthread_spin_unlock(&d->post_lock);
-	memset(&wr, 0, sizeof(wr));
-	wr.wr_id = SHIFT_WRID_CTRL_SEND;
-	wr.opcode = IBV_WR_RDMA_WRITE_WITH_IMM;
-	wr.send_flags = IBV_SEND_SIGNALED;
-	wr.imm_data = htobe32((uint32_t)d->rq_tail);
-	if (ibv_post_send(d->bk, &wr, &bad)) {
+	if (send_ctrl(d, CTRL_COUNT((uint32_t)d->rq_tail))) {
 		give_up(d, "cannot send the handshake message");
 		return -1;
 	}
@@ -305,8 +359,8 @@ static void retransmit(struct shift_dqp *d, struct out *o)
 
 	for (i = d->sq_tail; i < d->sq_head; i++)
 		outstanding_consumers += shift_wr_consumes_recv(shift_dqp_swqe(d, i)->opcode);
-	uint32_t done = (uint32_t)(d->recv_consumers_posted - outstanding_consumers);
-	skip = (uint32_t)(d->peer_recv_count - done);
+	uint32_t done = CTRL_COUNT((uint32_t)(d->recv_consumers_posted - outstanding_consumers));
+	skip = CTRL_COUNT(d->peer_recv_count - done);
 	if (skip > outstanding_consumers) {
 		shift_warn("QP %u: the peer's receive counter (%u) is ahead of what was sent; "
 			   "retransmitting everything", d->qpn, d->peer_recv_count);
@@ -351,7 +405,15 @@ static void retransmit(struct shift_dqp *d, struct out *o)
 static void on_ctrl(struct shift_ctx *s, struct shift_dqp *d, struct out *o)
 {
 	d->ctrl_pending = false;
-	if (d->send_state == SHIFT_SEND_DEFAULT && start(s, d))
+	if (d->peer_recv_count & CTRL_ABORT) {
+		if (d->send_state != SHIFT_SEND_UNPROTECTED) {
+			shift_warn("QP %u: the peer cannot fail over (an atomic was in flight): "
+				   "the connection fails for the application", d->qpn);
+			fail_connection(s, d, o, false);
+		}
+		return;
+	}
+	if (d->send_state == SHIFT_SEND_DEFAULT && start(s, d, o))
 		return;
 	if (d->send_state != SHIFT_SEND_UNPROTECTED && !d->handshake_done)
 		retransmit(d, o);
@@ -375,7 +437,7 @@ static void from_default(struct shift_ctx *s, struct ibv_wc *wc, struct out *o)
 	}
 	if (d->send_state != SHIFT_SEND_DEFAULT)
 		return; /* a flush of a QP already on its backup */
-	if (start(s, d) == 0) {
+	if (start(s, d, o) == 0) {
 		if (d->ctrl_pending)
 			on_ctrl(s, d, o);
 		return; /* the error itself is SHIFT's, not the application's */

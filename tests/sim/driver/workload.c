@@ -88,6 +88,11 @@ struct wl_side {
 struct wl_conn {
 	struct wl_ep ep[2];
 	bool dead;
+	/* SHIFT may fail a connection only because an atomic was in flight
+	 * at one of its ends (retrying it could apply it twice); the other
+	 * end then sees errors too, possibly first */
+	bool atomic_error;
+	char unexplained[160];
 };
 
 struct wl {
@@ -472,14 +477,17 @@ static void on_error(struct wl_ep *e, const struct ibv_wc *wc)
 		e->errored = true;
 		if (!wl->conn[e->conn].dead)
 			wl->rep.conns_failed++;
-		/* SHIFT may surface an error only where an atomic was in
-		 * flight; anything else must be hidden. */
-		if (wl->p.strict && e->fa_next == e->fa_ok + e->fa_err &&
-		    e->cas_next == e->cas_ok + e->cas_err)
-			violation(wl, "conn %u side %u: app-visible %s on "
-				  "idempotent traffic (wr %#llx)", e->conn,
-				  e->side, wc_status_name(wc->status),
-				  (unsigned long long)wc->wr_id);
+		/* SHIFT may surface an error only on a connection with an
+		 * atomic in flight; anything else must be hidden (judged at
+		 * the end, see wl_finish) */
+		struct wl_conn *cn = &wl->conn[e->conn];
+		if (e->fa_next != e->fa_ok + e->fa_err || e->cas_next != e->cas_ok + e->cas_err)
+			cn->atomic_error = true;
+		else if (!cn->unexplained[0])
+			snprintf(cn->unexplained, sizeof(cn->unexplained),
+				 "conn %u side %u: app-visible %s on idempotent traffic (wr %#llx)",
+				 e->conn, e->side, wc_status_name(wc->status),
+				 (unsigned long long)wc->wr_id);
 	}
 	wl->conn[e->conn].dead = true;
 	if (k == K_RECV) {
@@ -700,6 +708,8 @@ void wl_finish(struct wl *wl, struct wl_report *r)
 	for (unsigned c = 0; c < wl->p.nconn; c++) {
 		struct wl_conn *cn = &wl->conn[c];
 
+		if (strict && cn->unexplained[0] && !cn->atomic_error)
+			violation(wl, "%s", cn->unexplained);
 		if (!cn->dead && (!ep_finished(&cn->ep[0]) ||
 				  !ep_finished(&cn->ep[1]))) {
 			wl->rep.unfinished++;
