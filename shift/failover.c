@@ -79,7 +79,8 @@ struct out {
 /* To the application now if its array has room, else kept for later. */
 static void emit(struct out *o, const struct ibv_wc *wc)
 {
-	if (o->n < o->max)
+	/* older completions wait in kept: keep the order */
+	if (o->n < o->max && o->c->kept_head == o->c->kept_tail)
 		o->wc[o->n++] = *wc;
 	else if (kept_push(o->c, wc))
 		shift_err("out of memory keeping a completion: one completion lost");
@@ -536,6 +537,8 @@ int shift_poll_slow(struct shift_ctx *s, struct ibv_cq *cq, int num_entries,
 		if (src != tmp)
 			free(src);
 	}
+	while (o.n < o.max && c->kept_tail != c->kept_head)
+		o.wc[o.n++] = c->kept[c->kept_tail++ % c->kept_cap];
 	/* peers' handshake messages noticed by the background thread */
 	for (int i = 0; i < SHIFT_DQP_BUCKETS; i++)
 		for (struct shift_dqp *d = s->dqp[i]; d; d = d->next_in_bucket)
