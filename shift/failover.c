@@ -350,6 +350,10 @@ static int start(struct shift_ctx *s, struct shift_dqp *d, struct out *o)
 	d->ctrl_sent = true;
 	shift_info("QP %u: failing over to backup QP %u (receive counter %u)", d->qpn,
 		   d->bk->qp_num, (uint32_t)d->rq_tail);
+	shift_debug("QP %u: sq %llu..%llu, rq %llu..%llu, recv consumers posted %llu", d->qpn,
+		    (unsigned long long)d->sq_tail, (unsigned long long)d->sq_head,
+		    (unsigned long long)d->rq_tail, (unsigned long long)d->rq_head,
+		    (unsigned long long)d->recv_consumers_posted);
 	return 0;
 }
 
@@ -362,6 +366,8 @@ static void retransmit(struct shift_dqp *d, struct out *o)
 		outstanding_consumers += shift_wr_consumes_recv(shift_dqp_swqe(d, i)->opcode);
 	uint32_t done = CTRL_COUNT((uint32_t)(d->recv_consumers_posted - outstanding_consumers));
 	skip = CTRL_COUNT(d->peer_recv_count - done);
+	shift_debug("QP %u: peer counter %u, mine: %u done, %llu outstanding consumers", d->qpn,
+		    d->peer_recv_count, done, (unsigned long long)outstanding_consumers);
 	if (skip > outstanding_consumers) {
 		shift_warn("QP %u: the peer's receive counter (%u) is ahead of what was sent; "
 			   "retransmitting everything", d->qpn, d->peer_recv_count);
