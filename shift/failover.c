@@ -177,6 +177,17 @@ static int post_bk_send(struct shift_dqp *d, uint64_t idx)
 			return -1;
 		}
 	}
+	if (shift_wr_is_atomic(e->opcode)) {
+		/* only posted here once failed over: never a retransmission */
+		wr.wr.atomic.remote_addr = e->remote_addr;
+		wr.wr.atomic.compare_add = e->compare_add;
+		wr.wr.atomic.swap = e->swap;
+		if (remote_key(d, e->rkey, &wr.wr.atomic.rkey)) {
+			shift_debug("QP %u: no backup rkey for the peer's rkey %u (atomic)", d->qpn,
+				    e->rkey);
+			return -1;
+		}
+	}
 	int rc = ibv_post_send(d->bk, &wr, &bad);
 	if (rc) {
 		shift_debug("QP %u: backup post_send: %s", d->qpn, strerror(rc));
