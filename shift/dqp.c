@@ -5,6 +5,7 @@
  */
 #include "shift/dqp.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -26,6 +27,8 @@ struct shift_dqp *shift_dqp_create(struct ibv_qp *qp, const struct ibv_qp_cap *c
 		return NULL;
 	d->qp = qp;
 	d->qpn = qp->qp_num;
+	snprintf(d->dev, sizeof(d->dev), "%.23s",
+		 qp->context && qp->context->device ? qp->context->device->name : "?");
 	d->sq_sig_all = sq_sig_all;
 	d->max_send_sge = cap->max_send_sge ? cap->max_send_sge : 1;
 	d->max_recv_sge = cap->max_recv_sge ? cap->max_recv_sge : 1;
@@ -64,8 +67,8 @@ void shift_dqp_destroy(struct shift_dqp *d)
 static int mirror_full(struct shift_dqp *d, const char *q)
 {
 	d->send_state = SHIFT_SEND_UNPROTECTED;
-	shift_warn("QP %u: %s mirror overflow (more outstanding WRs than the QP's capacity): "
-		   "QP unprotected", d->qpn, q);
+	shift_warn("%s QP %u: %s mirror overflow (more outstanding WRs than the QP's capacity): "
+		   "QP unprotected", d->dev, d->qpn, q);
 	return -1;
 }
 

@@ -74,6 +74,7 @@ struct shift_dqp {
 	struct shift_dqp *next_in_bucket; /* per-context lookup chain */
 	struct ibv_qp *qp;                /* the application's QP */
 	uint32_t qpn;
+	char dev[24];                     /* device name, for logs */
 	int sq_sig_all;
 
 	enum shift_send_state send_state;

@@ -157,7 +157,7 @@ static int post_bk_send(struct shift_dqp *d, uint64_t idx)
 		memcpy(sge, e->sge, sizeof(struct ibv_sge) * e->num_sge);
 		wr.num_sge = e->num_sge;
 		if (local_keys(d, sge, e->num_sge)) {
-			shift_debug("QP %u: no backup lkey for lkey %u", d->qpn, sge[0].lkey);
+			shift_debug("%s QP %u: no backup lkey for lkey %u", d->dev, d->qpn, sge[0].lkey);
 			return -1;
 		}
 	}
@@ -173,7 +173,7 @@ static int post_bk_send(struct shift_dqp *d, uint64_t idx)
 		if (!bytes)
 			wr.wr.rdma.rkey = e->rkey;
 		else if (remote_key(d, e->rkey, &wr.wr.rdma.rkey)) {
-			shift_debug("QP %u: no backup rkey for the peer's rkey %u (opcode %u, %lu bytes, flags %x)", d->qpn, e->rkey, e->opcode, (unsigned long)bytes, e->send_flags);
+			shift_debug("%s QP %u: no backup rkey for the peer's rkey %u (opcode %u, %lu bytes, flags %x)", d->dev, d->qpn, e->rkey, e->opcode, (unsigned long)bytes, e->send_flags);
 			return -1;
 		}
 	}
@@ -183,14 +183,14 @@ static int post_bk_send(struct shift_dqp *d, uint64_t idx)
 		wr.wr.atomic.compare_add = e->compare_add;
 		wr.wr.atomic.swap = e->swap;
 		if (remote_key(d, e->rkey, &wr.wr.atomic.rkey)) {
-			shift_debug("QP %u: no backup rkey for the peer's rkey %u (atomic)", d->qpn,
+			shift_debug("%s QP %u: no backup rkey for the peer's rkey %u (atomic)", d->dev, d->qpn,
 				    e->rkey);
 			return -1;
 		}
 	}
 	int rc = ibv_post_send(d->bk, &wr, &bad);
 	if (rc) {
-		shift_debug("QP %u: backup post_send: %s", d->qpn, strerror(rc));
+		shift_debug("%s QP %u: backup post_send: %s", d->dev, d->qpn, strerror(rc));
 		return -1;
 	}
 	d->retransmitted++;
@@ -215,8 +215,8 @@ static int post_bk_recv(struct shift_dqp *d, uint64_t idx)
 static void give_up(struct shift_dqp *d, const char *why)
 {
 	if (d->send_state != SHIFT_SEND_UNPROTECTED)
-		shift_warn("QP %u: cannot fail over (%s): the error goes to the application",
-			   d->qpn, why);
+		shift_warn("%s QP %u: cannot fail over (%s): the error goes to the application",
+			   d->dev, d->qpn, why);
 	d->send_state = SHIFT_SEND_UNPROTECTED;
 }
 
@@ -359,9 +359,9 @@ static int start(struct shift_ctx *s, struct shift_dqp *d, struct out *o)
 		return -1;
 	}
 	d->ctrl_sent = true;
-	shift_info("QP %u: failing over to backup QP %u (receive counter %u)", d->qpn,
+	shift_info("%s QP %u: failing over to backup QP %u (receive counter %u)", d->dev, d->qpn,
 		   d->bk->qp_num, (uint32_t)d->rq_tail);
-	shift_debug("QP %u: sq %llu..%llu, rq %llu..%llu, recv consumers posted %llu", d->qpn,
+	shift_debug("%s QP %u: sq %llu..%llu, rq %llu..%llu, recv consumers posted %llu", d->dev, d->qpn,
 		    (unsigned long long)d->sq_tail, (unsigned long long)d->sq_head,
 		    (unsigned long long)d->rq_tail, (unsigned long long)d->rq_head,
 		    (unsigned long long)d->recv_consumers_posted);
@@ -377,11 +377,11 @@ static void retransmit(struct shift_dqp *d, struct out *o)
 		outstanding_consumers += shift_wr_consumes_recv(shift_dqp_swqe(d, i)->opcode);
 	uint32_t done = CTRL_COUNT((uint32_t)(d->recv_consumers_posted - outstanding_consumers));
 	skip = CTRL_COUNT(d->peer_recv_count - done);
-	shift_debug("QP %u: peer counter %u, mine: %u done, %llu outstanding consumers", d->qpn,
+	shift_debug("%s QP %u: peer counter %u, mine: %u done, %llu outstanding consumers", d->dev, d->qpn,
 		    d->peer_recv_count, done, (unsigned long long)outstanding_consumers);
 	if (skip > outstanding_consumers) {
-		shift_warn("QP %u: the peer's receive counter (%u) is ahead of what was sent; "
-			   "retransmitting everything", d->qpn, d->peer_recv_count);
+		shift_warn("%s QP %u: the peer's receive counter (%u) is ahead of what was sent; "
+			   "retransmitting everything", d->dev, d->qpn, d->peer_recv_count);
 		skip = 0;
 	}
 	/* executed at the peer, ACK lost: complete them, do not send again */
@@ -415,7 +415,7 @@ static void retransmit(struct shift_dqp *d, struct out *o)
 	}
 	d->resend_from = d->sq_head;
 	pthread_spin_unlock(&d->post_lock);
-	shift_info("QP %u: on backup QP %u, %lu WRs retransmitted", d->qpn, d->bk->qp_num,
+	shift_info("%s QP %u: on backup QP %u, %lu WRs retransmitted", d->dev, d->qpn, d->bk->qp_num,
 		   d->retransmitted);
 }
 
@@ -425,8 +425,8 @@ static void on_ctrl(struct shift_ctx *s, struct shift_dqp *d, struct out *o)
 	d->ctrl_pending = false;
 	if (d->peer_recv_count & CTRL_ABORT) {
 		if (d->send_state != SHIFT_SEND_UNPROTECTED) {
-			shift_warn("QP %u: the peer cannot fail over (an atomic was in flight): "
-				   "the connection fails for the application", d->qpn);
+			shift_warn("%s QP %u: the peer cannot fail over (an atomic was in flight): "
+				   "the connection fails for the application", d->dev, d->qpn);
 			fail_connection(s, d, o, false);
 		}
 		return;
@@ -460,7 +460,7 @@ static void from_default(struct shift_ctx *s, struct ibv_wc *wc, struct out *o)
 			on_ctrl(s, d, o);
 		return; /* the error itself is SHIFT's, not the application's */
 	}
-	shift_debug("QP %u: error %d passed to the application", d->qpn, (int)wc->status);
+	shift_debug("%s QP %u: error %d passed to the application", d->dev, d->qpn, (int)wc->status);
 	emit(o, wc);
 }
 
@@ -506,7 +506,7 @@ static void from_backup(struct shift_ctx *s, struct ibv_wc *wc, struct out *o, b
 	if (wc->status == IBV_WC_SUCCESS)
 		shift_dqp_retire(d, wc);
 	else if (wc->status != IBV_WC_WR_FLUSH_ERR || d->send_state != SHIFT_SEND_UNPROTECTED) {
-		shift_debug("QP %u: backup completion error %d", d->qpn, wc->status);
+		shift_debug("%s QP %u: backup completion error %d", d->dev, d->qpn, wc->status);
 		give_up(d, "the backup path failed too");
 	}
 	emit(o, wc);
