@@ -31,61 +31,76 @@ static pthread_mutex_t ctx_lock = PTHREAD_MUTEX_INITIALIZER;
 static int shift_post_send(struct ibv_qp *qp, struct ibv_send_wr *wr,
 			   struct ibv_send_wr **bad_wr)
 {
-	struct shift_ctx *s = shift_ctx_of(qp->context);
-	struct shift_dqp *d;
+	struct shift_dqp *d = shift_dqp_of_qp(qp);
 	uint64_t head;
 	int rc;
 
-	if (shift_unlikely(!s)) {
-		*bad_wr = wr;
-		return EINVAL;
-	}
-	d = shift_dqp_by_qpn(s, qp->qp_num);
-	if (shift_unlikely(!d || d->send_state == SHIFT_SEND_UNPROTECTED))
+	if (shift_unlikely(!d)) {
+		struct shift_ctx *s = shift_ctx_of(qp->context);
+
+		if (shift_unlikely(!s)) {
+			*bad_wr = wr;
+			return EINVAL;
+		}
 		return s->post_send(qp, wr, bad_wr);
-	pthread_spin_lock(&d->post_lock);
-	if (shift_unlikely(d->send_state != SHIFT_SEND_DEFAULT)) {
-		rc = d->send_state == SHIFT_SEND_UNPROTECTED ? s->post_send(qp, wr, bad_wr) :
-			shift_post_send_fallback(d, wr, bad_wr);
-		pthread_spin_unlock(&d->post_lock);
-		return rc;
 	}
+	shift_dqp_lock(d);
 	head = d->sq_head;
-	shift_dqp_record_send(d, wr);
-	rc = s->post_send(qp, wr, bad_wr);
-	if (shift_unlikely(rc))
-		shift_dqp_unrecord_send(d, wr, *bad_wr, head);
-	pthread_spin_unlock(&d->post_lock);
+	if (shift_likely(d->send_state == SHIFT_SEND_DEFAULT)) {
+		if (shift_unlikely(!shift_dqp_record_one(d, wr)))
+			shift_dqp_record_send(d, wr);
+		rc = d->prov_post_send(qp, wr, bad_wr);
+		if (shift_unlikely(rc))
+			shift_dqp_unrecord_send(d, wr, *bad_wr, head);
+	} else if (d->send_state == SHIFT_SEND_UNPROTECTED) {
+		rc = d->prov_post_send(qp, wr, bad_wr);
+	} else {
+		rc = shift_post_send_fallback(d, wr, bad_wr);
+	}
+	shift_dqp_unlock(d);
 	return rc;
 }
 
 static int shift_post_recv(struct ibv_qp *qp, struct ibv_recv_wr *wr,
 			   struct ibv_recv_wr **bad_wr)
 {
-	struct shift_ctx *s = shift_ctx_of(qp->context);
-	struct shift_dqp *d;
+	struct shift_dqp *d = shift_dqp_of_qp(qp);
 	uint64_t head;
 	int rc;
 
-	if (shift_unlikely(!s)) {
-		*bad_wr = wr;
-		return EINVAL;
-	}
-	d = shift_dqp_by_qpn(s, qp->qp_num);
-	if (shift_unlikely(!d || d->send_state == SHIFT_SEND_UNPROTECTED))
+	if (shift_unlikely(!d)) {
+		struct shift_ctx *s = shift_ctx_of(qp->context);
+
+		if (shift_unlikely(!s)) {
+			*bad_wr = wr;
+			return EINVAL;
+		}
 		return s->post_recv(qp, wr, bad_wr);
-	pthread_spin_lock(&d->post_lock);
-	if (shift_unlikely(d->recv_state != SHIFT_RECV_DEFAULT)) {
-		rc = shift_post_recv_fallback(d, wr, bad_wr);
-		pthread_spin_unlock(&d->post_lock);
-		return rc;
 	}
+	shift_dqp_lock(d);
 	head = d->rq_head;
-	shift_dqp_record_recv(d, wr);
-	rc = s->post_recv(qp, wr, bad_wr);
-	if (shift_unlikely(rc))
-		shift_dqp_unrecord_recv(d, wr, *bad_wr, head);
-	pthread_spin_unlock(&d->post_lock);
+	if (shift_likely(d->recv_state == SHIFT_RECV_DEFAULT &&
+			 d->send_state != SHIFT_SEND_UNPROTECTED)) {
+		if (shift_likely(!wr->next && wr->num_sge == 1 &&
+				 d->rq_head - d->rq_tail < d->rq_size)) {
+			struct shift_rwqe *e = shift_dqp_rwqe(d, head);
+
+			e->wr_id = wr->wr_id;
+			e->num_sge = 1;
+			e->sge[0] = wr->sg_list[0];
+			d->rq_head = head + 1;
+		} else {
+			shift_dqp_record_recv(d, wr);
+		}
+		rc = d->prov_post_recv(qp, wr, bad_wr);
+		if (shift_unlikely(rc))
+			shift_dqp_unrecord_recv(d, wr, *bad_wr, head);
+	} else if (d->send_state == SHIFT_SEND_UNPROTECTED) {
+		rc = d->prov_post_recv(qp, wr, bad_wr);
+	} else {
+		rc = shift_post_recv_fallback(d, wr, bad_wr);
+	}
+	shift_dqp_unlock(d);
 	return rc;
 }
 
@@ -113,7 +128,12 @@ static int shift_poll_cq(struct ibv_cq *cq, int num_entries, struct ibv_wc *wc)
 		return shift_poll_slow(s, cq, num_entries, wc, 0, 0);
 	n = s->poll_cq(cq, num_entries, wc);
 	for (int i = 0; i < n; i++) {
-		struct shift_dqp *d = shift_dqp_by_qpn(s, wc[i].qp_num);
+		struct shift_dqp *d = s->last_dqp;
+
+		if (shift_unlikely(!d || d->qpn != wc[i].qp_num)) {
+			d = shift_dqp_by_qpn(s, wc[i].qp_num);
+			s->last_dqp = d;
+		}
 
 		if (shift_likely(d && wc[i].status == IBV_WC_SUCCESS))
 			shift_dqp_retire(d, &wc[i]);
@@ -144,13 +164,20 @@ void shift_dqp_link(struct shift_ctx *s, struct ibv_qp *qp, struct ibv_cq *send_
 	d->rcq = shift_shadow_cq_of(s->rnic, recv_cq);
 }
 
+struct shift_dqp *shift_dqp_tab[SHIFT_DQP_TAB];
+
 void shift_ctx_add_dqp(struct shift_ctx *s, struct shift_dqp *d)
 {
 	struct shift_dqp **b = &s->dqp[d->qpn & (SHIFT_DQP_BUCKETS - 1)];
+	struct shift_dqp **g = &shift_dqp_tab[shift_dqp_hash(d->qp)];
 
+	d->prov_post_send = s->post_send;
+	d->prov_post_recv = s->post_recv;
 	pthread_mutex_lock(&ctx_lock);
 	d->next_in_bucket = *b;
 	__atomic_store_n(b, d, __ATOMIC_RELEASE);
+	d->next_by_qp = *g;
+	__atomic_store_n(g, d, __ATOMIC_RELEASE);
 	pthread_mutex_unlock(&ctx_lock);
 }
 
@@ -161,8 +188,17 @@ struct shift_dqp *shift_ctx_remove_dqp(struct shift_ctx *s, struct ibv_qp *qp)
 	pthread_mutex_lock(&ctx_lock);
 	while ((d = *pp) && d->qp != qp)
 		pp = &d->next_in_bucket;
-	if (d)
+	if (d) {
+		struct shift_dqp **g = &shift_dqp_tab[shift_dqp_hash(qp)];
+
 		__atomic_store_n(pp, d->next_in_bucket, __ATOMIC_RELEASE);
+		while (*g && *g != d)
+			g = &(*g)->next_by_qp;
+		if (*g)
+			__atomic_store_n(g, d->next_by_qp, __ATOMIC_RELEASE);
+		if (s->last_dqp == d)
+			s->last_dqp = NULL;
+	}
 	pthread_mutex_unlock(&ctx_lock);
 	return d;
 }
@@ -363,6 +399,11 @@ void shift_ctx_detach(struct ibv_context *ibctx)
 			struct shift_dqp *d = s->dqp[i];
 
 			s->dqp[i] = d->next_in_bucket;
+			struct shift_dqp **g = &shift_dqp_tab[shift_dqp_hash(d->qp)];
+			while (*g && *g != d)
+				g = &(*g)->next_by_qp;
+			if (*g)
+				*g = d->next_by_qp;
 			shift_dqp_destroy(d);
 		}
 	}

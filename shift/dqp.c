@@ -43,7 +43,7 @@ struct shift_dqp *shift_dqp_create(struct ibv_qp *qp, const struct ibv_qp_cap *c
 	d->sq = calloc(d->sq_size, d->sq_stride);
 	d->sig = calloc(d->sq_size, sizeof(*d->sig));
 	d->rq = calloc(d->rq_size, d->rq_stride);
-	if (!d->sq || !d->sig || !d->rq || pthread_spin_init(&d->post_lock, PTHREAD_PROCESS_PRIVATE)) {
+	if (!d->sq || !d->sig || !d->rq) {
 		free(d->sq);
 		free(d->sig);
 		free(d->rq);
@@ -57,7 +57,6 @@ void shift_dqp_destroy(struct shift_dqp *d)
 {
 	if (!d)
 		return;
-	pthread_spin_destroy(&d->post_lock);
 	free(d->sq);
 	free(d->sig);
 	free(d->rq);

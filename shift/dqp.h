@@ -71,8 +71,14 @@ struct shift_rwqe {
 };
 
 struct shift_dqp {
-	struct shift_dqp *next_in_bucket; /* per-context lookup chain */
+	struct shift_dqp *next_in_bucket; /* per-context lookup chain (by QPN) */
+	struct shift_dqp *next_by_qp;     /* global lookup chain (by QP pointer) */
 	struct ibv_qp *qp;                /* the application's QP */
+	/* the provider's post verbs of this QP's context (hot path) */
+	int (*prov_post_send)(struct ibv_qp *qp, struct ibv_send_wr *wr,
+			      struct ibv_send_wr **bad_wr);
+	int (*prov_post_recv)(struct ibv_qp *qp, struct ibv_recv_wr *wr,
+			      struct ibv_recv_wr **bad_wr);
 	uint32_t qpn;
 	char dev[24];                     /* device name, for logs */
 	int sq_sig_all;
@@ -81,7 +87,7 @@ struct shift_dqp {
 	enum shift_recv_state recv_state;
 
 	/* send mirror */
-	pthread_spinlock_t post_lock;
+	int post_lock; /* posters' lock: shift_dqp_lock() */
 	uint8_t *sq;          /* sq_size entries of sq_stride bytes */
 	uint32_t sq_size;     /* power of two >= the QP's max_send_wr */
 	uint32_t sq_stride;
@@ -158,6 +164,50 @@ void shift_dqp_unrecord_send(struct shift_dqp *d, const struct ibv_send_wr *wr,
 int shift_dqp_record_recv(struct shift_dqp *d, const struct ibv_recv_wr *wr);
 void shift_dqp_unrecord_recv(struct shift_dqp *d, const struct ibv_recv_wr *wr,
 			     const struct ibv_recv_wr *bad, uint64_t head_before);
+
+/* post_lock, inline: an uncontended lock is an exchange and a store */
+static inline void shift_dqp_lock(struct shift_dqp *d)
+{
+	while (shift_unlikely(__atomic_exchange_n(&d->post_lock, 1, __ATOMIC_ACQUIRE)))
+		while (__atomic_load_n(&d->post_lock, __ATOMIC_RELAXED))
+			__builtin_ia32_pause();
+}
+
+static inline void shift_dqp_unlock(struct shift_dqp *d)
+{
+	__atomic_store_n(&d->post_lock, 0, __ATOMIC_RELEASE);
+}
+
+/*
+ * The common WR, mirrored inline: alone in its chain, one SGE, not inline,
+ * not atomic (opcodes WRITE, WRITE_WITH_IMM, SEND, SEND_WITH_IMM, READ).
+ * Returns false if this WR needs shift_dqp_record_send().
+ */
+static inline bool shift_dqp_record_one(struct shift_dqp *d, const struct ibv_send_wr *wr)
+{
+	if (shift_unlikely(wr->next || wr->num_sge != 1 ||
+			   (wr->send_flags & IBV_SEND_INLINE) ||
+			   (unsigned)wr->opcode > IBV_WR_RDMA_READ))
+		return false;
+	uint64_t h = d->sq_head;
+	struct shift_swqe *e = shift_dqp_swqe(d, h);
+
+	e->wr_id = wr->wr_id;
+	e->sge[0] = wr->sg_list[0];
+	e->remote_addr = wr->wr.rdma.remote_addr;
+	e->rkey = wr->wr.rdma.rkey;
+	e->imm = wr->imm_data;
+	e->opcode = (uint16_t)wr->opcode;
+	e->num_sge = 1;
+	e->send_flags = wr->send_flags;
+	e->inline_len = 0;
+	if ((wr->send_flags & IBV_SEND_SIGNALED) || d->sq_sig_all)
+		d->sig[d->sig_head++ & (d->sq_size - 1)] = h;
+	/* WRITE_WITH_IMM, SEND, SEND_WITH_IMM consume a receive at the peer */
+	d->recv_consumers_posted += (unsigned)wr->opcode - IBV_WR_RDMA_WRITE_WITH_IMM < 3u;
+	d->sq_head = h + 1;
+	return true;
+}
 
 /* Retire on a successful completion of this QP. */
 static inline void shift_dqp_retire(struct shift_dqp *d, const struct ibv_wc *wc)

@@ -336,24 +336,24 @@ static int start(struct shift_ctx *s, struct shift_dqp *d, struct out *o)
 	shift_lower->modify_qp(d->qp, &a, IBV_QP_STATE);
 	s->fo[s->nfo++] = d;
 	__atomic_store_n(&s->slow, true, __ATOMIC_RELEASE);
-	pthread_spin_lock(&d->post_lock);
+	shift_dqp_lock(d);
 	d->send_state = SHIFT_SEND_FALLBACK;
 	d->recv_state = SHIFT_RECV_FALLBACK;
-	pthread_spin_unlock(&d->post_lock);
+	shift_dqp_unlock(d);
 	drain_default(s, d->scq);
 	if (d->rcq != d->scq)
 		drain_default(s, d->rcq);
-	pthread_spin_lock(&d->post_lock);
+	shift_dqp_lock(d);
 	d->handshake_done = false;
 	d->failovers++;
 	for (uint64_t i = d->rq_tail; i < d->rq_head; i++) {
 		if (post_bk_recv(d, i)) {
-			pthread_spin_unlock(&d->post_lock);
+			shift_dqp_unlock(d);
 			give_up(d, "cannot repost a receive on the backup QP");
 			return -1;
 		}
 	}
-	pthread_spin_unlock(&d->post_lock);
+	shift_dqp_unlock(d);
 	if (send_ctrl(d, CTRL_COUNT((uint32_t)d->rq_tail))) {
 		give_up(d, "cannot send the handshake message");
 		return -1;
@@ -403,18 +403,18 @@ static void retransmit(struct shift_dqp *d, struct out *o)
 			emit(o, &wc);
 		}
 	}
-	pthread_spin_lock(&d->post_lock);
+	shift_dqp_lock(d);
 	d->resend_from = i;
 	d->handshake_done = true;
 	for (; i < d->sq_head; i++) {
 		if (post_bk_send(d, i)) {
-			pthread_spin_unlock(&d->post_lock);
+			shift_dqp_unlock(d);
 			give_up(d, "cannot post a WR on the backup QP");
 			return;
 		}
 	}
 	d->resend_from = d->sq_head;
-	pthread_spin_unlock(&d->post_lock);
+	shift_dqp_unlock(d);
 	shift_info("%s QP %u: on backup QP %u, %lu WRs retransmitted", d->dev, d->qpn, d->bk->qp_num,
 		   d->retransmitted);
 }

@@ -52,6 +52,7 @@ struct shift_ctx {
 	/* data-path state of the app's protected QPs, by QPN (chained);
 	 * written under the context lock, read lock-free */
 	struct shift_dqp *dqp[SHIFT_DQP_BUCKETS];
+	struct shift_dqp *last_dqp; /* poll's cache: the QP of the last completion */
 	/* set once a QP of this context failed over: polls take the slow path */
 	bool slow;
 	struct shift_dqp *fo[SHIFT_MAX_FO]; /* the failed-over QPs (slow path) */
@@ -95,6 +96,26 @@ static inline struct shift_dqp *shift_dqp_by_qpn(struct shift_ctx *s, uint32_t q
 
 	while (shift_unlikely(d && d->qpn != qpn))
 		d = d->next_in_bucket;
+	return d;
+}
+
+/* Every protected QP by its address: the post path's lookup. Written
+ * under the context lock, read lock-free. */
+#define SHIFT_DQP_TAB 4096
+extern struct shift_dqp *shift_dqp_tab[SHIFT_DQP_TAB];
+
+static inline unsigned shift_dqp_hash(const struct ibv_qp *qp)
+{
+	return (unsigned)(((uintptr_t)qp >> 6) * 0x9e3779b1u) >> 20; /* 12 bits */
+}
+
+static inline struct shift_dqp *shift_dqp_of_qp(const struct ibv_qp *qp)
+{
+	struct shift_dqp *d = __atomic_load_n(&shift_dqp_tab[shift_dqp_hash(qp)],
+					      __ATOMIC_ACQUIRE);
+
+	while (shift_unlikely(d && d->qp != qp))
+		d = d->next_by_qp;
 	return d;
 }
 

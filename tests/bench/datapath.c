@@ -1,0 +1,130 @@
+/*
+ * Default-state data-path cost, in instructions: what SHIFT adds to one
+ * ibv_post_send (one SGE), one ibv_post_recv (one SGE) and one ibv_poll_cq
+ * call that returns one completion, on the simulated RNIC.
+ *
+ * Run it under callgrind (tests/bench/callgrind.sh does): only the measured
+ * verb calls are collected (CALLGRIND_TOGGLE_COLLECT around each), so the
+ * total Ir divided by the iteration count is the cost of one call, all the
+ * way down through the simulated provider. Run once with --plain and once
+ * through SHIFT; the difference is SHIFT's.
+ * Usage: shift-bench-datapath --plain|--shift send|recv|poll [ITERATIONS]
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <valgrind/callgrind.h>
+
+#include "kv/kv.h"
+#include "shift/config.h"
+#include "shift/shadow.h"
+#include "shift/shift.h"
+#include "sim.h"
+#include "ep.h"
+
+/* verbs.h's inline fallbacks name this; the simulator never takes it. */
+int (ibv_query_port)(struct ibv_context *c, uint8_t p, struct _compat_ibv_port_attr *a)
+{
+	(void)c; (void)p; (void)a;
+	abort();
+}
+
+#define ACCESS (IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ)
+
+int main(int argc, char **argv)
+{
+	if (argc < 3) {
+		fprintf(stderr, "usage: %s --plain|--shift send|recv|poll [ITERATIONS]\n", argv[0]);
+		return 2;
+	}
+	int shift = !strcmp(argv[1], "--shift");
+	const char *op = argv[2];
+	long iters = argc > 3 ? atol(argv[3]) : 2000;
+	struct sim_world *w = sim_world_create(NULL);
+	struct sim_host *h0 = sim_host_create(w, 2), *h1 = sim_host_create(w, 2);
+	const struct shift_lower *va = sim_lower(h0), *vb = sim_lower(h1);
+	struct ibv_qp_cap cap = { .max_send_wr = 64, .max_recv_wr = 64,
+				  .max_send_sge = 1, .max_recv_sge = 1 };
+	struct sim_ep a, b;
+	struct sim_ep_info ia, ib;
+
+	if (shift) {
+		shift_lower_set(sim_lower_world(w));
+		shift_shadow_sync = true;
+		setenv("SHIFT_KV_URL", "mem://bench", 1);
+		setenv("SHIFT_STATUS_DIR", "", 1);
+		shift_config_load(NULL);
+		va = vb = &shift_verbs;
+	}
+	if (sim_ep_open(&a, va, "sim0_0", 4096, ACCESS, &cap, 256, 0) ||
+	    sim_ep_open(&b, vb, "sim1_0", 4096, ACCESS, &cap, 256, 0)) {
+		fprintf(stderr, "setup failed\n");
+		return 1;
+	}
+	sim_ep_info(&a, 1, &ia);
+	sim_ep_info(&b, 2, &ib);
+	if (sim_ep_connect(&a, &ia, &ib, NULL) || sim_ep_connect(&b, &ib, &ia, NULL))
+		return 1;
+	for (int i = 0; shift && i < 4; i++)
+		shift_rnic_pass_all();
+	if (shift) {
+		struct shift_qp_info qi;
+
+		if (shift_shadow_qp_info(a.qp, &qi) || qi.state != SHIFT_SHADOW_READY) {
+			fprintf(stderr, "the QP is not shadowed: measuring the wrong path\n");
+			return 1;
+		}
+	}
+
+	struct ibv_sge sge = { .addr = (uintptr_t)a.buf, .length = 64, .lkey = a.mr->lkey };
+	struct ibv_send_wr wr = {
+		.sg_list = &sge, .num_sge = 1, .opcode = IBV_WR_RDMA_WRITE,
+		.send_flags = IBV_SEND_SIGNALED,
+		.wr.rdma = { .remote_addr = (uintptr_t)b.buf, .rkey = b.mr->rkey },
+	}, *bad;
+	struct ibv_sge rsge = { .addr = (uintptr_t)b.buf, .length = 64, .lkey = b.mr->lkey };
+	struct ibv_recv_wr rwr = { .sg_list = &rsge, .num_sge = 1 }, *rbad;
+	struct ibv_wc wc;
+	long ok = 0;
+
+	for (long i = 0; i < iters; i++) {
+		wr.wr_id = (uint64_t)i;
+		rwr.wr_id = (uint64_t)i;
+		if (!strcmp(op, "send")) {
+			CALLGRIND_TOGGLE_COLLECT;
+			int rc = ibv_post_send(a.qp, &wr, &bad);
+			CALLGRIND_TOGGLE_COLLECT;
+			ok += rc == 0;
+			sim_world_run_until_idle(w);
+			while (ibv_poll_cq(a.cq, 1, &wc) > 0)
+				;
+		} else if (!strcmp(op, "recv")) {
+			CALLGRIND_TOGGLE_COLLECT;
+			int rc = ibv_post_recv(b.qp, &rwr, &rbad);
+			CALLGRIND_TOGGLE_COLLECT;
+			ok += rc == 0;
+			if (i % 32 == 31) {
+				/* consume them: sends from a */
+				struct ibv_send_wr s = { .opcode = IBV_WR_SEND, .sg_list = &sge,
+							 .num_sge = 1, .send_flags = IBV_SEND_SIGNALED };
+				for (int k = 0; k < 32; k++) {
+					ibv_post_send(a.qp, &s, &bad);
+					sim_world_run_until_idle(w);
+					while (ibv_poll_cq(a.cq, 1, &wc) > 0)
+						;
+					while (ibv_poll_cq(b.cq, 1, &wc) > 0)
+						;
+				}
+			}
+		} else {
+			ibv_post_send(a.qp, &wr, &bad);
+			sim_world_run_until_idle(w);
+			CALLGRIND_TOGGLE_COLLECT;
+			int n = ibv_poll_cq(a.cq, 1, &wc);
+			CALLGRIND_TOGGLE_COLLECT;
+			ok += n == 1 && wc.status == IBV_WC_SUCCESS;
+		}
+	}
+	printf("%s %s: %ld of %ld calls succeeded\n", shift ? "shift" : "plain", op, ok, iters);
+	return ok == iters ? 0 : 1;
+}
