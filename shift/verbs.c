@@ -84,10 +84,31 @@ int shift_ibv_query_gid(struct ibv_context *context, uint8_t port_num,
 	return L->query_gid(context, port_num, index, gid);
 }
 
+/* Is this an event about one QP that SHIFT may hide (it fails that QP
+ * over instead)? NCCL aborts on these. */
+static bool qp_error_event(enum ibv_event_type t)
+{
+	return t == IBV_EVENT_QP_FATAL || t == IBV_EVENT_QP_REQ_ERR ||
+	       t == IBV_EVENT_QP_ACCESS_ERR || t == IBV_EVENT_PATH_MIG_ERR;
+}
+
 int shift_ibv_get_async_event(struct ibv_context *context,
 			      struct ibv_async_event *event)
 {
-	return L->get_async_event(context, event);
+	for (;;) {
+		int rc = L->get_async_event(context, event);
+
+		if (rc || !qp_error_event(event->event_type))
+			return rc;
+		struct shift_dqp *d = shift_dqp_of_qp(event->element.qp);
+		if (!d || d->send_state == SHIFT_SEND_UNPROTECTED || !d->shadow ||
+		    __atomic_load_n(&d->shadow->state, __ATOMIC_ACQUIRE) != SHIFT_SHADOW_READY)
+			return rc;
+		/* SHIFT fails this QP over; the application never hears of it */
+		shift_info("%s QP %u: async event '%d' handled by SHIFT, not passed on", d->dev,
+			   d->qpn, (int)event->event_type);
+		L->ack_async_event(event);
+	}
 }
 
 void shift_ibv_ack_async_event(struct ibv_async_event *event)

@@ -5,3 +5,7 @@ if(TARGET shift_sim)
   shift_unit_test(test_shadow SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/test_shadow.c
     LIBS shift_core shift_sim)
 endif()
+if(TARGET shift_sim)
+  shift_unit_test(test_failover SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/test_failover.c
+    LIBS shift_core shift_sim)
+endif()
