@@ -12,6 +12,7 @@
 #include "shift/shadow.h"
 
 #include <stdlib.h>
+#include <string.h>
 
 #define L (shift_lower)
 
@@ -300,12 +301,21 @@ int shift_ibv_destroy_qp(struct ibv_qp *qp)
 {
 	struct shift_ctx *s = qp ? shift_ctx_of(qp->context) : NULL;
 	struct shift_rnic *r = s ? s->rnic : NULL;
-	int rc = L->destroy_qp(qp);
+	/* forget it while qp is still valid; put it back if the verb fails */
+	struct shift_dqp *d = s ? shift_ctx_remove_dqp(s, qp) : NULL;
+	int rc;
 
-	if (!rc && s)
-		shift_dqp_destroy(shift_ctx_remove_dqp(s, qp));
-	if (!rc && r)
-		shift_shadow_qp_gone(r, qp);
+	if (r)
+		shift_shadow_qp_gone(r, qp); /* only marks it: replay reaps later */
+	rc = L->destroy_qp(qp);
+	if (rc) {
+		if (d)
+			shift_ctx_add_dqp(s, d);
+		shift_warn("destroy_qp failed (%s): the QP's shadow is released anyway",
+			   strerror(rc));
+		return rc;
+	}
+	shift_dqp_destroy(d);
 	return rc;
 }
 
