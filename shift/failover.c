@@ -279,7 +279,7 @@ static void fail_connection(struct shift_ctx *s, struct shift_dqp *d, struct out
 	    __atomic_load_n(&d->shadow->state, __ATOMIC_ACQUIRE) == SHIFT_SHADOW_READY) {
 		if (!d->bk)
 			d->bk = d->shadow->bk;
-		send_ctrl(d, CTRL_ABORT);
+		d->ctrl_sent = send_ctrl(d, CTRL_ABORT) == 0;
 	}
 	d->send_state = SHIFT_SEND_UNPROTECTED;
 	if (!held) {
@@ -431,6 +431,17 @@ static void on_ctrl(struct shift_ctx *s, struct shift_dqp *d, struct out *o)
 		}
 		return;
 	}
+	if (d->send_state == SHIFT_SEND_UNPROTECTED) {
+		/* the peer waits for my answer: tell it the connection is over
+		 * here (the application closed it, or it cannot be saved) */
+		if (!d->ctrl_sent && d->shadow &&
+		    __atomic_load_n(&d->shadow->state, __ATOMIC_ACQUIRE) == SHIFT_SHADOW_READY) {
+			if (!d->bk)
+				d->bk = d->shadow->bk;
+			d->ctrl_sent = send_ctrl(d, CTRL_ABORT) == 0;
+		}
+		return;
+	}
 	if (d->send_state == SHIFT_SEND_DEFAULT && start(s, d, o))
 		return;
 	if (d->send_state != SHIFT_SEND_UNPROTECTED && !d->handshake_done)
@@ -484,8 +495,8 @@ static void from_backup(struct shift_ctx *s, struct ibv_wc *wc, struct out *o, b
 		d->peer_recv_count = be32toh(wc->imm_data);
 		d->ctrl_pending = true;
 		__atomic_store_n(&s->slow, true, __ATOMIC_RELEASE);
-		if (app)
-			on_ctrl(s, d, o);
+		if (app || d->send_state == SHIFT_SEND_UNPROTECTED)
+			on_ctrl(s, d, o); /* the latter only answers ABORT */
 		return;
 	}
 	if (wc->wr_id == SHIFT_WRID_CTRL_SEND || !d) {

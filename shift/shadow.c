@@ -614,7 +614,9 @@ static void replay_qp(struct shift_rnic *r, struct shift_qp *q)
 		q->bk_state = IBV_QPS_RTR;
 	}
 
-	if (q->bk_state == IBV_QPS_RTR && (app_mask & IBV_QP_SQ_PSN)) {
+	/* RTS even if the application leaves its QP at RTR (a receive-only
+	 * perftest server): SHIFT sends its handshake from the backup QP */
+	if (q->bk_state == IBV_QPS_RTR) {
 		memset(&a, 0, sizeof(a));
 		a.qp_state = IBV_QPS_RTS;
 		a.sq_psn = q->my_bk.psn;

@@ -286,6 +286,20 @@ int shift_ibv_modify_qp(struct ibv_qp *qp, struct ibv_qp_attr *attr,
 	int rc = L->modify_qp(qp, attr, attr_mask);
 	struct shift_rnic *r = !rc && qp ? rnic_of(qp->context) : NULL;
 
+	if (!rc && (attr_mask & IBV_QP_STATE) &&
+	    (attr->qp_state == IBV_QPS_ERR || attr->qp_state == IBV_QPS_RESET)) {
+		/* the application ends the connection itself (a disconnect):
+		 * what follows is not a failure to hide */
+		struct shift_dqp *d = shift_dqp_of_qp(qp);
+
+		if (d) {
+			shift_dqp_lock(d);
+			if (d->send_state == SHIFT_SEND_DEFAULT)
+				d->send_state = SHIFT_SEND_UNPROTECTED;
+			shift_dqp_unlock(d);
+		}
+	}
+
 	if (r)
 		shift_shadow_qp_modified(r, qp, attr, attr_mask);
 	return rc;
