@@ -114,6 +114,7 @@ struct shift_dqp {
 	uint64_t resend_from;
 	bool ctrl_pending;            /* the peer's arrived, not yet acted on */
 	uint32_t peer_recv_count;     /* ... and the receive counter it carried */
+	uint64_t ctrl_seen_ms;        /* when the background thread saw it */
 	struct { uint32_t app, bk; } rkeys[16]; /* remote key translations */
 	unsigned nrkeys;
 

@@ -39,8 +39,10 @@
 #include <endian.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #define TMP_WC 16
+#define SHIFT_BG_GRACE_MS 20
 
 /* The handshake message's immediate: the sender's receive counter (31 bits,
  * compared modulo 2^31), or ABORT: the sender cannot fail over (an atomic
@@ -599,6 +601,44 @@ void shift_failover_background(struct shift_ctx *s)
 		struct out o = { .wc = NULL, .n = 0, .max = 0, .c = c };
 		poll_backup(s, c, &o, false);
 		pthread_mutex_unlock(&c->dp_lock);
+	}
+
+	/*
+	 * A passive application (a perftest server waiting on its socket)
+	 * may never poll: answer the peer here. The context went to the slow
+	 * path when the message was seen; once a grace period has passed, no
+	 * poll of the application can still be inside the fast path (it is a
+	 * few hundred instructions), so the default CQ is ours under dp_lock.
+	 */
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	uint64_t now = (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
+	for (int i = 0; i < SHIFT_DQP_BUCKETS; i++) {
+		for (struct shift_dqp *d = __atomic_load_n(&s->dqp[i], __ATOMIC_ACQUIRE); d;
+		     d = d->next_in_bucket) {
+			if (!d->ctrl_pending || !d->scq)
+				continue;
+			if (!d->ctrl_seen_ms)
+				d->ctrl_seen_ms = now;
+			if (!shift_shadow_sync && now - d->ctrl_seen_ms < SHIFT_BG_GRACE_MS)
+				continue;
+			struct shift_cq *c1 = d->scq, *c2 = d->rcq && d->rcq != d->scq ? d->rcq : NULL;
+			if (c2 && c2 < c1) {
+				struct shift_cq *t = c1;
+				c1 = c2;
+				c2 = t;
+			}
+			pthread_mutex_lock(&c1->dp_lock);
+			if (c2)
+				pthread_mutex_lock(&c2->dp_lock);
+			if (d->ctrl_pending) {
+				struct out o = { .wc = NULL, .n = 0, .max = 0, .c = d->rcq ? d->rcq : d->scq };
+				on_ctrl(s, d, &o);
+			}
+			if (c2)
+				pthread_mutex_unlock(&c2->dp_lock);
+			pthread_mutex_unlock(&c1->dp_lock);
+		}
 	}
 }
 
