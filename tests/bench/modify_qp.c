@@ -1,0 +1,89 @@
+/*
+ * Cost of ibv_modify_qp to RTR and to RTS, on a real device: N RC QPs on
+ * one device connected in pairs to each other (loopback), timed per
+ * transition. Run it with the plain library and through SHIFT
+ * (tests/bench/modify_qp.sh alternates both and prints the ratio).
+ * Usage: shift-bench-modify-qp DEVICE [GID_INDEX [NQP]]
+ * Prints: "rtr_us=<mean> rts_us=<mean>".
+ */
+#include <infiniband/verbs.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+static double now_us(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return ts.tv_sec * 1e6 + ts.tv_nsec / 1e3;
+}
+
+int main(int argc, char **argv)
+{
+	const char *dev = argc > 1 ? argv[1] : "rxe0";
+	int gidx = argc > 2 ? atoi(argv[2]) : 1;
+	int n = argc > 3 ? atoi(argv[3]) : 64;
+	struct ibv_device **list = ibv_get_device_list(NULL);
+	struct ibv_context *ctx = NULL;
+
+	for (int i = 0; list && list[i]; i++)
+		if (!strcmp(ibv_get_device_name(list[i]), dev))
+			ctx = ibv_open_device(list[i]);
+	if (!ctx) {
+		fprintf(stderr, "cannot open %s\n", dev);
+		return 1;
+	}
+	struct ibv_pd *pd = ibv_alloc_pd(ctx);
+	struct ibv_cq *cq = ibv_create_cq(ctx, 64, NULL, NULL, 0);
+	struct ibv_qp **qp = calloc((size_t)n, sizeof(*qp));
+	union ibv_gid gid;
+	double rtr = 0, rts = 0;
+
+	if (!pd || !cq || !qp || ibv_query_gid(ctx, 1, gidx, &gid))
+		return 1;
+	for (int i = 0; i < n; i++) {
+		struct ibv_qp_init_attr ia = { .send_cq = cq, .recv_cq = cq, .qp_type = IBV_QPT_RC,
+			.cap = { .max_send_wr = 16, .max_recv_wr = 16, .max_send_sge = 1, .max_recv_sge = 1 } };
+		struct ibv_qp_attr a = { .qp_state = IBV_QPS_INIT, .port_num = 1,
+			.qp_access_flags = IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ };
+
+		qp[i] = ibv_create_qp(pd, &ia);
+		if (!qp[i] || ibv_modify_qp(qp[i], &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX |
+					    IBV_QP_PORT | IBV_QP_ACCESS_FLAGS))
+			return 1;
+	}
+	for (int i = 0; i < n; i++) {
+		struct ibv_qp_attr a = { .qp_state = IBV_QPS_RTR, .path_mtu = IBV_MTU_1024,
+			.dest_qp_num = qp[i ^ 1]->qp_num, .rq_psn = 0, .max_dest_rd_atomic = 1,
+			.min_rnr_timer = 12,
+			.ah_attr = { .is_global = 1, .port_num = 1,
+				     .grh = { .dgid = gid, .sgid_index = (uint8_t)gidx, .hop_limit = 64 } } };
+		double t = now_us();
+
+		if (ibv_modify_qp(qp[i], &a, IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU |
+				  IBV_QP_DEST_QPN | IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC |
+				  IBV_QP_MIN_RNR_TIMER))
+			return 1;
+		rtr += now_us() - t;
+	}
+	for (int i = 0; i < n; i++) {
+		struct ibv_qp_attr a = { .qp_state = IBV_QPS_RTS, .sq_psn = 0, .timeout = 14,
+					 .retry_cnt = 7, .rnr_retry = 7, .max_rd_atomic = 1 };
+		double t = now_us();
+
+		if (ibv_modify_qp(qp[i], &a, IBV_QP_STATE | IBV_QP_SQ_PSN | IBV_QP_TIMEOUT |
+				  IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY | IBV_QP_MAX_QP_RD_ATOMIC))
+			return 1;
+		rts += now_us() - t;
+	}
+	printf("rtr_us=%.2f rts_us=%.2f\n", rtr / n, rts / n);
+	for (int i = 0; i < n; i++)
+		ibv_destroy_qp(qp[i]);
+	ibv_destroy_cq(cq);
+	ibv_dealloc_pd(pd);
+	ibv_close_device(ctx);
+	ibv_free_device_list(list);
+	return 0;
+}
