@@ -35,6 +35,10 @@
  * (once) that the peer may not run SHIFT. It keeps waiting afterwards. */
 #define SHIFT_PEER_WARN_MS 10000
 #define SHIFT_PASS_PERIOD_MS 50
+/* replay waits for SHIFT_COALESCE_MS without new control verbs (at most
+ * SHIFT_COALESCE_ROUNDS times) before it runs */
+#define SHIFT_COALESCE_MS 10
+#define SHIFT_COALESCE_ROUNDS 20
 #define SHIFT_KV_TTL_MS (24ull * 3600 * 1000)
 
 bool shift_shadow_sync; /* tests: no threads, passes run by shift_rnic_pass() */
@@ -64,10 +68,16 @@ void shift_shadow_stats_get(struct shift_shadow_stats *out)
 	out->kv_errors = __atomic_load_n(&stats.kv_errors, __ATOMIC_RELAXED);
 }
 
+/* Something to replay (rnic->lock held). Only an idle thread is woken:
+ * one that is already collecting a burst notices by itself, so a burst of
+ * control verbs costs the application one wake-up, not one each. */
 static void kick(struct shift_rnic *r)
 {
+	bool was = r->dirty;
+
 	r->dirty = true;
-	pthread_cond_signal(&r->kick);
+	if (!was && r->idle)
+		pthread_cond_signal(&r->kick);
 }
 
 /* ---- recording (application threads) ------------------------------------ */
@@ -877,6 +887,23 @@ static void *rnic_main(void *arg)
 	while (!r->stop) {
 		bool work = r->dirty;
 
+		/* Let a burst of control verbs (an application connecting many
+		 * QPs) finish before replaying: on a busy or single CPU the
+		 * replay would otherwise steal time from each of them. */
+		for (int quiet = 0; work && quiet < SHIFT_COALESCE_ROUNDS && !r->stop; quiet++) {
+			struct timespec ts;
+
+			r->dirty = false;
+			clock_gettime(CLOCK_REALTIME, &ts);
+			ts.tv_nsec += SHIFT_COALESCE_MS * 1000000L;
+			if (ts.tv_nsec >= 1000000000L) {
+				ts.tv_sec++;
+				ts.tv_nsec -= 1000000000L;
+			}
+			pthread_cond_timedwait(&r->kick, &r->lock, &ts);
+			if (!r->dirty)
+				break;
+		}
 		r->dirty = false;
 		pthread_mutex_unlock(&r->lock);
 		int left = work || r->bk_ctx ? shift_rnic_pass(r) : 0;
@@ -892,7 +919,9 @@ static void *rnic_main(void *arg)
 		uint64_t ns = (uint64_t)ts.tv_nsec + (left ? SHIFT_PASS_PERIOD_MS : 1000) * 1000000ull;
 		ts.tv_sec += (time_t)(ns / 1000000000ull);
 		ts.tv_nsec = (long)(ns % 1000000000ull);
+		r->idle = true;
 		pthread_cond_timedwait(&r->kick, &r->lock, &ts);
+		r->idle = false;
 	}
 	pthread_mutex_unlock(&r->lock);
 	return NULL;

@@ -124,6 +124,7 @@ struct shift_rnic {
 	pthread_cond_t kick;
 	bool stop;                /* (L) */
 	bool dirty;               /* (L) something to replay */
+	bool idle;                /* (L) the thread waits for a kick */
 
 	struct shift_pd *pds;     /* (L) */
 	struct shift_mr *mrs;     /* (L) */
