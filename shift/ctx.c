@@ -24,6 +24,25 @@ static pthread_mutex_t ctx_lock = PTHREAD_MUTEX_INITIALIZER;
 /* ---- data path ---------------------------------------------------------- */
 
 /*
+ * QPs SHIFT does not protect (not RC, on an SRQ, created before SHIFT had the
+ * context...): straight to the provider's verb saved on the context.
+ */
+#define UNPROTECTED_POST(verb, wr_type)                                         \
+	static __attribute__((noinline, cold)) int unprotected_##verb(           \
+		struct ibv_qp *qp, struct wr_type *wr, struct wr_type **bad_wr)  \
+	{                                                                        \
+		struct shift_ctx *s = shift_ctx_of(qp->context);                 \
+                                                                                 \
+		if (!s) {                                                        \
+			*bad_wr = wr;                                            \
+			return EINVAL;                                           \
+		}                                                                \
+		return s->verb(qp, wr, bad_wr);                                  \
+	}
+UNPROTECTED_POST(post_send, ibv_send_wr)
+UNPROTECTED_POST(post_recv, ibv_recv_wr)
+
+/*
  * Default state: mirror the WRs, then the provider's post. The mirror and
  * the provider see the same WRs in the same order (post_lock), and WRs the
  * provider refuses are forgotten again.
@@ -35,15 +54,8 @@ static int shift_post_send(struct ibv_qp *qp, struct ibv_send_wr *wr,
 	uint64_t head;
 	int rc;
 
-	if (shift_unlikely(!d)) {
-		struct shift_ctx *s = shift_ctx_of(qp->context);
-
-		if (shift_unlikely(!s)) {
-			*bad_wr = wr;
-			return EINVAL;
-		}
-		return s->post_send(qp, wr, bad_wr);
-	}
+	if (shift_unlikely(!d))
+		return unprotected_post_send(qp, wr, bad_wr);
 	shift_dqp_lock(d);
 	head = d->sq_head;
 	if (shift_likely(d->send_state == SHIFT_SEND_DEFAULT)) {
@@ -68,15 +80,8 @@ static int shift_post_recv(struct ibv_qp *qp, struct ibv_recv_wr *wr,
 	uint64_t head;
 	int rc;
 
-	if (shift_unlikely(!d)) {
-		struct shift_ctx *s = shift_ctx_of(qp->context);
-
-		if (shift_unlikely(!s)) {
-			*bad_wr = wr;
-			return EINVAL;
-		}
-		return s->post_recv(qp, wr, bad_wr);
-	}
+	if (shift_unlikely(!d))
+		return unprotected_post_recv(qp, wr, bad_wr);
 	shift_dqp_lock(d);
 	head = d->rq_head;
 	if (shift_likely(d->recv_state == SHIFT_RECV_DEFAULT &&

@@ -111,7 +111,6 @@ struct shift_dqp {
 	struct ibv_qp *bk;            /* the backup QP, once failed over */
 	bool ctrl_sent;               /* my handshake message of this epoch */
 	bool handshake_done;          /* both messages seen: post on the backup */
-	uint64_t resend_from;
 	bool ctrl_pending;            /* the peer's arrived, not yet acted on */
 	uint32_t peer_recv_count;     /* ... and the receive counter it carried */
 	uint64_t ctrl_seen_ms;        /* when the background thread saw it */
@@ -119,7 +118,7 @@ struct shift_dqp {
 	unsigned nrkeys;
 
 	/* statistics */
-	unsigned long failovers, failbacks, retransmitted;
+	unsigned long failovers, retransmitted;
 	bool atomic_boundary_hit;
 };
 

@@ -406,7 +406,6 @@ static void retransmit(struct shift_dqp *d, struct out *o)
 		}
 	}
 	shift_dqp_lock(d);
-	d->resend_from = i;
 	d->handshake_done = true;
 	for (; i < d->sq_head; i++) {
 		if (post_bk_send(d, i)) {
@@ -415,7 +414,6 @@ static void retransmit(struct shift_dqp *d, struct out *o)
 			return;
 		}
 	}
-	d->resend_from = d->sq_head;
 	shift_dqp_unlock(d);
 	shift_info("%s QP %u: on backup QP %u, %lu WRs retransmitted", d->dev, d->qpn, d->bk->qp_num,
 		   d->retransmitted);

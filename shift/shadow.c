@@ -91,6 +91,17 @@ static void kick(struct shift_rnic *r)
 		pthread_mutex_unlock(&(r)->lock); \
 	} while (0)
 
+/* The application destroyed o (may be NULL): the replay thread reaps its
+ * backup. rnic->lock held. */
+#define MARK_DEAD(r, o)                         \
+	do {                                    \
+		__typeof__(o) o_ = (o);         \
+		if (o_) {                       \
+			o_->dead = true;        \
+			kick(r);                \
+		}                               \
+	} while (0)
+
 static struct shift_pd *find_pd(struct shift_rnic *r, struct ibv_pd *pd)
 {
 	for (struct shift_pd *p = r->pds; p; p = p->next)
@@ -120,11 +131,7 @@ void shift_shadow_pd(struct shift_rnic *r, struct ibv_pd *pd)
 void shift_shadow_pd_gone(struct shift_rnic *r, struct ibv_pd *pd)
 {
 	pthread_mutex_lock(&r->lock);
-	struct shift_pd *p = find_pd(r, pd);
-	if (p) {
-		p->dead = true;
-		kick(r);
-	}
+	MARK_DEAD(r, find_pd(r, pd));
 	pthread_mutex_unlock(&r->lock);
 }
 
@@ -219,11 +226,7 @@ void shift_shadow_cq(struct shift_rnic *r, struct ibv_cq *cq, int cqe,
 void shift_shadow_cq_gone(struct shift_rnic *r, struct ibv_cq *cq)
 {
 	pthread_mutex_lock(&r->lock);
-	struct shift_cq *c = find_cq(r, cq);
-	if (c) {
-		c->dead = true;
-		kick(r);
-	}
+	MARK_DEAD(r, find_cq(r, cq));
 	pthread_mutex_unlock(&r->lock);
 }
 
@@ -333,11 +336,7 @@ void shift_shadow_qp_modified(struct shift_rnic *r, struct ibv_qp *qp,
 void shift_shadow_qp_gone(struct shift_rnic *r, struct ibv_qp *qp)
 {
 	pthread_mutex_lock(&r->lock);
-	struct shift_qp *q = find_qp(r, qp);
-	if (q) {
-		q->dead = true;
-		kick(r);
-	}
+	MARK_DEAD(r, find_qp(r, qp));
 	pthread_mutex_unlock(&r->lock);
 }
 
