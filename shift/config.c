@@ -97,8 +97,9 @@ static const struct config_row rows[] = {
 	{ "SHIFT_KV_NAMESPACE", "default",
 	  "job id; every KV key carries it",
 	  parse_string, FIELD(kv_namespace) },
-	{ "SHIFT_PROBE_MS", "1000",
-	  "period of the recovery probe on a failed default path, in ms",
+	{ "SHIFT_PROBE_MS", "250",
+	  "period of the recovery probe on a failed default path, in ms (doubling per failed "
+	  "probe up to 16x); 0 = no failback: a failed-over QP stays on its backup",
 	  parse_uint, FIELD(probe_ms) },
 	{ "SHIFT_STATUS_DIR", "/tmp/shift",
 	  "where each process writes its per-QP status for shiftctl ('' = none)",

@@ -43,6 +43,10 @@ enum shift_recv_state {
 /* wr_ids of what SHIFT posts on a backup QP (it posts nothing else there) */
 #define SHIFT_WRID_CTRL_RECV 0x7ff0000000000001ull
 #define SHIFT_WRID_CTRL_SEND 0x7ff0000000000002ull
+/* ... and on a default QP while it is failed over: the recovery probe and
+ * the failback notification (and CTRL_RECV, the notification's receive) */
+#define SHIFT_WRID_PROBE 0x7ff0000000000003ull
+#define SHIFT_WRID_NOTIFY 0x7ff0000000000004ull
 #define SHIFT_WRID_DATA (1ull << 63)      /* | RECV | mirror index */
 #define SHIFT_WRID_RECV (1ull << 62)
 #define SHIFT_WRID_INDEX(w) ((w) & ((1ull << 48) - 1))
@@ -117,10 +121,25 @@ struct shift_dqp {
 	struct { uint32_t app, bk; } rkeys[16]; /* remote key translations */
 	unsigned nrkeys;
 
-	/* statistics */
-	unsigned long failovers, retransmitted;
+	/* failback (shift/failover.c), under the CQs' dp_lock */
+	uint8_t dflt;                 /* SHIFT_DFLT_*: the default QP's condition */
+	uint64_t probe_at;            /* next reset + probe (ms; passes in sync mode) */
+	unsigned probe_fails;         /* consecutive failed probes (backoff) */
+	uint64_t fence;               /* WaitDrained: the sq index that drains the backup */
+	bool notify_pending;          /* the peer's notification arrived: move my
+				       * receives once notify_count are consumed */
+	uint32_t notify_count;
+	bool need_rearm;              /* the backup QP must be reset before reuse */
+
+	/* statistics (shiftctl, logs) */
+	unsigned long failovers, failbacks, retransmitted;
 	bool atomic_boundary_hit;
+	uint64_t t_error_us;          /* the error that started the last failover */
+	uint64_t switch_us, fallback_us; /* of the last failover; 0 = not yet */
+	uint64_t last_switch_s;       /* wall clock of the last transition */
 };
+
+enum { SHIFT_DFLT_OK, SHIFT_DFLT_ERR, SHIFT_DFLT_PROBING };
 
 static inline struct shift_swqe *shift_dqp_swqe(struct shift_dqp *d, uint64_t i)
 {

@@ -34,7 +34,9 @@
 #include "shift/exchange.h"
 #include "shift/shadow.h"
 #include "shift/shift.h"
+#include "shift/config.h"
 #include "kv/kv.h"
+#include "providers/quirks.h"
 
 #include <endian.h>
 #include <stdlib.h>
@@ -49,6 +51,71 @@
  * was in flight), so the connection fails for the application at both ends. */
 #define CTRL_ABORT 0x80000000u
 #define CTRL_COUNT(x) ((x) & 0x7fffffffu)
+
+/* ---- time ------------------------------------------------------------- */
+
+static uint64_t mono_us(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u;
+}
+
+/* The failback clock: ms, or background passes when replay is synchronous
+ * (the fault campaign), so a schedule stays deterministic. */
+static uint64_t sync_passes;
+
+static uint64_t fb_now(void)
+{
+	return shift_shadow_sync ? sync_passes : mono_us() / 1000u;
+}
+
+/* Wait before the next reset + probe of a failed default path: the probe
+ * period, doubled per failed probe up to 16 periods. */
+static uint64_t probe_wait(const struct shift_dqp *d)
+{
+	uint64_t base = shift_shadow_sync ? 8 : (shift_config.probe_ms ? shift_config.probe_ms : 1);
+	unsigned sh = d->probe_fails < 4 ? d->probe_fails : 4;
+
+	return base << sh;
+}
+
+/* ---- the context's list of failed-over QPs ----------------------------
+ * fo[] has holes (NULL) so lock-free readers never miss a moved entry;
+ * nfo is its high-water mark. Writers hold fo_lock. */
+static pthread_mutex_t fo_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static int fo_add(struct shift_ctx *s, struct shift_dqp *d)
+{
+	int rc = -1;
+
+	pthread_mutex_lock(&fo_lock);
+	for (int i = 0; i < s->nfo; i++)
+		if (__atomic_load_n(&s->fo[i], __ATOMIC_RELAXED) == d)
+			rc = 0;
+	for (int i = 0; rc && i < SHIFT_MAX_FO; i++) {
+		if (i < s->nfo && s->fo[i])
+			continue;
+		__atomic_store_n(&s->fo[i], d, __ATOMIC_RELEASE);
+		if (i == s->nfo)
+			__atomic_store_n(&s->nfo, i + 1, __ATOMIC_RELEASE);
+		rc = 0;
+	}
+	pthread_mutex_unlock(&fo_lock);
+	return rc;
+}
+
+static void fo_remove(struct shift_ctx *s, struct shift_dqp *d)
+{
+	pthread_mutex_lock(&fo_lock);
+	for (int i = 0; i < s->nfo; i++)
+		if (s->fo[i] == d)
+			__atomic_store_n(&s->fo[i], NULL, __ATOMIC_RELEASE);
+	while (s->nfo && !s->fo[s->nfo - 1])
+		s->nfo--;
+	pthread_mutex_unlock(&fo_lock);
+}
 
 /* ---- kept completions ------------------------------------------------- */
 
@@ -92,9 +159,14 @@ static void emit(struct out *o, const struct ibv_wc *wc)
 
 static struct shift_dqp *dqp_of_bk(struct shift_ctx *s, uint32_t bk_qpn)
 {
-	for (int i = 0; i < s->nfo; i++)
-		if (s->fo[i]->bk && s->fo[i]->bk->qp_num == bk_qpn)
-			return s->fo[i];
+	int n = __atomic_load_n(&s->nfo, __ATOMIC_ACQUIRE);
+
+	for (int i = 0; i < n; i++) {
+		struct shift_dqp *d = __atomic_load_n(&s->fo[i], __ATOMIC_ACQUIRE);
+
+		if (d && d->bk && d->bk->qp_num == bk_qpn)
+			return d;
+	}
 	return NULL;
 }
 
@@ -139,14 +211,19 @@ static int local_keys(struct shift_dqp *d, struct ibv_sge *sge, unsigned n)
 
 /* ---- posting on the backup QP ------------------------------------------ */
 
-static int post_bk_send(struct shift_dqp *d, uint64_t idx)
+/*
+ * Post mirrored send WR idx again: on the backup QP (keys translated, wr_id
+ * tagged for translation back) or, when failing back, on the default QP
+ * exactly as the application posted it.
+ */
+static int post_mirrored(struct shift_dqp *d, uint64_t idx, bool dflt)
 {
 	struct shift_swqe *e = shift_dqp_swqe(d, idx);
 	struct ibv_sge sge[e->num_sge ? e->num_sge : 1];
 	struct ibv_send_wr wr, *bad;
 
 	memset(&wr, 0, sizeof(wr));
-	wr.wr_id = SHIFT_WRID_DATA | idx;
+	wr.wr_id = dflt ? e->wr_id : SHIFT_WRID_DATA | idx;
 	wr.opcode = (enum ibv_wr_opcode)e->opcode;
 	wr.send_flags = e->send_flags;
 	wr.imm_data = e->imm;
@@ -158,7 +235,7 @@ static int post_bk_send(struct shift_dqp *d, uint64_t idx)
 	} else {
 		memcpy(sge, e->sge, sizeof(struct ibv_sge) * e->num_sge);
 		wr.num_sge = e->num_sge;
-		if (local_keys(d, sge, e->num_sge)) {
+		if (!dflt && local_keys(d, sge, e->num_sge)) {
 			shift_debug("%s QP %u: no backup lkey for lkey %u", d->dev, d->qpn, sge[0].lkey);
 			return -1;
 		}
@@ -172,7 +249,7 @@ static int post_bk_send(struct shift_dqp *d, uint64_t idx)
 		for (unsigned k = 0; k < e->num_sge && !(e->send_flags & IBV_SEND_INLINE); k++)
 			bytes += e->sge[k].length;
 		/* a zero-length write touches no remote memory: its key is not used */
-		if (!bytes)
+		if (!bytes || dflt)
 			wr.wr.rdma.rkey = e->rkey;
 		else if (remote_key(d, e->rkey, &wr.wr.rdma.rkey)) {
 			shift_debug("%s QP %u: no backup rkey for the peer's rkey %u (opcode %u, %lu bytes, flags %x)", d->dev, d->qpn, e->rkey, e->opcode, (unsigned long)bytes, e->send_flags);
@@ -184,19 +261,27 @@ static int post_bk_send(struct shift_dqp *d, uint64_t idx)
 		wr.wr.atomic.remote_addr = e->remote_addr;
 		wr.wr.atomic.compare_add = e->compare_add;
 		wr.wr.atomic.swap = e->swap;
-		if (remote_key(d, e->rkey, &wr.wr.atomic.rkey)) {
+		wr.wr.atomic.rkey = e->rkey;
+		if (!dflt && remote_key(d, e->rkey, &wr.wr.atomic.rkey)) {
 			shift_debug("%s QP %u: no backup rkey for the peer's rkey %u (atomic)", d->dev, d->qpn,
 				    e->rkey);
 			return -1;
 		}
 	}
-	int rc = ibv_post_send(d->bk, &wr, &bad);
+	int rc = dflt ? d->prov_post_send(d->qp, &wr, &bad) : ibv_post_send(d->bk, &wr, &bad);
 	if (rc) {
-		shift_debug("%s QP %u: backup post_send: %s", d->dev, d->qpn, strerror(rc));
+		shift_debug("%s QP %u: %s post_send: %s", d->dev, d->qpn, dflt ? "default" : "backup",
+			    strerror(rc));
 		return -1;
 	}
-	d->retransmitted++;
+	if (!dflt)
+		d->retransmitted++;
 	return 0;
+}
+
+static int post_bk_send(struct shift_dqp *d, uint64_t idx)
+{
+	return post_mirrored(d, idx, false);
 }
 
 static int post_bk_recv(struct shift_dqp *d, uint64_t idx)
@@ -306,6 +391,37 @@ static void fail_connection(struct shift_ctx *s, struct shift_dqp *d, struct out
 	d->recv_state = SHIFT_RECV_DEFAULT;
 }
 
+static void poll_backup(struct shift_ctx *s, struct shift_cq *c, struct out *o, bool app);
+
+/*
+ * Both directions are off the backup QP: flush its stale receives (their
+ * completions are dropped: the QP is no longer on the failed-over list),
+ * then reset and reconnect it with a fresh control receive. Its CQs locked.
+ */
+static int rearm_backup(struct shift_ctx *s, struct shift_dqp *d)
+{
+	struct ibv_qp_attr a = { .qp_state = IBV_QPS_ERR };
+	struct shift_cq *cs[2] = { d->scq, d->rcq != d->scq ? d->rcq : NULL };
+
+	fo_remove(s, d);
+	shift_lower->modify_qp(d->bk, &a, IBV_QP_STATE);
+	for (int k = 0; k < 2; k++) {
+		if (!cs[k])
+			continue;
+		struct out o = { .wc = NULL, .n = 0, .max = 0, .c = cs[k] };
+		poll_backup(s, cs[k], &o, false);
+	}
+	d->handshake_done = false;
+	d->ctrl_sent = false;
+	if (shift_shadow_rearm(s->rnic, d->shadow, (unsigned)d->failovers)) {
+		give_up(d, "its backup QP could not be re-armed after the failback");
+		return -1;
+	}
+	d->need_rearm = false;
+	d->last_switch_s = (uint64_t)time(NULL);
+	return 0;
+}
+
 /*
  * My side of the handshake: stop the default QP, account for everything it
  * completed, repost my outstanding receives on the backup, and tell the peer
@@ -330,13 +446,30 @@ static int start(struct shift_ctx *s, struct shift_dqp *d, struct out *o)
 		give_up(d, "its backup QP is not ready");
 		return -1;
 	}
-	if (s->nfo == SHIFT_MAX_FO) {
+	if (d->need_rearm) {
+		/* failed again right after a failback: the backup QP can be
+		 * re-armed now if neither direction still uses it */
+		if (d->recv_state != SHIFT_RECV_DEFAULT) {
+			give_up(d, "it failed again while the peer's sends were still on the backup QP");
+			return -1;
+		}
+		if (rearm_backup(s, d))
+			return -1;
+	}
+	if (fo_add(s, d)) {
 		give_up(d, "too many failed-over QPs in this context");
 		return -1;
 	}
 	d->bk = d->shadow->bk;
 	shift_lower->modify_qp(d->qp, &a, IBV_QP_STATE);
-	s->fo[s->nfo++] = d;
+	d->t_error_us = mono_us();
+	d->switch_us = d->fallback_us = 0;
+	d->dflt = SHIFT_DFLT_ERR;
+	d->probe_fails = 0;
+	d->probe_at = fb_now() + probe_wait(d);
+	d->need_rearm = true;
+	d->notify_pending = false;
+	d->last_switch_s = (uint64_t)time(NULL);
 	__atomic_store_n(&s->slow, true, __ATOMIC_RELEASE);
 	shift_dqp_lock(d);
 	d->send_state = SHIFT_SEND_FALLBACK;
@@ -415,8 +548,9 @@ static void retransmit(struct shift_dqp *d, struct out *o)
 		}
 	}
 	shift_dqp_unlock(d);
-	shift_info("%s QP %u: on backup QP %u, %lu WRs retransmitted", d->dev, d->qpn, d->bk->qp_num,
-		   d->retransmitted);
+	d->switch_us = mono_us() - d->t_error_us;
+	shift_info("%s QP %u: on backup QP %u, %lu WRs retransmitted, switch time %llu us", d->dev,
+		   d->qpn, d->bk->qp_num, d->retransmitted, (unsigned long long)d->switch_us);
 }
 
 /* The peer's handshake message arrived for d. */
@@ -448,6 +582,285 @@ static void on_ctrl(struct shift_ctx *s, struct shift_dqp *d, struct out *o)
 		retransmit(d, o);
 }
 
+/* ---- failing back (SHIFT paper §4.3.3) ------------------------------------
+ *
+ * The background thread resets a failed default QP to the attributes the
+ * application gave it (PSNs advanced by the connection's failover count,
+ * the same at both ends) once its port is ACTIVE again, posts SHIFT's
+ * receive for the peer's notification and probes the path with an empty
+ * RDMA WRITE. A probe that fails leaves the QP in ERR: reset and probe
+ * again later (backoff). A probe that succeeds moves the send side to
+ * WaitSignaled: the next signaled WR (or the last outstanding one, if
+ * signaled) is the fence; WRs posted after it are held in the mirror
+ * (WaitDrained) until it completes on the backup, then a notification
+ * (WRITE_WITH_IMM carrying my receive-consumer count) goes out on the
+ * default QP, followed by the held WRs: send state Default. The peer, on
+ * the notification, waits until its backup receive completions reach that
+ * count and reposts its remaining receives on its default QP (receive
+ * state Default). Once both directions are back, the backup QP (stale
+ * receives, consumed control receive) is reset and reconnected.
+ */
+
+static void poll_backup(struct shift_ctx *s, struct shift_cq *c, struct out *o, bool app);
+
+static bool port_active(struct shift_ctx *s, struct shift_dqp *d)
+{
+	struct ibv_port_attr pa;
+	uint8_t port = d->shadow && d->shadow->attr.port_num ? d->shadow->attr.port_num : 1;
+
+	memset(&pa, 0, sizeof(pa));
+	return shift_lower->query_port(s->ibctx, port, &pa) == 0 && pa.state == IBV_PORT_ACTIVE;
+}
+
+static int reset_default(struct shift_ctx *s, struct shift_dqp *d)
+{
+	struct shift_rnic *r = s->rnic;
+	struct ibv_qp_attr app, a;
+	struct ibv_recv_wr rwr = { .wr_id = SHIFT_WRID_CTRL_RECV }, *rbad;
+	uint32_t off = (uint32_t)(d->failovers * 0x9e3779u) & 0xffffff;
+	const int need = IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS | IBV_QP_AV |
+			 IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN | IBV_QP_SQ_PSN;
+	int mask;
+
+	pthread_mutex_lock(&r->lock);
+	app = d->shadow->attr;
+	mask = d->shadow->attr_mask;
+	pthread_mutex_unlock(&r->lock);
+	if ((mask & need) != need)
+		return -1;
+	memset(&a, 0, sizeof(a));
+	a.qp_state = IBV_QPS_RESET;
+	if (shift_lower->modify_qp(d->qp, &a, IBV_QP_STATE))
+		return -1;
+	a.qp_state = IBV_QPS_INIT;
+	a.pkey_index = app.pkey_index;
+	a.port_num = app.port_num;
+	a.qp_access_flags = app.qp_access_flags;
+	if (shift_lower->modify_qp(d->qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT |
+				   IBV_QP_ACCESS_FLAGS))
+		return -1;
+	/* the peer's failback notification consumes this, ahead of the
+	 * application's receives reposted after it */
+	if (d->prov_post_recv(d->qp, &rwr, &rbad))
+		return -1;
+	memset(&a, 0, sizeof(a));
+	a.qp_state = IBV_QPS_RTR;
+	a.ah_attr = app.ah_attr;
+	a.path_mtu = app.path_mtu;
+	a.dest_qp_num = app.dest_qp_num;
+	a.rq_psn = (app.rq_psn + off) & 0xffffff;
+	a.max_dest_rd_atomic = (mask & IBV_QP_MAX_DEST_RD_ATOMIC) ? app.max_dest_rd_atomic : 1;
+	a.min_rnr_timer = (mask & IBV_QP_MIN_RNR_TIMER) ? app.min_rnr_timer : 12;
+	if (shift_lower->modify_qp(d->qp, &a, IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU |
+				   IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
+				   IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER))
+		return -1;
+	memset(&a, 0, sizeof(a));
+	a.qp_state = IBV_QPS_RTS;
+	a.sq_psn = (app.sq_psn + off) & 0xffffff;
+	a.timeout = (mask & IBV_QP_TIMEOUT) ? app.timeout : 14;
+	a.retry_cnt = shift_provider_retry_cnt(d->qp->context,
+					       (mask & IBV_QP_RETRY_CNT) ? app.retry_cnt : 7);
+	a.rnr_retry = (mask & IBV_QP_RNR_RETRY) ? app.rnr_retry : 7;
+	a.max_rd_atomic = (mask & IBV_QP_MAX_QP_RD_ATOMIC) ? app.max_rd_atomic : 1;
+	return shift_lower->modify_qp(d->qp, &a, IBV_QP_STATE | IBV_QP_SQ_PSN | IBV_QP_TIMEOUT |
+				      IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY |
+				      IBV_QP_MAX_QP_RD_ATOMIC) ? -1 : 0;
+}
+
+static int post_probe(struct shift_dqp *d)
+{
+	struct ibv_send_wr wr, *bad;
+
+	memset(&wr, 0, sizeof(wr));
+	wr.wr_id = SHIFT_WRID_PROBE;
+	wr.opcode = IBV_WR_RDMA_WRITE;
+	wr.send_flags = IBV_SEND_SIGNALED;
+	return d->prov_post_send(d->qp, &wr, &bad);
+}
+
+static void set_send_state(struct shift_dqp *d, enum shift_send_state st)
+{
+	__atomic_store_n(&d->send_state, st, __ATOMIC_RELEASE);
+}
+
+/* The default path failed again before the switch: the WRs held for it go
+ * to the backup after all. post_lock held. */
+static void fallback_again(struct shift_dqp *d)
+{
+	uint64_t first = d->send_state == SHIFT_SEND_WAIT_DRAINED ? d->fence + 1 : d->sq_head;
+
+	set_send_state(d, SHIFT_SEND_FALLBACK);
+	d->dflt = SHIFT_DFLT_ERR;
+	d->probe_at = fb_now() + probe_wait(d);
+	for (uint64_t i = first; i < d->sq_head; i++) {
+		if (post_bk_send(d, i)) {
+			give_up(d, "cannot post a WR on the backup QP");
+			return;
+		}
+	}
+}
+
+/* Send side back to the default QP: the notification, then the held WRs.
+ * post_lock held. */
+static void switch_back(struct shift_dqp *d)
+{
+	uint64_t first = d->send_state == SHIFT_SEND_WAIT_DRAINED ? d->fence + 1 : d->sq_head;
+	uint64_t held = 0, i;
+	struct ibv_send_wr wr, *bad;
+
+	for (i = first; i < d->sq_head; i++)
+		held += shift_wr_consumes_recv(shift_dqp_swqe(d, i)->opcode);
+	memset(&wr, 0, sizeof(wr));
+	wr.wr_id = SHIFT_WRID_NOTIFY;
+	wr.opcode = IBV_WR_RDMA_WRITE_WITH_IMM;
+	wr.imm_data = htobe32(CTRL_COUNT((uint32_t)(d->recv_consumers_posted - held)));
+	if (d->prov_post_send(d->qp, &wr, &bad)) {
+		shift_info("%s QP %u: default QP refused the failback notification: staying on the backup",
+			   d->dev, d->qpn);
+		fallback_again(d);
+		return;
+	}
+	for (i = first; i < d->sq_head; i++) {
+		if (post_mirrored(d, i, true)) {
+			give_up(d, "the default QP refused a WR while failing back");
+			return;
+		}
+	}
+	set_send_state(d, SHIFT_SEND_DEFAULT);
+	d->failbacks++;
+	d->last_switch_s = (uint64_t)time(NULL);
+	shift_info("%s QP %u: sends back on the default QP (%llu held WRs posted there; failback %lu)",
+		   d->dev, d->qpn, (unsigned long long)(d->sq_head - first), d->failbacks);
+}
+
+/* The probe came back: the default path works in both directions. */
+static void probe_ok(struct shift_dqp *d)
+{
+	d->dflt = SHIFT_DFLT_OK;
+	d->probe_fails = 0;
+	shift_info("%s QP %u: default path answers again (probe)", d->dev, d->qpn);
+	shift_dqp_lock(d);
+	if (d->send_state == SHIFT_SEND_FALLBACK) {
+		uint64_t m = d->sq_size - 1;
+
+		if (d->sq_tail == d->sq_head) {
+			switch_back(d);
+		} else if (d->sig_head != d->sig_tail && d->sig[(d->sig_head - 1) & m] == d->sq_head - 1) {
+			/* the last outstanding WR is signaled: it is the fence */
+			d->fence = d->sq_head - 1;
+			set_send_state(d, SHIFT_SEND_WAIT_DRAINED);
+		} else {
+			set_send_state(d, SHIFT_SEND_WAIT_SIGNALED);
+		}
+	}
+	shift_dqp_unlock(d);
+}
+
+/* The peer's notification arrived on my default QP: once its backup sends
+ * are all accounted for, my remaining receives move to the default QP. */
+static void try_notify(struct shift_dqp *d)
+{
+	uint32_t behind = CTRL_COUNT(d->notify_count - (uint32_t)d->rq_tail);
+
+	if (!d->notify_pending)
+		return;
+	if (behind && behind < (1u << 30))
+		return; /* backup receive completions still to come */
+	if (behind)
+		shift_warn("%s QP %u: consumed more receives (%u) than the peer sent on the backup (%u)",
+			   d->dev, d->qpn, CTRL_COUNT((uint32_t)d->rq_tail), d->notify_count);
+	shift_dqp_lock(d);
+	for (uint64_t i = d->rq_tail; i < d->rq_head; i++) {
+		struct shift_rwqe *e = shift_dqp_rwqe(d, i);
+		struct ibv_recv_wr wr = { .wr_id = e->wr_id, .sg_list = e->sge,
+					  .num_sge = (int)e->num_sge }, *bad;
+
+		if (d->prov_post_recv(d->qp, &wr, &bad)) {
+			shift_dqp_unlock(d);
+			give_up(d, "the default QP refused a receive while failing back");
+			return;
+		}
+	}
+	d->notify_pending = false;
+	__atomic_store_n(&d->recv_state, SHIFT_RECV_DEFAULT, __ATOMIC_RELEASE);
+	shift_dqp_unlock(d);
+	shift_info("%s QP %u: receives back on the default QP (%llu reposted)", d->dev, d->qpn,
+		   (unsigned long long)(d->rq_head - d->rq_tail));
+}
+
+/* SHIFT's own completions on a default QP that has failed over. */
+static void on_default_ctrl(struct shift_ctx *s, struct shift_dqp *d, struct ibv_wc *wc,
+			    struct out *o)
+{
+	switch (wc->wr_id) {
+	case SHIFT_WRID_PROBE:
+		if (wc->status == IBV_WC_SUCCESS) {
+			probe_ok(d);
+		} else {
+			d->dflt = SHIFT_DFLT_ERR;
+			d->probe_fails++;
+			d->probe_at = fb_now() + probe_wait(d);
+			shift_debug("%s QP %u: probe failed (%d)", d->dev, d->qpn, (int)wc->status);
+		}
+		return;
+	case SHIFT_WRID_CTRL_RECV:
+		if (wc->status != IBV_WC_SUCCESS || d->recv_state != SHIFT_RECV_FALLBACK)
+			return; /* flushed by a failed probe */
+		d->notify_count = CTRL_COUNT(be32toh(wc->imm_data));
+		d->notify_pending = true;
+		if (d->rcq)
+			poll_backup(s, d->rcq, o, false);
+		try_notify(d);
+		return;
+	default: /* the notification's own completion (sq_sig_all) */
+		return;
+	}
+}
+
+/* The background thread's failback work for one failed-over QP (its CQs
+ * locked). */
+static void failback_work(struct shift_ctx *s, struct shift_dqp *d, uint64_t now)
+{
+	struct ibv_wc tmp[TMP_WC];
+	int n;
+
+	/* completions on the default CQs: a passive application may never
+	 * poll them (the probe's, the peer's notification) */
+	struct shift_cq *cs[2] = { d->scq, d->rcq != d->scq ? d->rcq : NULL };
+	for (int k = 0; k < 2; k++) {
+		if (!cs[k])
+			continue;
+		struct out o = { .wc = NULL, .n = 0, .max = 0, .c = cs[k] };
+		while ((n = s->poll_cq(cs[k]->app, TMP_WC, tmp)) > 0)
+			for (int i = 0; i < n; i++)
+				from_default(s, &tmp[i], &o);
+	}
+	if (d->send_state == SHIFT_SEND_UNPROTECTED)
+		return;
+	if (d->send_state == SHIFT_SEND_FALLBACK && d->handshake_done && shift_config.probe_ms &&
+	    d->dflt == SHIFT_DFLT_ERR && now >= d->probe_at) {
+		int rc = -1;
+
+		if (port_active(s, d) && reset_default(s, d) == 0) {
+			shift_dqp_lock(d);
+			rc = post_probe(d);
+			shift_dqp_unlock(d);
+		}
+		if (rc == 0) {
+			d->dflt = SHIFT_DFLT_PROBING;
+		} else {
+			d->probe_fails++;
+			d->probe_at = now + probe_wait(d);
+		}
+	}
+	if (d->need_rearm && d->send_state == SHIFT_SEND_DEFAULT &&
+	    d->recv_state == SHIFT_RECV_DEFAULT && rearm_backup(s, d) == 0)
+		shift_info("%s QP %u: back on the default QP in both directions, backup QP %u re-armed "
+			   "(failovers %lu, failbacks %lu)", d->dev, d->qpn, d->bk->qp_num, d->failovers,
+			   d->failbacks);
+}
+
 /* ---- polling ---------------------------------------------------------------- */
 
 /* A completion from a default CQ, in the slow path. */
@@ -455,6 +868,13 @@ static void from_default(struct shift_ctx *s, struct ibv_wc *wc, struct out *o)
 {
 	struct shift_dqp *d = shift_dqp_by_qpn(s, wc->qp_num);
 
+	if (d && d->failovers && (wc->wr_id & ~0xfull) == (SHIFT_WRID_CTRL_RECV & ~0xfull) &&
+	    (wc->wr_id & 0xf) - 1 < 4) {
+		/* SHIFT's own (probe, notification) never reach the application */
+		if (d->send_state != SHIFT_SEND_UNPROTECTED)
+			on_default_ctrl(s, d, wc, o);
+		return;
+	}
 	if (!d || d->send_state == SHIFT_SEND_UNPROTECTED) {
 		emit(o, wc);
 		return;
@@ -514,13 +934,30 @@ static void from_backup(struct shift_ctx *s, struct ibv_wc *wc, struct out *o, b
 		wc->wr_id = shift_dqp_swqe(d, idx)->wr_id;
 	}
 	wc->qp_num = d->qpn;
-	if (wc->status == IBV_WC_SUCCESS)
+	if (wc->status == IBV_WC_SUCCESS) {
 		shift_dqp_retire(d, wc);
-	else if (wc->status != IBV_WC_WR_FLUSH_ERR || d->send_state != SHIFT_SEND_UNPROTECTED) {
+		if (!d->fallback_us && d->t_error_us) {
+			d->fallback_us = mono_us() - d->t_error_us;
+			if (!d->fallback_us)
+				d->fallback_us = 1;
+			shift_info("%s QP %u: failover-timing dev=%s qp=%u switch_us=%llu fallback_us=%llu",
+				   d->dev, d->qpn, d->dev, d->qpn, (unsigned long long)d->switch_us,
+				   (unsigned long long)d->fallback_us);
+		}
+	} else if (wc->status != IBV_WC_WR_FLUSH_ERR || d->send_state != SHIFT_SEND_UNPROTECTED) {
 		shift_debug("%s QP %u: backup completion error %d", d->dev, d->qpn, wc->status);
 		give_up(d, "the backup path failed too");
 	}
 	emit(o, wc);
+	if (d->send_state == SHIFT_SEND_WAIT_DRAINED && d->sq_tail > d->fence) {
+		/* the fence completed: everything before it has executed */
+		shift_dqp_lock(d);
+		if (d->send_state == SHIFT_SEND_WAIT_DRAINED)
+			switch_back(d);
+		shift_dqp_unlock(d);
+	}
+	if (d->notify_pending)
+		try_notify(d);
 }
 
 static void poll_backup(struct shift_ctx *s, struct shift_cq *c, struct out *o, bool app)
@@ -608,9 +1045,7 @@ void shift_failover_background(struct shift_ctx *s)
 	 * poll of the application can still be inside the fast path (it is a
 	 * few hundred instructions), so the default CQ is ours under dp_lock.
 	 */
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	uint64_t now = (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
+	uint64_t now = mono_us() / 1000u;
 	for (int i = 0; i < SHIFT_DQP_BUCKETS; i++) {
 		for (struct shift_dqp *d = __atomic_load_n(&s->dqp[i], __ATOMIC_ACQUIRE); d;
 		     d = d->next_in_bucket) {
@@ -638,6 +1073,53 @@ void shift_failover_background(struct shift_ctx *s)
 			pthread_mutex_unlock(&c1->dp_lock);
 		}
 	}
+
+	/* failback: probes, switching back, re-arming the backup */
+	if (shift_shadow_sync)
+		sync_passes++;
+	uint64_t fbt = fb_now();
+	int nfo = __atomic_load_n(&s->nfo, __ATOMIC_ACQUIRE);
+	for (int i = 0; i < nfo; i++) {
+		struct shift_dqp *d = __atomic_load_n(&s->fo[i], __ATOMIC_ACQUIRE);
+
+		if (!d || !d->scq)
+			continue;
+		/* the application may be inside the fast path of a poll that
+		 * started before the context went slow: let it finish */
+		if (!shift_shadow_sync && now - d->t_error_us / 1000u < SHIFT_BG_GRACE_MS)
+			continue;
+		struct shift_cq *c1 = d->scq, *c2 = d->rcq && d->rcq != d->scq ? d->rcq : NULL;
+		if (c2 && c2 < c1) {
+			struct shift_cq *t = c1;
+			c1 = c2;
+			c2 = t;
+		}
+		pthread_mutex_lock(&c1->dp_lock);
+		if (c2)
+			pthread_mutex_lock(&c2->dp_lock);
+		failback_work(s, d, fbt);
+		if (c2)
+			pthread_mutex_unlock(&c2->dp_lock);
+		pthread_mutex_unlock(&c1->dp_lock);
+	}
+	/* nothing failed over any more: polls take the fast path again once
+	 * every completion SHIFT kept has been handed out */
+	if (__atomic_load_n(&s->slow, __ATOMIC_ACQUIRE) && !__atomic_load_n(&s->nfo, __ATOMIC_ACQUIRE)) {
+		bool quiet = true;
+
+		for (struct shift_cq *c = head; c && quiet; c = c->next) {
+			pthread_mutex_lock(&c->dp_lock);
+			quiet = c->kept_head == c->kept_tail;
+			pthread_mutex_unlock(&c->dp_lock);
+		}
+		for (int i = 0; quiet && i < SHIFT_DQP_BUCKETS; i++)
+			for (struct shift_dqp *d = __atomic_load_n(&s->dqp[i], __ATOMIC_ACQUIRE); d;
+			     d = d->next_in_bucket)
+				if (d->ctrl_pending)
+					quiet = false;
+		if (quiet)
+			__atomic_store_n(&s->slow, false, __ATOMIC_RELEASE);
+	}
 }
 
 /* ---- posting while failed over --------------------------------------------- */
@@ -651,10 +1133,21 @@ int shift_post_send_fallback(struct shift_dqp *d, struct ibv_send_wr *wr,
 		*bad_wr = wr;
 		return ENOMEM;
 	}
-	if (!d->handshake_done)
-		return 0; /* held: retransmit() posts them after the handshake */
+	if (!d->handshake_done || d->send_state == SHIFT_SEND_WAIT_DRAINED)
+		return 0; /* held: retransmit() or switch_back() posts them */
 	for (uint64_t i = head; i < d->sq_head; i++) {
+		struct shift_swqe *e = shift_dqp_swqe(d, i);
+		bool fence = d->send_state == SHIFT_SEND_WAIT_SIGNALED &&
+			     ((e->send_flags & IBV_SEND_SIGNALED) || d->sq_sig_all);
+
+		/* the fence: set before it can complete; what follows it is held */
+		if (fence) {
+			d->fence = i;
+			set_send_state(d, SHIFT_SEND_WAIT_DRAINED);
+		}
 		if (post_bk_send(d, i)) {
+			if (fence)
+				set_send_state(d, SHIFT_SEND_WAIT_SIGNALED);
 			/* report the first WR that did not go out */
 			struct ibv_send_wr *w = wr;
 
@@ -664,6 +1157,8 @@ int shift_post_send_fallback(struct shift_dqp *d, struct ibv_send_wr *wr,
 			*bad_wr = w;
 			return EIO;
 		}
+		if (fence)
+			break;
 	}
 	return 0;
 }
@@ -677,6 +1172,8 @@ int shift_post_recv_fallback(struct shift_dqp *d, struct ibv_recv_wr *wr,
 		*bad_wr = wr;
 		return ENOMEM;
 	}
+	if (d->notify_pending)
+		return 0; /* try_notify() posts them on the default QP */
 	for (uint64_t i = head; i < d->rq_head; i++) {
 		if (post_bk_recv(d, i)) {
 			struct ibv_recv_wr *w = wr;

@@ -21,6 +21,7 @@
 #include "shift/shift.h"
 #include "shift/failover.h"
 #include "kv/kv.h"
+#include "providers/quirks.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -630,7 +631,8 @@ static void replay_qp(struct shift_rnic *r, struct shift_qp *q)
 		a.qp_state = IBV_QPS_RTS;
 		a.sq_psn = q->my_bk.psn;
 		a.timeout = (app_mask & IBV_QP_TIMEOUT) ? app.timeout : 14;
-		a.retry_cnt = (app_mask & IBV_QP_RETRY_CNT) ? app.retry_cnt : 7;
+		a.retry_cnt = shift_provider_retry_cnt(r->bk_ctx,
+						       (app_mask & IBV_QP_RETRY_CNT) ? app.retry_cnt : 7);
 		a.rnr_retry = (app_mask & IBV_QP_RNR_RETRY) ? app.rnr_retry : 7;
 		a.max_rd_atomic = (app_mask & IBV_QP_MAX_QP_RD_ATOMIC) ? app.max_rd_atomic : 1;
 		mask = IBV_QP_STATE | IBV_QP_SQ_PSN | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT |
@@ -655,6 +657,74 @@ static void replay_qp(struct shift_rnic *r, struct shift_qp *q)
 		shift_info("%s: QP %u shadowed by %s QP %u (RTS; peer backup QP %u)", r->name,
 			   q->app_qpn, r->bk_name, q->bk->qp_num, q->peer_bk.qpn);
 	}
+}
+
+/*
+ * Re-arm a backup QP after a failback (shift/failover.c): its receive queue
+ * still holds receives the application has since reposted on the default
+ * QP, and its control receive was consumed by the handshake. Reset it and
+ * connect it again, with PSNs advanced by gen (both ends use the same gen:
+ * the connection's failover count), and post a fresh control receive.
+ * Called on the RNIC's thread (it owns the backup fields). 0 or -1.
+ */
+int shift_shadow_rearm(struct shift_rnic *r, struct shift_qp *q, unsigned gen)
+{
+	struct ibv_qp_attr a;
+	uint32_t off = (gen * 0x3b9ac9u) & 0xffffff;
+	struct ibv_recv_wr rwr = { .wr_id = SHIFT_WRID_CTRL_RECV }, *bad;
+
+	pthread_mutex_lock(&r->lock);
+	struct ibv_qp_attr app = q->attr;
+	int app_mask = q->attr_mask;
+	pthread_mutex_unlock(&r->lock);
+	if (!q->bk || q->bk_state != IBV_QPS_RTS)
+		return -1;
+	memset(&a, 0, sizeof(a));
+	a.qp_state = IBV_QPS_RESET;
+	if (shift_lower->modify_qp(q->bk, &a, IBV_QP_STATE))
+		return -1;
+	q->bk_state = IBV_QPS_RESET;
+	memset(&a, 0, sizeof(a));
+	a.qp_state = IBV_QPS_INIT;
+	a.pkey_index = app.pkey_index;
+	a.port_num = bk_port(q);
+	a.qp_access_flags = app.qp_access_flags;
+	if (shift_lower->modify_qp(q->bk, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT |
+				   IBV_QP_ACCESS_FLAGS))
+		return -1;
+	q->bk_state = IBV_QPS_INIT;
+	if (ibv_post_recv(q->bk, &rwr, &bad))
+		return -1;
+	memset(&a, 0, sizeof(a));
+	a.qp_state = IBV_QPS_RTR;
+	a.path_mtu = q->peer_bk.mtu < q->my_bk.mtu ? q->peer_bk.mtu : q->my_bk.mtu;
+	a.dest_qp_num = q->peer_bk.qpn;
+	a.rq_psn = (q->peer_bk.psn + off) & 0xffffff;
+	a.max_dest_rd_atomic = (app_mask & IBV_QP_MAX_DEST_RD_ATOMIC) ? app.max_dest_rd_atomic : 1;
+	a.min_rnr_timer = (app_mask & IBV_QP_MIN_RNR_TIMER) ? app.min_rnr_timer : 12;
+	a.ah_attr = app.ah_attr;
+	a.ah_attr.grh.dgid = q->peer_bk.gid;
+	a.ah_attr.port_num = bk_port(q);
+	a.ah_attr.dlid = 0;
+	if (shift_lower->modify_qp(q->bk, &a, IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU |
+				   IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
+				   IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER))
+		return -1;
+	q->bk_state = IBV_QPS_RTR;
+	memset(&a, 0, sizeof(a));
+	a.qp_state = IBV_QPS_RTS;
+	a.sq_psn = (q->my_bk.psn + off) & 0xffffff;
+	a.timeout = (app_mask & IBV_QP_TIMEOUT) ? app.timeout : 14;
+	a.retry_cnt = shift_provider_retry_cnt(r->bk_ctx,
+					       (app_mask & IBV_QP_RETRY_CNT) ? app.retry_cnt : 7);
+	a.rnr_retry = (app_mask & IBV_QP_RNR_RETRY) ? app.rnr_retry : 7;
+	a.max_rd_atomic = (app_mask & IBV_QP_MAX_QP_RD_ATOMIC) ? app.max_rd_atomic : 1;
+	if (shift_lower->modify_qp(q->bk, &a, IBV_QP_STATE | IBV_QP_SQ_PSN | IBV_QP_TIMEOUT |
+				   IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY |
+				   IBV_QP_MAX_QP_RD_ATOMIC))
+		return -1;
+	q->bk_state = IBV_QPS_RTS;
+	return 0;
 }
 
 static void kv_del(struct shift_rnic *r, const char *key)

@@ -169,6 +169,10 @@ void shift_shadow_qp_modified(struct shift_rnic *r, struct ibv_qp *qp,
 			      const struct ibv_qp_attr *attr, int mask);
 void shift_shadow_qp_gone(struct shift_rnic *r, struct ibv_qp *qp);
 
+/* Reset and reconnect a backup QP after a failback, PSNs advanced by gen
+ * (shift/failover.c; on the RNIC's thread). 0 or -1. */
+int shift_shadow_rearm(struct shift_rnic *r, struct shift_qp *q, unsigned gen);
+
 /* Run one replay pass now, on the caller's thread (tests). Returns the
  * number of objects still pending. */
 int shift_rnic_pass(struct shift_rnic *r);

@@ -9,6 +9,7 @@
  * unprotected.
  */
 #include "shift/shift.h"
+#include "providers/quirks.h"
 #include "shift/shadow.h"
 
 #include <stdlib.h>
@@ -283,7 +284,18 @@ struct ibv_qp *shift_ibv_create_qp(struct ibv_pd *pd,
 int shift_ibv_modify_qp(struct ibv_qp *qp, struct ibv_qp_attr *attr,
 			int attr_mask)
 {
-	int rc = L->modify_qp(qp, attr, attr_mask);
+	struct ibv_qp_attr fixed;
+	int rc;
+
+	/* a retry count the provider would turn into "forever" (rxe's 7) */
+	if (qp && attr && (attr_mask & IBV_QP_RETRY_CNT) && attr->retry_cnt >= 7 &&
+	    qp->qp_type == IBV_QPT_RC && rnic_of(qp->context)) {
+		fixed = *attr;
+		fixed.retry_cnt = shift_provider_retry_cnt(qp->context, attr->retry_cnt);
+		rc = L->modify_qp(qp, &fixed, attr_mask);
+	} else {
+		rc = L->modify_qp(qp, attr, attr_mask);
+	}
 	struct shift_rnic *r = !rc && qp ? rnic_of(qp->context) : NULL;
 
 	if (!rc && (attr_mask & IBV_QP_STATE) &&
