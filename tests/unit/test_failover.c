@@ -177,6 +177,91 @@ static void test_sends_survive_with_receives_in_order(void **state)
 	}
 }
 
+/* Network, background passes and both applications' polls for a fixed
+ * number of rounds: the recovery probe runs every few passes, so waiting
+ * for "idle" is not enough here. */
+static void drive_rounds(int rounds, struct ibv_wc *wa, int max_a, int *na, struct ibv_wc *wb,
+			 int max_b, int *nb)
+{
+	for (int r = 0; r < rounds; r++) {
+		sim_world_step(world);
+		shift_rnic_pass_all();
+		if (*na < max_a && ibv_poll_cq(a.cq, 1, wa + *na) > 0)
+			(*na)++;
+		if (*nb < max_b && ibv_poll_cq(b.cq, 1, wb + *nb) > 0)
+			(*nb)++;
+	}
+}
+
+static void post_sends(int from, int to)
+{
+	for (int i = from; i < to; i++) {
+		struct ibv_sge ss = { .addr = (uintptr_t)a.buf + 64 * i, .length = 64, .lkey = a.mr->lkey };
+		struct ibv_send_wr swr = { .wr_id = 700 + i, .sg_list = &ss, .num_sge = 1,
+					   .opcode = IBV_WR_SEND, .send_flags = IBV_SEND_SIGNALED }, *bad;
+		memset(a.buf + 64 * i, 'A' + i, 64);
+		assert_int_equal(ibv_post_send(a.qp, &swr, &bad), 0);
+	}
+}
+
+/*
+ * Failover, recovery, failback: after the default NIC comes back, both
+ * directions return to the default QPs and the backups are re-armed. Proof
+ * that later traffic really runs on the default NICs: both backup NICs are
+ * killed before it is posted, and it still completes, in order, with the
+ * receives the application posted while failed over.
+ */
+static void test_failback_after_recovery(void **state)
+{
+	struct ibv_wc wa[64], wb[64];
+	int na = 0, nb = 0;
+	struct ibv_recv_wr *bad_r;
+	(void)state;
+
+	for (int i = 0; i < 24; i++) {
+		struct ibv_sge rs = { .addr = (uintptr_t)b.buf + 64 * i, .length = 64, .lkey = b.mr->lkey };
+		struct ibv_recv_wr rwr = { .wr_id = 500 + i, .sg_list = &rs, .num_sge = 1 };
+		assert_int_equal(ibv_post_recv(b.qp, &rwr, &bad_r), 0);
+	}
+	post_sends(0, 4);
+	sim_dev_kill(sim_host_dev(host[0], 0), 0);
+	post_sends(4, 8);
+	drive(wa, 64, &na, wb, 64, &nb);
+	assert_int_equal(na, 8);
+	assert_int_equal(nb, 8);
+	struct shift_dqp *da = shift_dqp_of_qp(a.qp), *db = shift_dqp_of_qp(b.qp);
+	assert_non_null(da);
+	assert_non_null(db);
+	assert_int_equal(da->failovers, 1);
+	assert_int_not_equal(da->send_state, SHIFT_SEND_DEFAULT);
+
+	sim_dev_revive(sim_host_dev(host[0], 0));
+	drive_rounds(4000, wa, 64, &na, wb, 64, &nb);
+	assert_int_equal(da->send_state, SHIFT_SEND_DEFAULT);
+	assert_int_equal(da->recv_state, SHIFT_RECV_DEFAULT);
+	assert_int_equal(db->send_state, SHIFT_SEND_DEFAULT);
+	assert_int_equal(db->recv_state, SHIFT_RECV_DEFAULT);
+	assert_int_equal(da->failbacks, 1);
+	assert_false(da->need_rearm);
+	assert_false(db->need_rearm);
+
+	sim_dev_kill(sim_host_dev(host[0], 1), 0);
+	sim_dev_kill(sim_host_dev(host[1], 1), 0);
+	post_sends(8, 16);
+	drive(wa, 64, &na, wb, 64, &nb);
+	assert_int_equal(na, 16);
+	assert_int_equal(nb, 16);
+	for (int i = 0; i < 16; i++) {
+		assert_int_equal(wa[i].status, IBV_WC_SUCCESS);
+		assert_int_equal(wa[i].wr_id, 700 + i);
+		assert_int_equal(wb[i].status, IBV_WC_SUCCESS);
+		assert_int_equal(wb[i].wr_id, 500 + i);
+		assert_int_equal(wb[i].qp_num, b.qp->qp_num);
+		assert_int_equal(b.buf[64 * i], 'A' + i);
+	}
+	assert_int_equal(da->failovers, 1);
+}
+
 static void test_atomic_in_flight_surfaces(void **state)
 {
 	struct ibv_wc wa[128], wb[128];
@@ -223,6 +308,7 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_sends_survive_with_receives_in_order, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_atomic_in_flight_surfaces, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_qp_fatal_hidden, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_failback_after_recovery, setup, teardown),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }
