@@ -842,16 +842,20 @@ static void failback_work(struct shift_ctx *s, struct shift_dqp *d, uint64_t now
 	    d->dflt == SHIFT_DFLT_ERR && now >= d->probe_at) {
 		int rc = -1;
 
-		if (port_active(s, d) && reset_default(s, d) == 0) {
-			shift_dqp_lock(d);
-			rc = post_probe(d);
-			shift_dqp_unlock(d);
-		}
-		if (rc == 0) {
-			d->dflt = SHIFT_DFLT_PROBING;
+		if (!port_active(s, d)) {
+			d->probe_at = now + probe_wait(d); /* not a failed probe: no backoff */
 		} else {
-			d->probe_fails++;
-			d->probe_at = now + probe_wait(d);
+			if (reset_default(s, d) == 0) {
+				shift_dqp_lock(d);
+				rc = post_probe(d);
+				shift_dqp_unlock(d);
+			}
+			if (rc == 0) {
+				d->dflt = SHIFT_DFLT_PROBING;
+			} else {
+				d->probe_fails++;
+				d->probe_at = now + probe_wait(d);
+			}
 		}
 	}
 	if (d->need_rearm && d->send_state == SHIFT_SEND_DEFAULT &&
