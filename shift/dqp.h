@@ -139,7 +139,9 @@ struct shift_dqp {
 	uint64_t last_switch_s;       /* wall clock of the last transition */
 };
 
-enum { SHIFT_DFLT_OK, SHIFT_DFLT_ERR, SHIFT_DFLT_PROBING };
+/* the default QP while failed over: ERR (needs a reset), READY (reset,
+ * receptive to the peer's probe, mine not sent yet), PROBING, OK (answered) */
+enum { SHIFT_DFLT_OK, SHIFT_DFLT_ERR, SHIFT_DFLT_READY, SHIFT_DFLT_PROBING };
 
 static inline struct shift_swqe *shift_dqp_swqe(struct shift_dqp *d, uint64_t i)
 {

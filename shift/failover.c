@@ -71,12 +71,12 @@ static uint64_t fb_now(void)
 	return shift_shadow_sync ? sync_passes : mono_us() / 1000u;
 }
 
-/* Wait before the next reset + probe of a failed default path: the probe
- * period, doubled per failed probe up to 16 periods. */
+/* Wait before the next probe of a failed default path: the probe period,
+ * doubled per failed probe up to 8 periods. */
 static uint64_t probe_wait(const struct shift_dqp *d)
 {
 	uint64_t base = shift_shadow_sync ? 8 : (shift_config.probe_ms ? shift_config.probe_ms : 1);
-	unsigned sh = d->probe_fails < 4 ? d->probe_fails : 4;
+	unsigned sh = d->probe_fails < 3 ? d->probe_fails : 3;
 
 	return base << sh;
 }
@@ -838,24 +838,24 @@ static void failback_work(struct shift_ctx *s, struct shift_dqp *d, uint64_t now
 	}
 	if (d->send_state == SHIFT_SEND_UNPROTECTED)
 		return;
-	if (d->send_state == SHIFT_SEND_FALLBACK && d->handshake_done && shift_config.probe_ms &&
-	    d->dflt == SHIFT_DFLT_ERR && now >= d->probe_at) {
-		int rc = -1;
-
-		if (!port_active(s, d)) {
-			d->probe_at = now + probe_wait(d); /* not a failed probe: no backoff */
-		} else {
+	/* Keep the default QP reset (receptive to the peer's probe) whenever
+	 * its port is up; probe from it at the probe period, backing off. */
+	if (d->send_state == SHIFT_SEND_FALLBACK && d->handshake_done && shift_config.probe_ms) {
+		if (d->dflt == SHIFT_DFLT_ERR && port_active(s, d)) {
 			if (reset_default(s, d) == 0) {
-				shift_dqp_lock(d);
-				rc = post_probe(d);
-				shift_dqp_unlock(d);
-			}
-			if (rc == 0) {
-				d->dflt = SHIFT_DFLT_PROBING;
+				d->dflt = SHIFT_DFLT_READY;
 			} else {
 				d->probe_fails++;
 				d->probe_at = now + probe_wait(d);
 			}
+		}
+		if (d->dflt == SHIFT_DFLT_READY && now >= d->probe_at) {
+			shift_dqp_lock(d);
+			int rc = post_probe(d);
+			shift_dqp_unlock(d);
+			d->dflt = rc ? SHIFT_DFLT_ERR : SHIFT_DFLT_PROBING;
+			if (rc)
+				d->probe_at = now + probe_wait(d);
 		}
 	}
 	if (d->need_rearm && d->send_state == SHIFT_SEND_DEFAULT &&

@@ -36,6 +36,8 @@
  * (once) that the peer may not run SHIFT. It keeps waiting afterwards. */
 #define SHIFT_PEER_WARN_MS 10000
 #define SHIFT_PASS_PERIOD_MS 50
+#define SHIFT_FO_PERIOD_MS 10
+#define SHIFT_IDLE_PERIOD_MS 100
 /* replay waits for SHIFT_COALESCE_MS without new control verbs (at most
  * SHIFT_COALESCE_ROUNDS times) before it runs */
 #define SHIFT_COALESCE_MS 10
@@ -985,7 +987,13 @@ static void *rnic_main(void *arg)
 			continue;
 		struct timespec ts;
 		clock_gettime(CLOCK_REALTIME, &ts);
-		uint64_t ns = (uint64_t)ts.tv_nsec + (left ? SHIFT_PASS_PERIOD_MS : 1000) * 1000000ull;
+		/* replay pending: soon; a QP failed over (probes, failback): often;
+		 * else the idle period, which also bounds how long a passive
+		 * peer's handshake message waits for its answer */
+		uint64_t period = left ? SHIFT_PASS_PERIOD_MS :
+				  __atomic_load_n(&r->sctx->slow, __ATOMIC_ACQUIRE) ? SHIFT_FO_PERIOD_MS :
+										       SHIFT_IDLE_PERIOD_MS;
+		uint64_t ns = (uint64_t)ts.tv_nsec + period * 1000000ull;
 		ts.tv_sec += (time_t)(ns / 1000000000ull);
 		ts.tv_nsec = (long)(ns % 1000000000ull);
 		r->idle = true;
