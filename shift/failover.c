@@ -143,6 +143,12 @@ struct out {
 	struct ibv_wc *wc;
 	int n, max;
 	struct shift_cq *c;
+	/* completions already taken from c's default CQ and not filtered yet
+	 * (the rest of the batch being filtered): older than anything still
+	 * in the CQ, so a drain of c must filter them first */
+	struct ibv_wc *rest;
+	size_t nrest;
+	struct out *up; /* the caller's, when filtering inside a drain */
 };
 
 /* To the application now if its array has room, else kept for later. */
@@ -309,19 +315,47 @@ static void give_up(struct shift_dqp *d, const char *why)
 
 static void from_default(struct shift_ctx *s, struct ibv_wc *wc, struct out *o);
 
+/* Filter n completions taken from o->c's default CQ, in order. */
+static void from_default_batch(struct shift_ctx *s, struct ibv_wc *wc, size_t n, struct out *o)
+{
+	o->rest = wc;
+	o->nrest = n;
+	while (o->nrest) {
+		o->nrest--;
+		from_default(s, o->rest++, o);
+	}
+	o->rest = NULL;
+}
+
 /* Drain one default CQ after d's QP went to ERR. Everything in it goes
  * through the usual filter into the kept completions, in order: d's
  * successes are retired and kept, its errors dropped; another QP's error
- * may start that QP's own failover. */
-static void drain_default(struct shift_ctx *s, struct shift_cq *c)
+ * may start that QP's own failover. A caller filtering a batch taken from
+ * this CQ (the error that started this drain was in it) has not filtered
+ * the rest of it: those come first, before the receive counter is read. */
+static void drain_default(struct shift_ctx *s, struct shift_cq *c, struct out *up)
 {
 	struct ibv_wc *all = NULL, tmp[TMP_WC];
 	size_t n_all = 0, cap = 0;
 	int n;
 
+	for (struct out *p = up; p; p = p->up) {
+		if (p->c != c || !p->nrest)
+			continue;
+		all = malloc(p->nrest * sizeof(*all));
+		if (!all)
+			break;
+		memcpy(all, p->rest, p->nrest * sizeof(*all));
+		n_all = cap = p->nrest;
+		p->nrest = 0;
+		break; /* only the innermost batch of c can have a rest */
+	}
 	while ((n = s->poll_cq(c->app, TMP_WC, tmp)) > 0) {
 		if (n_all + (size_t)n > cap) {
 			size_t ncap = cap ? cap * 2 : 64;
+
+			while (ncap < n_all + (size_t)n)
+				ncap *= 2;
 			struct ibv_wc *na = realloc(all, ncap * sizeof(*na));
 
 			if (!na)
@@ -332,9 +366,8 @@ static void drain_default(struct shift_ctx *s, struct shift_cq *c)
 		memcpy(all + n_all, tmp, sizeof(*tmp) * (size_t)n);
 		n_all += (size_t)n;
 	}
-	struct out o = { .wc = NULL, .n = 0, .max = 0, .c = c };
-	for (size_t i = 0; i < n_all; i++)
-		from_default(s, &all[i], &o);
+	struct out o = { .wc = NULL, .n = 0, .max = 0, .c = c, .up = up };
+	from_default_batch(s, all, n_all, &o);
 	free(all);
 }
 
@@ -357,7 +390,7 @@ static int send_ctrl(struct shift_dqp *d, uint32_t imm)
  * was holding for the backup complete with a flush error too.
  */
 static void fail_connection(struct shift_ctx *s, struct shift_dqp *d, struct out *o,
-			    bool tell_peer)
+			    bool tell_peer, const struct ibv_wc *err)
 {
 	struct ibv_qp_attr a = { .qp_state = IBV_QPS_ERR };
 	bool held = d->send_state == SHIFT_SEND_FALLBACK;
@@ -377,6 +410,11 @@ static void fail_connection(struct shift_ctx *s, struct shift_dqp *d, struct out
 	for (uint64_t i = d->sq_tail; i < d->sq_head; i++) {
 		struct ibv_wc wc = { .wr_id = shift_dqp_swqe(d, i)->wr_id,
 				     .status = IBV_WC_WR_FLUSH_ERR, .qp_num = d->qpn };
+		/* the error that started it, in its place with its status */
+		if (err && i == d->sq_tail && err->wr_id == wc.wr_id) {
+			wc = *err;
+			err = NULL;
+		}
 		emit(o, &wc);
 	}
 	d->sq_tail = d->sq_head;
@@ -385,6 +423,10 @@ static void fail_connection(struct shift_ctx *s, struct shift_dqp *d, struct out
 		struct ibv_wc wc = { .wr_id = shift_dqp_rwqe(d, i)->wr_id,
 				     .status = IBV_WC_WR_FLUSH_ERR, .qp_num = d->qpn,
 				     .opcode = IBV_WC_RECV };
+		if (err && i == d->rq_tail && err->wr_id == wc.wr_id) {
+			wc = *err;
+			err = NULL;
+		}
 		emit(o, &wc);
 	}
 	d->rq_tail = d->rq_head;
@@ -427,20 +469,13 @@ static int rearm_backup(struct shift_ctx *s, struct shift_dqp *d)
  * completed, repost my outstanding receives on the backup, and tell the peer
  * my receive counter. Called with d's CQs locked.
  */
-static int start(struct shift_ctx *s, struct shift_dqp *d, struct out *o)
+static int start(struct shift_ctx *s, struct shift_dqp *d, struct out *o,
+		 const struct ibv_wc *err)
 {
 	struct ibv_qp_attr a = { .qp_state = IBV_QPS_ERR };
 
 	if (d->send_state != SHIFT_SEND_DEFAULT)
 		return 0;
-	for (uint64_t i = d->sq_tail; i < d->sq_head; i++) {
-		if (shift_wr_is_atomic(shift_dqp_swqe(d, i)->opcode)) {
-			d->atomic_boundary_hit = true;
-			give_up(d, "an atomic was in flight: retrying it could apply it twice");
-			fail_connection(s, d, o, true);
-			return -1;
-		}
-	}
 	if (!d->shadow || !d->scq || !d->rcq ||
 	    __atomic_load_n(&d->shadow->state, __ATOMIC_ACQUIRE) != SHIFT_SHADOW_READY) {
 		give_up(d, "its backup QP is not ready");
@@ -475,9 +510,23 @@ static int start(struct shift_ctx *s, struct shift_dqp *d, struct out *o)
 	d->send_state = SHIFT_SEND_FALLBACK;
 	d->recv_state = SHIFT_RECV_FALLBACK;
 	shift_dqp_unlock(d);
-	drain_default(s, d->scq);
+	drain_default(s, d->scq, o);
 	if (d->rcq != d->scq)
-		drain_default(s, d->rcq);
+		drain_default(s, d->rcq, o);
+	/* The boundary, judged only now: an atomic whose successful completion
+	 * was still in the default CQ is done, not in flight. The QP's error
+	 * and flush completions were dropped by the drain: the application
+	 * gets its outstanding WRs flushed (fail_connection, held). */
+	for (uint64_t i = d->sq_tail; i < d->sq_head; i++) {
+		if (shift_wr_is_atomic(shift_dqp_swqe(d, i)->opcode)) {
+			d->atomic_boundary_hit = true;
+			shift_warn("%s QP %u: cannot fail over (an atomic was in flight: retrying it "
+				   "could apply it twice): the error goes to the application",
+				   d->dev, d->qpn);
+			fail_connection(s, d, o, true, err);
+			return -2;
+		}
+	}
 	shift_dqp_lock(d);
 	d->handshake_done = false;
 	d->failovers++;
@@ -561,7 +610,7 @@ static void on_ctrl(struct shift_ctx *s, struct shift_dqp *d, struct out *o)
 		if (d->send_state != SHIFT_SEND_UNPROTECTED) {
 			shift_warn("%s QP %u: the peer cannot fail over (an atomic was in flight): "
 				   "the connection fails for the application", d->dev, d->qpn);
-			fail_connection(s, d, o, false);
+			fail_connection(s, d, o, false, NULL);
 		}
 		return;
 	}
@@ -576,7 +625,7 @@ static void on_ctrl(struct shift_ctx *s, struct shift_dqp *d, struct out *o)
 		}
 		return;
 	}
-	if (d->send_state == SHIFT_SEND_DEFAULT && start(s, d, o))
+	if (d->send_state == SHIFT_SEND_DEFAULT && start(s, d, o, NULL))
 		return;
 	if (d->send_state != SHIFT_SEND_UNPROTECTED && !d->handshake_done)
 		retransmit(d, o);
@@ -890,11 +939,15 @@ static void from_default(struct shift_ctx *s, struct ibv_wc *wc, struct out *o)
 	}
 	if (d->send_state != SHIFT_SEND_DEFAULT)
 		return; /* a flush of a QP already on its backup */
-	if (start(s, d, o) == 0) {
+	int rc = start(s, d, o, wc);
+
+	if (rc == 0) {
 		if (d->ctrl_pending)
 			on_ctrl(s, d, o);
 		return; /* the error itself is SHIFT's, not the application's */
 	}
+	if (rc == -2)
+		return; /* the connection failed: wc was passed on with the flushes */
 	shift_debug("%s QP %u: error %d passed to the application", d->dev, d->qpn, (int)wc->status);
 	emit(o, wc);
 }
@@ -1001,8 +1054,7 @@ int shift_poll_slow(struct shift_ctx *s, struct ibv_cq *cq, int num_entries,
 			return have; /* cannot look: the application gets them as they are */
 		}
 		memcpy(src, wc + done, sizeof(*wc) * (size_t)m);
-		for (int i = 0; i < m; i++)
-			from_default(s, &src[i], &o);
+		from_default_batch(s, src, (size_t)m, &o);
 		if (src != tmp)
 			free(src);
 	}
@@ -1016,8 +1068,7 @@ int shift_poll_slow(struct shift_ctx *s, struct ibv_cq *cq, int num_entries,
 	while (o.n < o.max && c->kept_tail != c->kept_head)
 		o.wc[o.n++] = c->kept[c->kept_tail++ % c->kept_cap];
 	while (o.n < o.max && (n = s->poll_cq(cq, TMP_WC < o.max - o.n ? TMP_WC : o.max - o.n, tmp)) > 0)
-		for (int i = 0; i < n; i++)
-			from_default(s, &tmp[i], &o);
+		from_default_batch(s, tmp, (size_t)n, &o);
 	poll_backup(s, c, &o, true);
 	pthread_mutex_unlock(&c->dp_lock);
 	return o.n;

@@ -301,6 +301,174 @@ static void test_qp_fatal_hidden(void **state)
 	shift_verbs.ack_async_event(&ev);
 }
 
+/* A second connection a2 <-> b2 on the same PDs and CQs as a <-> b. */
+static struct sim_ep a2, b2;
+
+static void open_second_conn(void)
+{
+	struct ibv_qp_cap cap = { .max_send_wr = 64, .max_recv_wr = 64,
+				  .max_send_sge = 2, .max_recv_sge = 2, .max_inline_data = 64 };
+	struct sim_ep_info ia, ib;
+
+	a2 = a;
+	b2 = b;
+	for (int k = 0; k < 2; k++) {
+		struct sim_ep *e = k ? &b2 : &a2;
+		struct ibv_qp_init_attr qa = { .send_cq = e->cq, .recv_cq = e->cq, .cap = cap,
+					       .qp_type = IBV_QPT_RC };
+
+		e->qp = shift_verbs.create_qp(e->pd, &qa);
+		assert_non_null(e->qp);
+	}
+	sim_ep_info(&a2, 3, &ia);
+	sim_ep_info(&b2, 4, &ib);
+	assert_int_equal(sim_ep_connect(&a2, &ia, &ib, NULL), 0);
+	assert_int_equal(sim_ep_connect(&b2, &ib, &ia, NULL), 0);
+	for (int i = 0; i < 4; i++)
+		shift_rnic_pass_all();
+	struct shift_qp_info qi;
+	assert_int_equal(shift_shadow_qp_info(b2.qp, &qi), 0);
+	assert_int_equal(qi.state, SHIFT_SHADOW_READY);
+}
+
+static int teardown2(void **state)
+{
+	shift_verbs.destroy_qp(a2.qp);
+	shift_verbs.destroy_qp(b2.qp);
+	return teardown(state);
+}
+
+static void post_recv_on(struct sim_ep *e, struct ibv_qp *qp, uint64_t wr_id, int slot)
+{
+	struct ibv_sge sge = { .addr = (uintptr_t)e->buf + 64 * slot, .length = 64, .lkey = e->mr->lkey };
+	struct ibv_recv_wr wr = { .wr_id = wr_id, .sg_list = &sge, .num_sge = 1 }, *bad;
+
+	assert_int_equal(ibv_post_recv(qp, &wr, &bad), 0);
+}
+
+static void post_send_on(struct sim_ep *e, struct ibv_qp *qp, uint64_t wr_id, int slot)
+{
+	struct ibv_sge sge = { .addr = (uintptr_t)e->buf + 64 * slot, .length = 64, .lkey = e->mr->lkey };
+	struct ibv_send_wr wr = { .wr_id = wr_id, .sg_list = &sge, .num_sge = 1,
+				  .opcode = IBV_WR_SEND, .send_flags = IBV_SEND_SIGNALED }, *bad;
+
+	memset(e->buf + 64 * slot, (int)(wr_id & 0xff), 64);
+	assert_int_equal(ibv_post_send(qp, &wr, &bad), 0);
+}
+
+/*
+ * The rest of a polled batch. B's CQ holds, in order: the flushes of QP 1
+ * (its failure), two receive completions of QP 2, then QP 2's flushes. The
+ * application polls 5: the batch is QP 1's flushes and QP 2's first receive.
+ * QP 1's error starts its failover, which drains the CQ: QP 2's second
+ * receive and its error come out of the provider while QP 2's first receive
+ * is still in the unfiltered batch. Before the fix the drain filtered the
+ * CQ before the rest of the batch: the application got receive 201 before
+ * 200, and QP 2's failover read its receive counter (1) without counting
+ * receive 200, reposted 201 on the backup QP and told the peer 1 while the
+ * peer had seen both sends acknowledged: the next send completed 201 again.
+ */
+static void test_drain_takes_rest_of_batch_first(void **state)
+{
+	struct ibv_wc wa[128], wb[128];
+	int na = 0, nb = 0, n;
+	(void)state;
+
+	open_second_conn();
+	for (int i = 0; i < 4; i++)
+		post_recv_on(&b, b.qp, 100 + i, i);
+	for (int i = 0; i < 4; i++)
+		post_recv_on(&b, b2.qp, 200 + i, 8 + i);
+	sim_qp_inject_fatal(b.qp); /* QP 1's receives flush first */
+	post_send_on(&a, a2.qp, 300, 0);
+	post_send_on(&a, a2.qp, 301, 1);
+	/* the sender sees both sends acknowledged; B does not poll yet */
+	for (int it = 0; na < 2 && it < 10000; it++) {
+		sim_world_step(world);
+		n = ibv_poll_cq(a.cq, 1, wa + na);
+		assert_true(n >= 0);
+		if (n) {
+			assert_int_equal(wa[na].status, IBV_WC_SUCCESS);
+			na++;
+		}
+	}
+	assert_int_equal(wa[0].wr_id, 300);
+	assert_int_equal(wa[1].wr_id, 301);
+	while (sim_world_step(world))
+		;
+	sim_qp_inject_fatal(b2.qp); /* QP 2's remaining receives flush */
+	n = ibv_poll_cq(b.cq, 5, wb);
+	assert_true(n >= 0);
+	nb = n;
+	drive(wa, 128, &na, wb, 128, &nb);
+	/* one more message on connection 2, over the backup */
+	post_send_on(&a, a2.qp, 302, 2);
+	drive(wa, 128, &na, wb, 128, &nb);
+
+	assert_int_equal(na, 3);
+	assert_int_equal(wa[2].wr_id, 302);
+	assert_int_equal(wa[2].status, IBV_WC_SUCCESS);
+	assert_int_equal(nb, 3);
+	for (int k = 0; k < nb; k++) {
+		assert_int_equal(wb[k].status, IBV_WC_SUCCESS);
+		assert_int_equal(wb[k].qp_num, b2.qp->qp_num);
+		assert_int_equal(wb[k].wr_id, 200 + k); /* in order, each once */
+		assert_int_equal(b.buf[64 * (8 + k)], 300 + k - 256);
+	}
+}
+
+/*
+ * The atomic boundary is judged after the drain. A's fetch-add completed
+ * (its completion waits, unpolled, in A's CQ) when B's QP fails and B's
+ * handshake message reaches A. Before the fix A's failover counted the
+ * fetch-add as in flight because its completion had not been polled yet,
+ * gave up and aborted the connection: A saw the fetch-add succeed and the
+ * connection fail anyway, B got a flush error. Now the drain retires it and
+ * the connection fails over.
+ */
+static void test_atomic_completed_in_cq_is_not_in_flight(void **state)
+{
+	struct ibv_wc wa[128], wb[128];
+	int na = 0, nb = 0;
+	struct ibv_send_wr *bad;
+	(void)state;
+
+	struct ibv_sge sge = { .addr = (uintptr_t)a.buf, .length = 8, .lkey = a.mr->lkey };
+	struct ibv_send_wr wr = {
+		.wr_id = 42, .sg_list = &sge, .num_sge = 1, .opcode = IBV_WR_ATOMIC_FETCH_AND_ADD,
+		.send_flags = IBV_SEND_SIGNALED,
+		.wr.atomic = { .remote_addr = (uintptr_t)b.buf + 4096, .compare_add = 1,
+			       .rkey = b.mr->rkey },
+	};
+	assert_int_equal(ibv_post_send(a.qp, &wr, &bad), 0);
+	post_recv_on(&b, b.qp, 88, 0);
+	while (sim_world_step(world))
+		; /* the fetch-add is done; A does not poll */
+	sim_qp_inject_fatal(b.qp);
+	/* B fails over; A's side answers from SHIFT's background pass */
+	for (int i = 0; i < 64; i++) {
+		sim_world_step(world);
+		shift_rnic_pass_all();
+		if (ibv_poll_cq(b.cq, 1, wb + nb) > 0)
+			nb++;
+	}
+	drive(wa, 128, &na, wb, 128, &nb);
+	post_send_on(&a, a.qp, 43, 1);
+	drive(wa, 128, &na, wb, 128, &nb);
+
+	assert_int_equal(na, 2);
+	assert_int_equal(wa[0].wr_id, 42);
+	assert_int_equal(wa[0].status, IBV_WC_SUCCESS);
+	assert_int_equal(wa[1].wr_id, 43);
+	assert_int_equal(wa[1].status, IBV_WC_SUCCESS);
+	assert_int_equal(nb, 1);
+	assert_int_equal(wb[0].wr_id, 88);
+	assert_int_equal(wb[0].status, IBV_WC_SUCCESS);
+	uint64_t v;
+	memcpy(&v, b.buf + 4096, 8);
+	assert_int_equal(v, 1);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -309,6 +477,9 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_atomic_in_flight_surfaces, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_qp_fatal_hidden, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_failback_after_recovery, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_drain_takes_rest_of_batch_first, setup, teardown2),
+		cmocka_unit_test_setup_teardown(test_atomic_completed_in_cq_is_not_in_flight, setup,
+						teardown),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }
