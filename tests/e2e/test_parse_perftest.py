@@ -1,0 +1,47 @@
+#!/usr/bin/env python3
+"""Offline check of scripts/testbed's perftest parsing against real output
+captured in the testbed (perftest 4.5, Debian 12). Python 3 stdlib only."""
+import os
+import sys
+from importlib.machinery import SourceFileLoader
+from importlib.util import module_from_spec, spec_from_loader
+
+TESTBED = os.path.join(os.path.dirname(os.path.realpath(__file__)), "..", "..", "scripts", "testbed")
+
+# ib_write_lat -d rxe0 -x 1 -F -n 300 (client, guest A): one blank between
+# "#bytes" and "#iterations", tabs between the values
+LAT = (" #bytes #iterations    t_min[usec]    t_max[usec]  t_typical[usec]    t_avg[usec]    t_stdev[usec]"
+       "   99% percentile[usec]   99.9% percentile[usec] \n"
+       " 2       300          204.23         7104.10      355.49   \t       681.97      \t705.63 \t\t3967.65 \t\t7104.10\n")
+BW = (" #bytes     #iterations    BW peak[Gb/sec]    BW average[Gb/sec]   MsgRate[Mpps]\n"
+      " 65536      927              0.00               0.16   \t\t   0.000308\n")
+
+
+def main():
+    loader = SourceFileLoader("shift_testbed", TESTBED)
+    tb = module_from_spec(spec_from_loader("shift_testbed", loader))
+    loader.exec_module(tb)
+    bad = []
+    _, rows = tb.parse_perftest(LAT)
+    want = {"#bytes": 2, "#iterations": 300, "t_min[usec]": 204.23, "t_max[usec]": 7104.10,
+            "t_typical[usec]": 355.49, "t_avg[usec]": 681.97, "t_stdev[usec]": 705.63,
+            "99% percentile[usec]": 3967.65, "99.9% percentile[usec]": 7104.10}
+    if rows != [want]:
+        bad.append("latency row %r, want %r" % (rows, want))
+    _, rows = tb.parse_perftest(BW)
+    want = {"#bytes": 65536, "#iterations": 927, "BW peak[Gb/sec]": 0.0, "BW average[Gb/sec]": 0.16,
+            "MsgRate[Mpps]": 0.000308}
+    if rows != [want]:
+        bad.append("bandwidth row %r, want %r" % (rows, want))
+    ts = "".join("%d.5\t%s" % (100 + i, l + "\n") for i, l in enumerate(BW.splitlines()))
+    pts = tb.parse_throughput(ts, 0.5)
+    if pts != [{"t": 101.0, "bw": 0.16, "unit": "Gb/sec"}]:
+        bad.append("throughput %r" % pts)
+    for b in bad:
+        print("FAIL:", b)
+    print("parse_perftest: %s" % ("FAIL" if bad else "ok"))
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
