@@ -130,6 +130,7 @@ struct shift_dqp {
 				       * receives once notify_count are consumed */
 	uint32_t notify_count;
 	bool need_rearm;              /* the backup QP must be reset before reuse */
+	bool peer_nosend;             /* the peer's application never sends (RTR only) */
 
 	/* statistics (shiftctl, logs) */
 	unsigned long failovers, failbacks, retransmitted;

@@ -50,7 +50,10 @@
  * compared modulo 2^31), or ABORT: the sender cannot fail over (an atomic
  * was in flight), so the connection fails for the application at both ends. */
 #define CTRL_ABORT 0x80000000u
-#define CTRL_COUNT(x) ((x) & 0x7fffffffu)
+/* ... and NOSEND: the sender's application never brought its QP to RTS (a
+ * receive-only peer): it will never send, nor notify a failback */
+#define CTRL_NOSEND 0x40000000u
+#define CTRL_COUNT(x) ((x) & 0x3fffffffu)
 
 /* ---- time ------------------------------------------------------------- */
 
@@ -464,6 +467,17 @@ static int rearm_backup(struct shift_ctx *s, struct shift_dqp *d)
 	return 0;
 }
 
+/* Did the application bring its QP to RTS (can it ever send)? */
+static bool app_sends(struct shift_ctx *s, struct shift_dqp *d)
+{
+	bool yes;
+
+	pthread_mutex_lock(&s->rnic->lock);
+	yes = (d->shadow->attr_mask & IBV_QP_SQ_PSN) != 0;
+	pthread_mutex_unlock(&s->rnic->lock);
+	return yes;
+}
+
 /*
  * My side of the handshake: stop the default QP, account for everything it
  * completed, repost my outstanding receives on the backup, and tell the peer
@@ -538,7 +552,7 @@ static int start(struct shift_ctx *s, struct shift_dqp *d, struct out *o,
 		}
 	}
 	shift_dqp_unlock(d);
-	if (send_ctrl(d, CTRL_COUNT((uint32_t)d->rq_tail))) {
+	if (send_ctrl(d, CTRL_COUNT((uint32_t)d->rq_tail) | (app_sends(s, d) ? 0 : CTRL_NOSEND))) {
 		give_up(d, "cannot send the handshake message");
 		return -1;
 	}
@@ -668,7 +682,7 @@ static int reset_default(struct shift_ctx *s, struct shift_dqp *d)
 	struct ibv_recv_wr rwr = { .wr_id = SHIFT_WRID_CTRL_RECV }, *rbad;
 	uint32_t off = (uint32_t)(d->failovers * 0x9e3779u) & 0xffffff;
 	const int need = IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS | IBV_QP_AV |
-			 IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN | IBV_QP_SQ_PSN;
+			 IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN;
 	int mask;
 
 	pthread_mutex_lock(&r->lock);
@@ -704,6 +718,8 @@ static int reset_default(struct shift_ctx *s, struct shift_dqp *d)
 				   IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
 				   IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER))
 		return -1;
+	if (!(mask & IBV_QP_SQ_PSN))
+		return 1; /* the application left it at RTR: so does SHIFT */
 	memset(&a, 0, sizeof(a));
 	a.qp_state = IBV_QPS_RTS;
 	a.sq_psn = (app.sq_psn + off) & 0xffffff;
@@ -779,6 +795,20 @@ static void switch_back(struct shift_dqp *d)
 	set_send_state(d, SHIFT_SEND_DEFAULT);
 	d->failbacks++;
 	d->last_switch_s = (uint64_t)time(NULL);
+	if (d->peer_nosend && d->recv_state == SHIFT_RECV_FALLBACK) {
+		/* a receive-only peer sends nothing, no notification either */
+		for (i = d->rq_tail; i < d->rq_head; i++) {
+			struct shift_rwqe *r = shift_dqp_rwqe(d, i);
+			struct ibv_recv_wr rw = { .wr_id = r->wr_id, .sg_list = r->sge,
+						  .num_sge = (int)r->num_sge }, *rbad;
+
+			if (d->prov_post_recv(d->qp, &rw, &rbad)) {
+				give_up(d, "the default QP refused a receive while failing back");
+				return;
+			}
+		}
+		__atomic_store_n(&d->recv_state, SHIFT_RECV_DEFAULT, __ATOMIC_RELEASE);
+	}
 	shift_info("%s QP %u: sends back on the default QP (%llu held WRs posted there; failback %lu)",
 		   d->dev, d->qpn, (unsigned long long)(d->sq_head - first), d->failbacks);
 }
@@ -814,7 +844,7 @@ static void try_notify(struct shift_dqp *d)
 
 	if (!d->notify_pending)
 		return;
-	if (behind && behind < (1u << 30))
+	if (behind && behind < (1u << 29))
 		return; /* backup receive completions still to come */
 	if (behind)
 		shift_warn("%s QP %u: consumed more receives (%u) than the peer sent on the backup (%u)",
@@ -885,13 +915,29 @@ static void failback_work(struct shift_ctx *s, struct shift_dqp *d, uint64_t now
 			for (int i = 0; i < n; i++)
 				from_default(s, &tmp[i], &o);
 	}
+	shift_debug("%s QP %u: failback pass: send %d recv %d dflt %d handshake %d", d->dev, d->qpn,
+		    (int)d->send_state, (int)d->recv_state, (int)d->dflt, (int)d->handshake_done);
 	if (d->send_state == SHIFT_SEND_UNPROTECTED)
 		return;
 	/* Keep the default QP reset (receptive to the peer's probe) whenever
 	 * its port is up; probe from it at the probe period, backing off. */
 	if (d->send_state == SHIFT_SEND_FALLBACK && d->handshake_done && shift_config.probe_ms) {
 		if (d->dflt == SHIFT_DFLT_ERR && port_active(s, d)) {
-			if (reset_default(s, d) == 0) {
+			int rc = reset_default(s, d);
+
+			shift_debug("%s QP %u: default QP reset: %d", d->dev, d->qpn, rc);
+			if (rc == 1) {
+				/* receive-only: nothing to probe or send; receptive again */
+				d->dflt = SHIFT_DFLT_OK;
+				shift_dqp_lock(d);
+				if (d->sq_tail == d->sq_head) {
+					set_send_state(d, SHIFT_SEND_DEFAULT);
+					d->failbacks++;
+				}
+				shift_dqp_unlock(d);
+				shift_info("%s QP %u: default QP reset to RTR (the application never sends on it)",
+					   d->dev, d->qpn);
+			} else if (rc == 0) {
 				d->dflt = SHIFT_DFLT_READY;
 			} else {
 				d->probe_fails++;
@@ -970,6 +1016,8 @@ static void from_backup(struct shift_ctx *s, struct ibv_wc *wc, struct out *o, b
 		if (!d || wc->status != IBV_WC_SUCCESS)
 			return;
 		d->peer_recv_count = be32toh(wc->imm_data);
+		d->peer_nosend = !!(d->peer_recv_count & CTRL_NOSEND);
+		d->peer_recv_count &= ~CTRL_NOSEND;
 		d->ctrl_pending = true;
 		__atomic_store_n(&s->slow, true, __ATOMIC_RELEASE);
 		if (app || d->send_state == SHIFT_SEND_UNPROTECTED)
