@@ -904,6 +904,8 @@ static void failback_work(struct shift_ctx *s, struct shift_dqp *d, uint64_t now
 	struct ibv_wc tmp[TMP_WC];
 	int n;
 
+	if (d->send_state == SHIFT_SEND_UNPROTECTED)
+		return; /* its completions are the application's, as they come */
 	/* completions on the default CQs: a passive application may never
 	 * poll them (the probe's, the peer's notification) */
 	struct shift_cq *cs[2] = { d->scq, d->rcq != d->scq ? d->rcq : NULL };
