@@ -749,6 +749,24 @@ static void set_send_state(struct shift_dqp *d, enum shift_send_state st)
 	__atomic_store_n(&d->send_state, st, __ATOMIC_RELEASE);
 }
 
+/* My outstanding receives go to the default QP, as the application posted
+ * them: receive state Default. post_lock held. 0, or -1 (given up). */
+static int receives_back(struct shift_dqp *d)
+{
+	for (uint64_t i = d->rq_tail; i < d->rq_head; i++) {
+		struct shift_rwqe *e = shift_dqp_rwqe(d, i);
+		struct ibv_recv_wr wr = { .wr_id = e->wr_id, .sg_list = e->sge,
+					  .num_sge = (int)e->num_sge }, *bad;
+
+		if (d->prov_post_recv(d->qp, &wr, &bad)) {
+			give_up(d, "the default QP refused a receive while failing back");
+			return -1;
+		}
+	}
+	__atomic_store_n(&d->recv_state, SHIFT_RECV_DEFAULT, __ATOMIC_RELEASE);
+	return 0;
+}
+
 /* The default path failed again before the switch: the WRs held for it go
  * to the backup after all. post_lock held. */
 static void fallback_again(struct shift_dqp *d)
@@ -795,20 +813,9 @@ static void switch_back(struct shift_dqp *d)
 	set_send_state(d, SHIFT_SEND_DEFAULT);
 	d->failbacks++;
 	d->last_switch_s = (uint64_t)time(NULL);
-	if (d->peer_nosend && d->recv_state == SHIFT_RECV_FALLBACK) {
-		/* a receive-only peer sends nothing, no notification either */
-		for (i = d->rq_tail; i < d->rq_head; i++) {
-			struct shift_rwqe *r = shift_dqp_rwqe(d, i);
-			struct ibv_recv_wr rw = { .wr_id = r->wr_id, .sg_list = r->sge,
-						  .num_sge = (int)r->num_sge }, *rbad;
-
-			if (d->prov_post_recv(d->qp, &rw, &rbad)) {
-				give_up(d, "the default QP refused a receive while failing back");
-				return;
-			}
-		}
-		__atomic_store_n(&d->recv_state, SHIFT_RECV_DEFAULT, __ATOMIC_RELEASE);
-	}
+	/* a receive-only peer sends nothing, no notification either */
+	if (d->peer_nosend && d->recv_state == SHIFT_RECV_FALLBACK)
+		receives_back(d);
 	shift_info("%s QP %u: sends back on the default QP (%llu held WRs posted there; failback %lu)",
 		   d->dev, d->qpn, (unsigned long long)(d->sq_head - first), d->failbacks);
 }
@@ -850,20 +857,11 @@ static void try_notify(struct shift_dqp *d)
 		shift_warn("%s QP %u: consumed more receives (%u) than the peer sent on the backup (%u)",
 			   d->dev, d->qpn, CTRL_COUNT((uint32_t)d->rq_tail), d->notify_count);
 	shift_dqp_lock(d);
-	for (uint64_t i = d->rq_tail; i < d->rq_head; i++) {
-		struct shift_rwqe *e = shift_dqp_rwqe(d, i);
-		struct ibv_recv_wr wr = { .wr_id = e->wr_id, .sg_list = e->sge,
-					  .num_sge = (int)e->num_sge }, *bad;
-
-		if (d->prov_post_recv(d->qp, &wr, &bad)) {
-			shift_dqp_unlock(d);
-			give_up(d, "the default QP refused a receive while failing back");
-			return;
-		}
-	}
+	int rc = receives_back(d);
 	d->notify_pending = false;
-	__atomic_store_n(&d->recv_state, SHIFT_RECV_DEFAULT, __ATOMIC_RELEASE);
 	shift_dqp_unlock(d);
+	if (rc)
+		return;
 	shift_info("%s QP %u: receives back on the default QP (%llu reposted)", d->dev, d->qpn,
 		   (unsigned long long)(d->rq_head - d->rq_tail));
 }
@@ -917,8 +915,6 @@ static void failback_work(struct shift_ctx *s, struct shift_dqp *d, uint64_t now
 			for (int i = 0; i < n; i++)
 				from_default(s, &tmp[i], &o);
 	}
-	shift_debug("%s QP %u: failback pass: send %d recv %d dflt %d handshake %d", d->dev, d->qpn,
-		    (int)d->send_state, (int)d->recv_state, (int)d->dflt, (int)d->handshake_done);
 	if (d->send_state == SHIFT_SEND_UNPROTECTED)
 		return;
 	/* Keep the default QP reset (receptive to the peer's probe) whenever
@@ -1124,6 +1120,25 @@ int shift_poll_slow(struct shift_ctx *s, struct ibv_cq *cq, int num_entries,
 	return o.n;
 }
 
+/* A QP's send and receive CQs' dp_locks, in address order. */
+static void lock_cqs(struct shift_dqp *d)
+{
+	struct shift_cq *c2 = d->rcq && d->rcq != d->scq ? d->rcq : NULL;
+
+	if (c2 && c2 < d->scq)
+		pthread_mutex_lock(&c2->dp_lock);
+	pthread_mutex_lock(&d->scq->dp_lock);
+	if (c2 && c2 > d->scq)
+		pthread_mutex_lock(&c2->dp_lock);
+}
+
+static void unlock_cqs(struct shift_dqp *d)
+{
+	if (d->rcq && d->rcq != d->scq)
+		pthread_mutex_unlock(&d->rcq->dp_lock);
+	pthread_mutex_unlock(&d->scq->dp_lock);
+}
+
 void shift_failover_background(struct shift_ctx *s)
 {
 	struct shift_rnic *r = s->rnic;
@@ -1160,22 +1175,12 @@ void shift_failover_background(struct shift_ctx *s)
 				d->ctrl_seen_ms = now;
 			if (!shift_shadow_sync && now - d->ctrl_seen_ms < SHIFT_BG_GRACE_MS)
 				continue;
-			struct shift_cq *c1 = d->scq, *c2 = d->rcq && d->rcq != d->scq ? d->rcq : NULL;
-			if (c2 && c2 < c1) {
-				struct shift_cq *t = c1;
-				c1 = c2;
-				c2 = t;
-			}
-			pthread_mutex_lock(&c1->dp_lock);
-			if (c2)
-				pthread_mutex_lock(&c2->dp_lock);
+			lock_cqs(d);
 			if (d->ctrl_pending) {
 				struct out o = { .wc = NULL, .n = 0, .max = 0, .c = d->rcq ? d->rcq : d->scq };
 				on_ctrl(s, d, &o);
 			}
-			if (c2)
-				pthread_mutex_unlock(&c2->dp_lock);
-			pthread_mutex_unlock(&c1->dp_lock);
+			unlock_cqs(d);
 		}
 	}
 
@@ -1193,19 +1198,9 @@ void shift_failover_background(struct shift_ctx *s)
 		 * started before the context went slow: let it finish */
 		if (!shift_shadow_sync && now - d->t_error_us / 1000u < SHIFT_BG_GRACE_MS)
 			continue;
-		struct shift_cq *c1 = d->scq, *c2 = d->rcq && d->rcq != d->scq ? d->rcq : NULL;
-		if (c2 && c2 < c1) {
-			struct shift_cq *t = c1;
-			c1 = c2;
-			c2 = t;
-		}
-		pthread_mutex_lock(&c1->dp_lock);
-		if (c2)
-			pthread_mutex_lock(&c2->dp_lock);
+		lock_cqs(d);
 		failback_work(s, d, fbt);
-		if (c2)
-			pthread_mutex_unlock(&c2->dp_lock);
-		pthread_mutex_unlock(&c1->dp_lock);
+		unlock_cqs(d);
 	}
 	/* nothing failed over any more: polls take the fast path again once
 	 * every completion SHIFT kept has been handed out */
