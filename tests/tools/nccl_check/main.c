@@ -259,6 +259,7 @@ int main(int argc, char **argv)
 	       (unsigned long long)c.msgs_rx, (unsigned long long)c.corrupt_bytes,
 	       (unsigned long long)nc_violations(&c), (unsigned long long)c.app_errors,
 	       st);
+	nc_rdma_free_channels(&c);
 	free(c.samples);
 	alarm(0);
 	return st;

@@ -172,6 +172,7 @@ int nc_tcp_poll_u64(struct nc_ctx *c, uint64_t *v, size_t n);
 int nc_rdma_open(struct nc_ctx *c);
 int nc_rdma_connect(struct nc_ctx *c);
 void nc_rdma_close(struct nc_ctx *c);
+void nc_rdma_free_channels(struct nc_ctx *c);
 void nc_remote_pack(const struct nc_ctx *c, const struct nc_chan *ch, uint64_t *w);
 void nc_remote_unpack(struct nc_remote *r, const uint64_t *w);
 #define NC_REMOTE_WORDS 10

@@ -276,6 +276,9 @@ int nc_rdma_connect(struct nc_ctx *c)
 	return 0;
 }
 
+/* Releases the verbs objects and buffers; the channels themselves stay:
+ * their accountants (rx_acc, tx_acc) are the verdict the report is written
+ * from after the teardown (nc_rdma_free_channels frees them). */
 void nc_rdma_close(struct nc_ctx *c)
 {
 	if (c->ch) {
@@ -287,9 +290,11 @@ void nc_rdma_close(struct nc_ctx *c)
 				nc_log("qp %u: ibv_dereg_mr failed", i);
 			free(ch->sig_fifo);
 			free(ch->buf);
+			ch->qp = NULL;
+			ch->mr = NULL;
+			ch->sig_fifo = NULL;
+			ch->buf = NULL;
 		}
-		free(c->ch);
-		c->ch = NULL;
 	}
 	if (c->cq && ibv_destroy_cq(c->cq))
 		nc_log("ibv_destroy_cq failed");
@@ -300,4 +305,10 @@ void nc_rdma_close(struct nc_ctx *c)
 	c->cq = NULL;
 	c->pd = NULL;
 	c->ctx = NULL;
+}
+
+void nc_rdma_free_channels(struct nc_ctx *c)
+{
+	free(c->ch);
+	c->ch = NULL;
 }

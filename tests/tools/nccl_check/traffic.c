@@ -692,20 +692,9 @@ void nc_traffic_run(struct nc_ctx *c)
 		send_txdone(c);
 }
 
-void nc_traffic_finish(struct nc_ctx *c)
+static void send_fin(struct nc_ctx *c)
 {
 	const struct nc_opts *o = c->o;
-	double wait = o->watchdog < 30 ? o->watchdog : 30;
-	nc_hard_watchdog(c, wait);
-	/* The peer's totals let the accounting name the missing messages. */
-	(void)poll_peer(c, c->peer_txdone ? 0 : nc_now() + wait);
-	for (unsigned i = 0; i < o->qps; i++) {
-		struct nc_chan *ch = &c->ch[i];
-		if (ch->consuming && ch->peer_total_known)
-			check_seq_finish(&ch->rx_acc, ch->peer_total);
-		if (ch->producing && o->mode != NC_READ && !c->fatal)
-			check_seq_finish(&ch->tx_acc, ch->produced);
-	}
 	uint64_t w[FIN_WORDS] = {TAG_FIN, (uint64_t)c->fatal, c->app_errors,
 	                         c->corrupt_bytes, 0, 0, 0, 0, c->msgs_rx,
 	                         c->bytes_verified};
@@ -720,6 +709,32 @@ void nc_traffic_finish(struct nc_ctx *c)
 	}
 	if (nc_tcp_send_u64(c->sock, w, FIN_WORDS) && !c->fatal)
 		nc_error(c, -1, "tcp", "cannot send FIN to the peer", errno, 0);
+}
+
+void nc_traffic_finish(struct nc_ctx *c)
+{
+	const struct nc_opts *o = c->o;
+	double wait = o->watchdog < 30 ? o->watchdog : 30;
+	nc_hard_watchdog(c, wait);
+	/* A side that failed tells its peer at once: the peer may never be able
+	 * to send its TXDONE (its QP stalls against a dead one: on rxe, whose
+	 * retry_cnt 7 retries for ever, that lasts until its watchdog), and
+	 * without this FIN both would wait for each other. The FIN then carries
+	 * this side's counts so far; the peer ends its loop on it. */
+	int early = c->fatal && !c->peer_txdone;
+	if (early)
+		send_fin(c);
+	/* The peer's totals let the accounting name the missing messages. */
+	(void)poll_peer(c, c->peer_txdone ? 0 : nc_now() + wait);
+	for (unsigned i = 0; i < o->qps; i++) {
+		struct nc_chan *ch = &c->ch[i];
+		if (ch->consuming && ch->peer_total_known)
+			check_seq_finish(&ch->rx_acc, ch->peer_total);
+		if (ch->producing && o->mode != NC_READ && !c->fatal)
+			check_seq_finish(&ch->tx_acc, ch->produced);
+	}
+	if (!early)
+		send_fin(c);
 	(void)poll_peer(c, nc_now() + wait);
 	if (!c->peer_fin && !c->fatal)
 		nc_error(c, -1, "tcp", "the peer did not finish", ETIMEDOUT, 0);
