@@ -99,8 +99,13 @@ static const struct config_row rows[] = {
 	  parse_string, FIELD(kv_namespace) },
 	{ "SHIFT_PROBE_MS", "250",
 	  "period of the recovery probe on a failed default path, in ms (doubling per failed "
-	  "probe up to 16x); 0 = no failback: a failed-over QP stays on its backup",
+	  "probe up to 8x); 0 = no failback: a failed-over QP stays on its backup",
 	  parse_uint, FIELD(probe_ms) },
+	{ "SHIFT_PORT_DOWN_MS", "300",
+	  "fail a QP over once its default port has not been ACTIVE for this long, without "
+	  "waiting for an error completion (soft-RoCE never reports one on a cut link); "
+	  "0 = only on error completions",
+	  parse_uint, FIELD(port_down_ms) },
 	{ "SHIFT_STATUS_DIR", "/tmp/shift",
 	  "where each process writes its per-QP status for shiftctl ('' = none)",
 	  parse_string, FIELD(status_dir) },

@@ -19,6 +19,7 @@ struct shift_config {
 	char kv_url[512];         /* SHIFT_KV_URL */
 	char kv_namespace[128];   /* SHIFT_KV_NAMESPACE */
 	unsigned probe_ms;        /* SHIFT_PROBE_MS */
+	unsigned port_down_ms;    /* SHIFT_PORT_DOWN_MS */
 	char status_dir[256];     /* SHIFT_STATUS_DIR */
 };
 

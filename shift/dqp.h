@@ -41,6 +41,15 @@ enum shift_recv_state {
 };
 
 /* wr_ids of what SHIFT posts on a backup QP (it posts nothing else there) */
+/*
+ * Access flags for the QPs SHIFT connects (the backup QP, the default QP
+ * after a reset): the application's plus remote write, which SHIFT's own
+ * messages need (handshake and notification WRITE_WITH_IMM, the empty
+ * probe WRITE) even when the application only reads or sends. Memory stays
+ * protected by each MR's own flags.
+ */
+#define SHIFT_QP_ACCESS(app) ((app) | IBV_ACCESS_REMOTE_WRITE)
+
 #define SHIFT_WRID_CTRL_RECV 0x7ff0000000000001ull
 #define SHIFT_WRID_CTRL_SEND 0x7ff0000000000002ull
 /* ... and on a default QP while it is failed over: the recovery probe and

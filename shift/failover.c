@@ -410,6 +410,11 @@ static void fail_connection(struct shift_ctx *s, struct shift_dqp *d, struct out
 		return;
 	}
 	(void)s;
+	/* each flush to the CQ of its queue (o is one of them) */
+	struct out so = { .wc = NULL, .n = 0, .max = 0, .c = d->scq };
+	struct out ro = { .wc = NULL, .n = 0, .max = 0, .c = d->rcq };
+	struct out *os = d->scq == o->c ? o : &so, *orq = d->rcq == o->c ? o : &ro;
+
 	for (uint64_t i = d->sq_tail; i < d->sq_head; i++) {
 		struct ibv_wc wc = { .wr_id = shift_dqp_swqe(d, i)->wr_id,
 				     .status = IBV_WC_WR_FLUSH_ERR, .qp_num = d->qpn };
@@ -418,7 +423,7 @@ static void fail_connection(struct shift_ctx *s, struct shift_dqp *d, struct out
 			wc = *err;
 			err = NULL;
 		}
-		emit(o, &wc);
+		emit(os, &wc);
 	}
 	d->sq_tail = d->sq_head;
 	d->sig_tail = d->sig_head;
@@ -430,7 +435,7 @@ static void fail_connection(struct shift_ctx *s, struct shift_dqp *d, struct out
 			wc = *err;
 			err = NULL;
 		}
-		emit(o, &wc);
+		emit(orq, &wc);
 	}
 	d->rq_tail = d->rq_head;
 	d->recv_state = SHIFT_RECV_DEFAULT;
@@ -698,7 +703,7 @@ static int reset_default(struct shift_ctx *s, struct shift_dqp *d)
 	a.qp_state = IBV_QPS_INIT;
 	a.pkey_index = app.pkey_index;
 	a.port_num = app.port_num;
-	a.qp_access_flags = app.qp_access_flags;
+	a.qp_access_flags = SHIFT_QP_ACCESS(app.qp_access_flags);
 	if (shift_lower->modify_qp(d->qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT |
 				   IBV_QP_ACCESS_FLAGS))
 		return -1;
@@ -1139,6 +1144,84 @@ static void unlock_cqs(struct shift_dqp *d)
 	pthread_mutex_unlock(&d->scq->dp_lock);
 }
 
+/* ---- the port watch ----------------------------------------------------------
+ *
+ * An error completion is the usual trigger of a failover. A port that stops
+ * being ACTIVE is another, and sometimes the only one: soft-RoCE retries
+ * for ever on a cut link and never completes a WR in error, and hardware
+ * reports the failure only once its retry budget is spent. When the default
+ * port of protected QPs has not been ACTIVE for SHIFT_PORT_DOWN_MS, they
+ * fail over as if an error had been polled: start() flushes the default QP
+ * and keeps its successful completions for the application. The context
+ * goes to the slow path as soon as the port is seen down, so by then no
+ * poll of the application is inside the fast path.
+ */
+static void watch_ports(struct shift_ctx *s, uint64_t now_ms)
+{
+	int st[SHIFT_WATCH_PORTS + 1] = { 0 }; /* 0 not asked, 1 active, 2 down */
+	uint64_t t = shift_shadow_sync ? fb_now() + 1 : now_ms + 1;
+	uint64_t limit = shift_config.port_down_ms;
+	bool down = false;
+
+	if (!limit) {
+		s->ports_down = false;
+		return;
+	}
+	if (shift_shadow_sync)
+		limit = 2; /* passes */
+	else if (limit < SHIFT_BG_GRACE_MS)
+		limit = SHIFT_BG_GRACE_MS;
+	for (int i = 0; i < SHIFT_DQP_BUCKETS; i++) {
+		for (struct shift_dqp *d = __atomic_load_n(&s->dqp[i], __ATOMIC_ACQUIRE); d;
+		     d = d->next_in_bucket) {
+			if (d->send_state != SHIFT_SEND_DEFAULT || !d->scq || !d->rcq || !d->shadow ||
+			    __atomic_load_n(&d->shadow->state, __ATOMIC_ACQUIRE) != SHIFT_SHADOW_READY)
+				continue;
+			pthread_mutex_lock(&s->rnic->lock);
+			unsigned port = d->shadow->attr.port_num;
+			bool connected = (d->shadow->attr_mask & IBV_QP_AV) != 0;
+			pthread_mutex_unlock(&s->rnic->lock);
+			if (!connected)
+				continue;
+			if (port < 1 || port > SHIFT_WATCH_PORTS)
+				port = 1;
+			if (!st[port]) {
+				struct ibv_port_attr pa;
+
+				memset(&pa, 0, sizeof(pa));
+				st[port] = shift_lower->query_port(s->ibctx, (uint8_t)port, &pa) ||
+						   pa.state == IBV_PORT_ACTIVE ? 1 : 2;
+				if (st[port] == 1) {
+					s->port_down_since[port] = 0;
+				} else if (!s->port_down_since[port]) {
+					s->port_down_since[port] = t;
+					shift_info("%s: port %u is down: its QPs fail over in %llu %s unless it "
+						   "comes back", d->dev, port, (unsigned long long)limit,
+						   shift_shadow_sync ? "passes" : "ms");
+				}
+			}
+			if (st[port] == 1)
+				continue;
+			down = true;
+			__atomic_store_n(&s->slow, true, __ATOMIC_RELEASE);
+			if (t - s->port_down_since[port] < limit)
+				continue;
+			lock_cqs(d);
+			if (d->send_state == SHIFT_SEND_DEFAULT) {
+				struct out o = { .wc = NULL, .n = 0, .max = 0, .c = d->scq };
+
+				shift_info("%s QP %u: port %u down for %llu %s: failing over without an "
+					   "error completion", d->dev, d->qpn, port,
+					   (unsigned long long)(t - s->port_down_since[port]),
+					   shift_shadow_sync ? "passes" : "ms");
+				start(s, d, &o, NULL);
+			}
+			unlock_cqs(d);
+		}
+	}
+	s->ports_down = down;
+}
+
 void shift_failover_background(struct shift_ctx *s)
 {
 	struct shift_rnic *r = s->rnic;
@@ -1166,6 +1249,7 @@ void shift_failover_background(struct shift_ctx *s)
 	 * few hundred instructions), so the default CQ is ours under dp_lock.
 	 */
 	uint64_t now = mono_us() / 1000u;
+	watch_ports(s, now);
 	for (int i = 0; i < SHIFT_DQP_BUCKETS; i++) {
 		for (struct shift_dqp *d = __atomic_load_n(&s->dqp[i], __ATOMIC_ACQUIRE); d;
 		     d = d->next_in_bucket) {
@@ -1205,7 +1289,7 @@ void shift_failover_background(struct shift_ctx *s)
 	/* nothing failed over any more: polls take the fast path again once
 	 * every completion SHIFT kept has been handed out */
 	if (__atomic_load_n(&s->slow, __ATOMIC_ACQUIRE) && !__atomic_load_n(&s->nfo, __ATOMIC_ACQUIRE)) {
-		bool quiet = true;
+		bool quiet = !s->ports_down;
 
 		for (struct shift_cq *c = head; c && quiet; c = c->next) {
 			pthread_mutex_lock(&c->dp_lock);

@@ -519,7 +519,7 @@ static void replay_qp(struct shift_rnic *r, struct shift_qp *q)
 		a.qp_state = IBV_QPS_INIT;
 		a.pkey_index = app.pkey_index;
 		a.port_num = bk_port(q);
-		a.qp_access_flags = app.qp_access_flags;
+		a.qp_access_flags = SHIFT_QP_ACCESS(app.qp_access_flags);
 		if (shift_lower->modify_qp(q->bk, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX |
 					   IBV_QP_PORT | IBV_QP_ACCESS_FLAGS)) {
 			qp_fail(r, q, "backup QP to INIT failed");
@@ -690,7 +690,7 @@ int shift_shadow_rearm(struct shift_rnic *r, struct shift_qp *q, unsigned gen)
 	a.qp_state = IBV_QPS_INIT;
 	a.pkey_index = app.pkey_index;
 	a.port_num = bk_port(q);
-	a.qp_access_flags = app.qp_access_flags;
+	a.qp_access_flags = SHIFT_QP_ACCESS(app.qp_access_flags);
 	if (shift_lower->modify_qp(q->bk, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT |
 				   IBV_QP_ACCESS_FLAGS))
 		return -1;

@@ -21,6 +21,7 @@
 #define SHIFT_MAX_CTX 64
 #define SHIFT_DQP_BUCKETS 1024 /* power of two */
 #define SHIFT_MAX_FO 256 /* failed-over QPs per context */
+#define SHIFT_WATCH_PORTS 4 /* ports per device the port watch covers */
 
 struct shift_rnic;
 
@@ -58,6 +59,10 @@ struct shift_ctx {
 	struct shift_dqp *fo[SHIFT_MAX_FO]; /* the failed-over QPs (slow path) */
 	int nfo;
 	struct shift_rnic *rnic; /* shadow verbs of this RNIC, NULL if unprotected */
+	/* port watch (background thread only): since when each port has not
+	 * been ACTIVE (ms, 0 = active), and whether any is down now */
+	uint64_t port_down_since[SHIFT_WATCH_PORTS + 1];
+	bool ports_down;
 };
 
 /* The contexts SHIFT manages, for the data path's lookup (shift/ctx.c). */

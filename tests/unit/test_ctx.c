@@ -237,6 +237,7 @@ static void test_config(void **state)
 	assert_false(shift_config.enable);
 	assert_int_equal(shift_config.log_level, SHIFT_LOG_DEBUG);
 	assert_int_equal(shift_config.probe_ms, 250); /* bad value: default kept */
+	assert_int_equal(shift_config.port_down_ms, 300);
 	assert_string_equal(shift_config.real_lib, "/x/libibverbs.so.1");
 	assert_string_equal(shift_config.kv_url, "redis://127.0.0.1:6379");
 	unsetenv("SHIFT_ENABLE");

@@ -262,6 +262,55 @@ static void test_failback_after_recovery(void **state)
 	assert_int_equal(da->failovers, 1);
 }
 
+/*
+ * A port that goes DOWN with no error completion at all (soft-RoCE on a cut
+ * link retries for ever): the background thread's port watch alone fails
+ * the QP over. No network step runs between the kill and the check, so no
+ * timeout and no error completion can have started it.
+ */
+static void test_port_down_fails_over_without_error(void **state)
+{
+	struct ibv_wc wa[128], wb[128];
+	int na = 0, nb = 0;
+	struct shift_dqp *da = shift_dqp_of_qp(a.qp);
+	(void)state;
+
+	assert_non_null(da);
+	for (int i = 0; i < 8; i++)
+		post_write(i, i % 4 == 3);
+	sim_dev_kill(sim_host_dev(host[0], 0), 0);
+	uint64_t errs = sim_world_stats(world)->err_completions;
+
+	/* watch off: passes alone change nothing */
+	unsigned saved = shift_config.port_down_ms;
+	shift_config.port_down_ms = 0;
+	for (int i = 0; i < 6; i++)
+		shift_rnic_pass_all();
+	assert_int_equal(da->send_state, SHIFT_SEND_DEFAULT);
+	assert_int_equal(da->failovers, 0);
+
+	/* watch on (300 ms, counted in passes in sync mode) */
+	shift_config.port_down_ms = saved ? saved : 300;
+	for (int i = 0; i < 4; i++)
+		shift_rnic_pass_all();
+	assert_int_not_equal(da->send_state, SHIFT_SEND_DEFAULT);
+	assert_int_equal(da->failovers, 1);
+	assert_int_equal(sim_world_stats(world)->err_completions, errs);
+
+	for (int i = 8; i < 16; i++)
+		post_write(i, i % 4 == 3);
+	drive(wa, 128, &na, wb, 128, &nb);
+	assert_int_equal(na, 4);
+	for (int k = 0; k < na; k++) {
+		assert_int_equal(wa[k].status, IBV_WC_SUCCESS);
+		assert_int_equal(wa[k].wr_id, 1000 + 4 * k + 3);
+	}
+	for (int i = 0; i < 16; i++)
+		for (int j = 0; j < 256; j++)
+			assert_int_equal(b.buf[256 * i + j], 'a' + i % 26);
+	shift_config.port_down_ms = saved;
+}
+
 static void test_atomic_in_flight_surfaces(void **state)
 {
 	struct ibv_wc wa[128], wb[128];
@@ -477,6 +526,7 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_atomic_in_flight_surfaces, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_qp_fatal_hidden, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_failback_after_recovery, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_port_down_fails_over_without_error, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_drain_takes_rest_of_batch_first, setup, teardown2),
 		cmocka_unit_test_setup_teardown(test_atomic_completed_in_cq_is_not_in_flight, setup,
 						teardown),

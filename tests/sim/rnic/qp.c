@@ -381,6 +381,12 @@ int sim_query_qp(struct ibv_qp *qp, struct ibv_qp_attr *attr, int attr_mask,
 
 	(void)attr_mask;
 	*attr = q->attr;
+	/* like rxe and mlx5: the PSNs in use now, not the ones last set */
+	if (qp->state != IBV_QPS_RESET && qp->state != IBV_QPS_INIT)
+		attr->rq_psn = q->epsn;
+	if (qp->state == IBV_QPS_RTS || qp->state == IBV_QPS_SQD || qp->state == IBV_QPS_SQE ||
+	    qp->state == IBV_QPS_ERR)
+		attr->sq_psn = q->next_psn;
 	attr->qp_state = qp->state;
 	attr->cur_qp_state = qp->state;
 	attr->cap = q->cap;
