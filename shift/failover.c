@@ -895,7 +895,10 @@ static void on_default_ctrl(struct shift_ctx *s, struct shift_dqp *d, struct ibv
 			poll_backup(s, d->rcq, o, false);
 		try_notify(d);
 		return;
-	default: /* the notification's own completion (sq_sig_all) */
+	default: /* the notification's own completion */
+		if (wc->status != IBV_WC_SUCCESS)
+			shift_debug("%s QP %u: failback notification failed: %d", d->dev, d->qpn,
+				    (int)wc->status);
 		return;
 	}
 }
@@ -988,6 +991,8 @@ static void from_default(struct shift_ctx *s, struct ibv_wc *wc, struct out *o)
 	}
 	if (d->send_state != SHIFT_SEND_DEFAULT)
 		return; /* a flush of a QP already on its backup */
+	shift_debug("%s QP %u: error completion %d (opcode %d, wr %#llx) starts a failover", d->dev,
+		    d->qpn, (int)wc->status, (int)wc->opcode, (unsigned long long)wc->wr_id);
 	int rc = start(s, d, o, wc);
 
 	if (rc == 0) {
@@ -1222,12 +1227,36 @@ static void watch_ports(struct shift_ctx *s, uint64_t now_ms)
 	s->ports_down = down;
 }
 
+/* Held by a whole background pass and by shift_failover_forget(): a pass
+ * never walks a QP state that destroy_qp is about to free. */
+static pthread_mutex_t bg_lock = PTHREAD_MUTEX_INITIALIZER;
+
+struct shift_dqp *shift_failover_forget(struct shift_ctx *s, struct ibv_qp *qp)
+{
+	pthread_mutex_lock(&bg_lock);
+	struct shift_dqp *d = shift_ctx_remove_dqp(s, qp);
+
+	if (d)
+		fo_remove(s, d);
+	pthread_mutex_unlock(&bg_lock);
+	return d;
+}
+
+static void background(struct shift_ctx *s);
+
 void shift_failover_background(struct shift_ctx *s)
+{
+	if (!s->rnic)
+		return;
+	pthread_mutex_lock(&bg_lock);
+	background(s);
+	pthread_mutex_unlock(&bg_lock);
+}
+
+static void background(struct shift_ctx *s)
 {
 	struct shift_rnic *r = s->rnic;
 
-	if (!r)
-		return;
 	/* a peer's handshake message lands in a backup CQ nobody else polls
 	 * while this side is in the Default state */
 	pthread_mutex_lock(&r->lock);

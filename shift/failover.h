@@ -19,6 +19,12 @@ int shift_poll_slow(struct shift_ctx *s, struct ibv_cq *cq, int num_entries,
 		    struct ibv_wc *wc, int done, int have);
 /* The background thread's share: notice peers' handshake messages. */
 void shift_failover_background(struct shift_ctx *s);
+/*
+ * Take a QP's data-path state out of s (its buckets and its failed-over
+ * list) so no background pass can reach it any more; the caller frees it
+ * once the provider destroyed the QP. NULL if qp has none.
+ */
+struct shift_dqp *shift_failover_forget(struct shift_ctx *s, struct ibv_qp *qp);
 /* Posting on a QP that is not in the Default state (post_lock held). */
 int shift_post_send_fallback(struct shift_dqp *d, struct ibv_send_wr *wr,
 			     struct ibv_send_wr **bad_wr);

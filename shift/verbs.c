@@ -11,6 +11,7 @@
 #include "shift/shift.h"
 #include "providers/quirks.h"
 #include "shift/shadow.h"
+#include "shift/failover.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -328,7 +329,7 @@ int shift_ibv_destroy_qp(struct ibv_qp *qp)
 	struct shift_ctx *s = qp ? shift_ctx_of(qp->context) : NULL;
 	struct shift_rnic *r = s ? s->rnic : NULL;
 	/* forget it while qp is still valid; put it back if the verb fails */
-	struct shift_dqp *d = s ? shift_ctx_remove_dqp(s, qp) : NULL;
+	struct shift_dqp *d = s ? shift_failover_forget(s, qp) : NULL;
 	int rc;
 
 	if (r)

@@ -311,6 +311,31 @@ static void test_port_down_fails_over_without_error(void **state)
 	shift_config.port_down_ms = saved;
 }
 
+/* A QP destroyed while failed over: later background passes must not
+ * touch its freed state (ASan catches a use after free here). */
+static void test_destroy_failed_over_qp(void **state)
+{
+	struct ibv_wc wa[128], wb[128];
+	int na = 0, nb = 0;
+	(void)state;
+
+	for (int i = 0; i < 8; i++)
+		post_write(i, i % 4 == 3);
+	sim_dev_kill(sim_host_dev(host[0], 0), 0);
+	drive(wa, 128, &na, wb, 128, &nb);
+	assert_int_equal(na, 2);
+	struct shift_dqp *da = shift_dqp_of_qp(a.qp);
+	assert_non_null(da);
+	assert_int_equal(da->failovers, 1);
+	assert_int_equal(shift_verbs.destroy_qp(a.qp), 0);
+	a.qp = NULL;
+	sim_dev_revive(sim_host_dev(host[0], 0));
+	for (int i = 0; i < 64; i++) {
+		sim_world_step(world);
+		shift_rnic_pass_all();
+	}
+}
+
 static void test_atomic_in_flight_surfaces(void **state)
 {
 	struct ibv_wc wa[128], wb[128];
@@ -527,6 +552,7 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_qp_fatal_hidden, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_failback_after_recovery, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_port_down_fails_over_without_error, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_destroy_failed_over_qp, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_drain_takes_rest_of_batch_first, setup, teardown2),
 		cmocka_unit_test_setup_teardown(test_atomic_completed_in_cq_is_not_in_flight, setup,
 						teardown),
