@@ -10,6 +10,7 @@
 #include "shift/shift.h"
 #include "shift/shadow.h"
 #include "shift/failover.h"
+#include "shift/chan.h"
 
 #include <pthread.h>
 #include <stddef.h>
@@ -154,7 +155,11 @@ static int shift_req_notify_cq(struct ibv_cq *cq, int solicited_only)
 
 	if (shift_unlikely(!s))
 		return EINVAL;
-	return s->req_notify_cq(cq, solicited_only);
+	int rc = s->req_notify_cq(cq, solicited_only);
+
+	if (shift_unlikely(cq->channel && s->rnic && !rc))
+		shift_chan_arm_backup(s, cq, solicited_only); /* completions after a failover */
+	return rc;
 }
 
 void shift_dqp_link(struct shift_ctx *s, struct ibv_qp *qp, struct ibv_cq *send_cq,
@@ -275,7 +280,7 @@ static struct ibv_cq_ex *shift_vctx_create_cq_ex(struct ibv_context *context,
 
 	if (cq && s->rnic)
 		shift_shadow_cq(s->rnic, ibv_cq_ex_to_cq(cq), (int)attr->cqe,
-				attr->channel != NULL, (int)attr->comp_vector);
+				attr->channel, (int)attr->comp_vector);
 	return cq;
 }
 

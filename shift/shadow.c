@@ -16,6 +16,7 @@
  */
 #include "shift/shadow.h"
 #include "shift/backup.h"
+#include "shift/chan.h"
 #include "shift/config.h"
 #include "shift/log.h"
 #include "shift/shift.h"
@@ -212,7 +213,7 @@ void shift_shadow_mr_rereg(struct shift_rnic *r, struct ibv_mr *mr, int flags,
 }
 
 void shift_shadow_cq(struct shift_rnic *r, struct ibv_cq *cq, int cqe,
-		     bool has_channel, int comp_vector)
+		     struct ibv_comp_channel *channel, int comp_vector)
 {
 	struct shift_cq *c = calloc(1, sizeof(*c));
 
@@ -221,7 +222,8 @@ void shift_shadow_cq(struct shift_rnic *r, struct ibv_cq *cq, int cqe,
 	c->app = cq;
 	c->cqe = cqe;
 	pthread_mutex_init(&c->dp_lock, NULL);
-	c->app_has_channel = has_channel;
+	c->app_has_channel = channel != NULL;
+	c->app_channel = channel;
 	c->comp_vector = comp_vector;
 	PUSH(r, cqs, c);
 }
@@ -396,6 +398,8 @@ static void replay_cq(struct shift_rnic *r, struct shift_cq *c)
 	pthread_mutex_unlock(&r->lock);
 	if (!c->bk)
 		shift_warn("%s: backup CQ on %s: %s", r->name, r->bk_name, strerror(errno));
+	else
+		shift_chan_backup_ready(r, c);
 }
 
 static void publish_mr(struct shift_rnic *r, struct shift_mr *m)

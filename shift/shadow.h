@@ -63,8 +63,11 @@ struct shift_cq {
 	int cqe;
 	int comp_vector;
 	bool app_has_channel;
+	struct ibv_comp_channel *app_channel; /* (L) NULL once being destroyed */
 	struct ibv_cq *bk;           /* thread-owned */
 	struct ibv_comp_channel *bk_channel;
+	unsigned synth_events;       /* backup events reported as the app CQ's,
+				      * not acked yet (atomic; shift/chan.c) */
 	enum shift_shadow_state state; /* (L) */
 	bool dead;                   /* (L) */
 
@@ -159,7 +162,7 @@ void shift_shadow_mr_gone(struct shift_rnic *r, struct ibv_mr *mr);
 void shift_shadow_mr_rereg(struct shift_rnic *r, struct ibv_mr *mr, int flags,
 			   int access);
 void shift_shadow_cq(struct shift_rnic *r, struct ibv_cq *cq, int cqe,
-		     bool has_channel, int comp_vector);
+		     struct ibv_comp_channel *channel, int comp_vector);
 void shift_shadow_cq_gone(struct shift_rnic *r, struct ibv_cq *cq);
 void shift_shadow_qp(struct shift_rnic *r, struct ibv_qp *qp,
 		     enum ibv_qp_type type, struct ibv_cq *send_cq,

@@ -11,6 +11,7 @@
 #include "shift/shift.h"
 #include "providers/quirks.h"
 #include "shift/shadow.h"
+#include "shift/chan.h"
 #include "shift/failover.h"
 
 #include <stdlib.h>
@@ -211,12 +212,20 @@ int shift_ibv_dereg_mr(struct ibv_mr *mr)
 
 struct ibv_comp_channel *shift_ibv_create_comp_channel(struct ibv_context *context)
 {
-	return L->create_comp_channel(context);
+	struct ibv_comp_channel *ch = L->create_comp_channel(context);
+
+	if (ch)
+		shift_chan_created(context ? shift_ctx_of(context) : NULL, ch);
+	return ch;
 }
 
 int shift_ibv_destroy_comp_channel(struct ibv_comp_channel *channel)
 {
-	return L->destroy_comp_channel(channel);
+	int rc = L->destroy_comp_channel(channel);
+
+	if (!rc)
+		shift_chan_destroyed(channel);
+	return rc;
 }
 
 struct ibv_cq *shift_ibv_create_cq(struct ibv_context *context, int cqe,
@@ -228,7 +237,7 @@ struct ibv_cq *shift_ibv_create_cq(struct ibv_context *context, int cqe,
 	struct shift_rnic *r = cq ? rnic_of(context) : NULL;
 
 	if (r)
-		shift_shadow_cq(r, cq, cq->cqe, channel != NULL, comp_vector);
+		shift_shadow_cq(r, cq, cq->cqe, channel, comp_vector);
 	return cq;
 }
 
@@ -240,22 +249,25 @@ int shift_ibv_resize_cq(struct ibv_cq *cq, int cqe)
 int shift_ibv_destroy_cq(struct ibv_cq *cq)
 {
 	struct shift_rnic *r = cq ? rnic_of(cq->context) : NULL;
+	struct ibv_comp_channel *ch = r ? shift_chan_cq_detach(r, cq) : NULL;
 	int rc = L->destroy_cq(cq);
 
 	if (!rc && r)
 		shift_shadow_cq_gone(r, cq);
+	else if (rc)
+		shift_chan_cq_reattach(r, cq, ch);
 	return rc;
 }
 
 int shift_ibv_get_cq_event(struct ibv_comp_channel *channel,
 			   struct ibv_cq **cq, void **cq_context)
 {
-	return L->get_cq_event(channel, cq, cq_context);
+	return shift_chan_get_cq_event(channel, cq, cq_context);
 }
 
 void shift_ibv_ack_cq_events(struct ibv_cq *cq, unsigned int nevents)
 {
-	L->ack_cq_events(cq, nevents);
+	shift_chan_ack_cq_events(cq, nevents);
 }
 
 struct ibv_qp *shift_ibv_create_qp(struct ibv_pd *pd,

@@ -648,6 +648,12 @@ static int sim_destroy_cq(struct ibv_cq *ibcq)
 		pp = &(*pp)->next;
 	if (!*pp)
 		return EINVAL;
+	/* rdma-core waits here until every event get_cq_event returned has
+	 * been acked (comp_events_completed == the kernel's count): a wrong
+	 * count would hang it forever; the sim refuses instead */
+	if (__atomic_load_n(&ibcq->comp_events_completed, __ATOMIC_RELAXED) !=
+	    __atomic_load_n(&cq->events_reported, __ATOMIC_RELAXED))
+		return EDEADLK;
 	*pp = cq->next;
 	if (ibcq->channel)
 		ibcq->channel->refcnt--;
@@ -702,12 +708,18 @@ static int sim_get_cq_event(struct ibv_comp_channel *chan, struct ibv_cq **cq,
 		return -1;
 	*cq = ibcq;
 	*cq_context = ibcq->cq_context;
+	__atomic_fetch_add(&((struct sim_cq *)ibcq)->events_reported, 1, __ATOMIC_RELAXED);
 	return 0;
+}
+
+unsigned sim_cq_events_reported(struct ibv_cq *cq)
+{
+	return __atomic_load_n(&((struct sim_cq *)cq)->events_reported, __ATOMIC_RELAXED);
 }
 
 static void sim_ack_cq_events(struct ibv_cq *cq, unsigned int nevents)
 {
-	cq->comp_events_completed += nevents;
+	__atomic_fetch_add(&cq->comp_events_completed, nevents, __ATOMIC_RELAXED);
 }
 
 /* --- ECE: not supported, like most providers ----------------------------- */

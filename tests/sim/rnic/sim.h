@@ -152,5 +152,9 @@ int sim_world_schedule_fault(struct sim_world *w, uint64_t at,
 
 /* Ticks a QP waits for an ACK before retrying, from its attributes. */
 uint64_t sim_qp_timeout_ticks(struct ibv_qp *qp);
+/* Completion events get_cq_event has returned for a sim CQ (what the
+ * kernel reports to rdma-core's destroy_cq; destroy_cq fails with EDEADLK
+ * unless comp_events_completed equals it). */
+unsigned sim_cq_events_reported(struct ibv_cq *cq);
 
 #endif /* SHIFT_SIM_H */

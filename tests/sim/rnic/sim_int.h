@@ -105,6 +105,7 @@ struct sim_cq {
 	struct ibv_wc *ring;
 	unsigned cap, head, count;
 	int armed;			/* 0, 1 = any, 2 = solicited only */
+	unsigned events_reported;	/* channel events get_cq_event returned */
 	bool overflow;
 	struct ibv_wc cur;		/* ex polling cursor */
 	bool polling;
