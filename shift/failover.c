@@ -410,6 +410,7 @@ static void fail_connection(struct shift_ctx *s, struct shift_dqp *d, struct out
 		return;
 	}
 	(void)s;
+	shift_dqp_sync(d);
 	for (uint64_t i = d->sq_tail; i < d->sq_head; i++) {
 		struct ibv_wc wc = { .wr_id = shift_dqp_swqe(d, i)->wr_id,
 				     .status = IBV_WC_WR_FLUSH_ERR, .qp_num = d->qpn };
@@ -420,8 +421,7 @@ static void fail_connection(struct shift_ctx *s, struct shift_dqp *d, struct out
 		}
 		emit(o, &wc);
 	}
-	d->sq_tail = d->sq_head;
-	d->sig_tail = d->sig_head;
+	shift_dqp_retire_all_send(d);
 	for (uint64_t i = d->rq_tail; i < d->rq_head; i++) {
 		struct ibv_wc wc = { .wr_id = shift_dqp_rwqe(d, i)->wr_id,
 				     .status = IBV_WC_WR_FLUSH_ERR, .qp_num = d->qpn,
@@ -432,7 +432,7 @@ static void fail_connection(struct shift_ctx *s, struct shift_dqp *d, struct out
 		}
 		emit(o, &wc);
 	}
-	d->rq_tail = d->rq_head;
+	__atomic_store_n(&d->rq_tail, d->rq_head, __ATOMIC_RELAXED);
 	d->recv_state = SHIFT_RECV_DEFAULT;
 }
 
@@ -531,6 +531,7 @@ static int start(struct shift_ctx *s, struct shift_dqp *d, struct out *o,
 	 * was still in the default CQ is done, not in flight. The QP's error
 	 * and flush completions were dropped by the drain: the application
 	 * gets its outstanding WRs flushed (fail_connection, held). */
+	shift_dqp_sync(d);
 	for (uint64_t i = d->sq_tail; i < d->sq_head; i++) {
 		if (shift_wr_is_atomic(shift_dqp_swqe(d, i)->opcode)) {
 			d->atomic_boundary_hit = true;
@@ -571,6 +572,7 @@ static void retransmit(struct shift_dqp *d, struct out *o)
 {
 	uint64_t outstanding_consumers = 0, skip, i;
 
+	shift_dqp_sync(d);
 	for (i = d->sq_tail; i < d->sq_head; i++)
 		outstanding_consumers += shift_wr_consumes_recv(shift_dqp_swqe(d, i)->opcode);
 	uint32_t done = CTRL_COUNT((uint32_t)(d->recv_consumers_posted - outstanding_consumers));
@@ -596,8 +598,7 @@ static void retransmit(struct shift_dqp *d, struct out *o)
 					  IBV_WC_SEND : IBV_WC_RDMA_WRITE,
 				.qp_num = d->qpn,
 			};
-			d->sq_tail = i + 1;
-			d->sig_tail++;
+			shift_dqp_retire(d, &wc); /* sq_tail follows at the next sync */
 			emit(o, &wc);
 		}
 	}
@@ -828,11 +829,11 @@ static void probe_ok(struct shift_dqp *d)
 	shift_info("%s QP %u: default path answers again (probe)", d->dev, d->qpn);
 	shift_dqp_lock(d);
 	if (d->send_state == SHIFT_SEND_FALLBACK) {
-		uint64_t m = d->sq_size - 1;
-
+		shift_dqp_sync_locked(d);
 		if (d->sq_tail == d->sq_head) {
 			switch_back(d);
-		} else if (d->sig_head != d->sig_tail && d->sig[(d->sig_head - 1) & m] == d->sq_head - 1) {
+		} else if (d->sig_head != __atomic_load_n(&d->sig_tail, __ATOMIC_RELAXED) &&
+			   d->sig[(d->sig_head - 1) & d->sig_mask] == d->sq_head - 1) {
 			/* the last outstanding WR is signaled: it is the fence */
 			d->fence = d->sq_head - 1;
 			set_send_state(d, SHIFT_SEND_WAIT_DRAINED);
@@ -928,6 +929,7 @@ static void failback_work(struct shift_ctx *s, struct shift_dqp *d, uint64_t now
 				/* receive-only: nothing to probe or send; receptive again */
 				d->dflt = SHIFT_DFLT_OK;
 				shift_dqp_lock(d);
+				shift_dqp_sync_locked(d);
 				if (d->sq_tail == d->sq_head) {
 					set_send_state(d, SHIFT_SEND_DEFAULT);
 					d->failbacks++;
@@ -1052,10 +1054,11 @@ static void from_backup(struct shift_ctx *s, struct ibv_wc *wc, struct out *o, b
 		give_up(d, "the backup path failed too");
 	}
 	emit(o, wc);
-	if (d->send_state == SHIFT_SEND_WAIT_DRAINED && d->sq_tail > d->fence) {
-		/* the fence completed: everything before it has executed */
+	if (d->send_state == SHIFT_SEND_WAIT_DRAINED) {
 		shift_dqp_lock(d);
-		if (d->send_state == SHIFT_SEND_WAIT_DRAINED)
+		shift_dqp_sync_locked(d);
+		/* the fence completed: everything before it has executed */
+		if (d->send_state == SHIFT_SEND_WAIT_DRAINED && d->sq_tail > d->fence)
 			switch_back(d);
 		shift_dqp_unlock(d);
 	}
