@@ -43,13 +43,18 @@ UNPROTECTED_POST(post_send, ibv_send_wr)
 UNPROTECTED_POST(post_recv, ibv_recv_wr)
 
 /*
- * Every post the fast paths below do not take: chains, several SGEs, inline
- * data, atomics, a full-looking mirror, any state but Default, unprotected
- * QPs. The mirror and the provider see the same WRs in the same order
- * (post_lock), and WRs the provider refuses are forgotten again.
+ * Default state: mirror the WRs, then the provider's post. The mirror and
+ * the provider see the same WRs in the same order (post_lock), and WRs the
+ * provider refuses are forgotten again. The common case takes the fast
+ * paths below (shift_post_send_fast, shift_post_recv_fast) instead.
  */
-static __attribute__((noinline)) int post_send_slow(struct ibv_qp *qp, struct ibv_send_wr *wr,
-						    struct ibv_send_wr **bad_wr)
+static int shift_post_send(struct ibv_qp *qp, struct ibv_send_wr *wr,
+			   struct ibv_send_wr **bad_wr) __attribute__((noinline));
+static int shift_post_recv(struct ibv_qp *qp, struct ibv_recv_wr *wr,
+			   struct ibv_recv_wr **bad_wr) __attribute__((noinline));
+
+static int shift_post_send(struct ibv_qp *qp, struct ibv_send_wr *wr,
+			   struct ibv_send_wr **bad_wr)
 {
 	struct shift_dqp *d = shift_dqp_of_qp(qp);
 	uint64_t head;
@@ -73,8 +78,8 @@ static __attribute__((noinline)) int post_send_slow(struct ibv_qp *qp, struct ib
 	return rc;
 }
 
-static __attribute__((noinline)) int post_recv_slow(struct ibv_qp *qp, struct ibv_recv_wr *wr,
-						    struct ibv_recv_wr **bad_wr)
+static int shift_post_recv(struct ibv_qp *qp, struct ibv_recv_wr *wr,
+			   struct ibv_recv_wr **bad_wr)
 {
 	struct shift_dqp *d = shift_dqp_of_qp(qp);
 	uint64_t head;
@@ -109,17 +114,18 @@ static __attribute__((noinline, cold)) int post_send_refused(struct shift_dqp *d
 
 /*
  * Default state, the common WR (shift_dqp_send_is_common): mirror it inline,
- * then the provider's post. Only d stays live across the provider's call.
+ * then the provider's post. Only d stays live across the provider's call;
+ * anything else goes to shift_post_send().
  */
-static __attribute__((hot)) int shift_post_send(struct ibv_qp *qp, struct ibv_send_wr *wr,
-						struct ibv_send_wr **bad_wr)
+static __attribute__((hot)) int shift_post_send_fast(struct ibv_qp *qp, struct ibv_send_wr *wr,
+						     struct ibv_send_wr **bad_wr)
 {
 	struct shift_dqp *d = __atomic_load_n(&shift_dqp_tab[shift_dqp_hash(qp)],
 					      __ATOMIC_ACQUIRE);
 
 	while (shift_unlikely(d->qp != qp)) {
 		if (d == &shift_dqp_none)
-			return post_send_slow(qp, wr, bad_wr); /* unprotected */
+			return unprotected_post_send(qp, wr, bad_wr);
 		d = __atomic_load_n(&d->next_by_qp, __ATOMIC_ACQUIRE);
 	}
 	if (shift_likely(shift_dqp_send_is_common(wr))) {
@@ -136,18 +142,18 @@ static __attribute__((hot)) int shift_post_send(struct ibv_qp *qp, struct ibv_se
 		}
 		shift_dqp_unlock(d);
 	}
-	return post_send_slow(qp, wr, bad_wr);
+	return shift_post_send(qp, wr, bad_wr);
 }
 
-static __attribute__((hot)) int shift_post_recv(struct ibv_qp *qp, struct ibv_recv_wr *wr,
-						struct ibv_recv_wr **bad_wr)
+static __attribute__((hot)) int shift_post_recv_fast(struct ibv_qp *qp, struct ibv_recv_wr *wr,
+						     struct ibv_recv_wr **bad_wr)
 {
 	struct shift_dqp *d = __atomic_load_n(&shift_dqp_tab[shift_dqp_hash(qp)],
 					      __ATOMIC_ACQUIRE);
 
 	while (shift_unlikely(d->qp != qp)) {
 		if (d == &shift_dqp_none)
-			return post_recv_slow(qp, wr, bad_wr); /* unprotected */
+			return unprotected_post_recv(qp, wr, bad_wr);
 		d = __atomic_load_n(&d->next_by_qp, __ATOMIC_ACQUIRE);
 	}
 	if (shift_likely(!wr->next && wr->num_sge == 1)) {
@@ -164,7 +170,7 @@ static __attribute__((hot)) int shift_post_recv(struct ibv_qp *qp, struct ibv_re
 		}
 		shift_dqp_unlock(d);
 	}
-	return post_recv_slow(qp, wr, bad_wr);
+	return shift_post_recv(qp, wr, bad_wr);
 }
 
 static int shift_post_srq_recv(struct ibv_srq *srq, struct ibv_recv_wr *wr,
@@ -471,9 +477,9 @@ struct shift_ctx *shift_ctx_attach(struct ibv_context *ibctx)
 	__atomic_store_n(&shift_ctx_tab[slot], s, __ATOMIC_RELEASE);
 
 	if (s->post_send)
-		ibctx->ops.post_send = shift_post_send;
+		ibctx->ops.post_send = shift_post_send_fast;
 	if (s->post_recv)
-		ibctx->ops.post_recv = shift_post_recv;
+		ibctx->ops.post_recv = shift_post_recv_fast;
 	if (s->post_srq_recv)
 		ibctx->ops.post_srq_recv = shift_post_srq_recv;
 	if (s->poll_cq)
