@@ -194,10 +194,20 @@ static struct shift_dqp *shift_poll_last[SHIFT_MAX_CTX] = {
 	[0 ... SHIFT_MAX_CTX - 1] = &shift_dqp_none,
 };
 
+/*
+ * The poll path's view of shift_ctx_tab: a slot without a context holds
+ * shift_ctx_closed, whose slow flag is set, instead of NULL, so the common
+ * case tests one flag. Written under ctx_lock with shift_ctx_tab.
+ */
+static struct shift_ctx shift_ctx_closed = { .slot = -1, .slow = true };
+static struct shift_ctx *shift_poll_ctx[SHIFT_MAX_CTX] = {
+	[0 ... SHIFT_MAX_CTX - 1] = &shift_ctx_closed,
+};
+
 static __attribute__((noinline)) int poll_enter_slow(struct shift_ctx *s, struct ibv_cq *cq,
 						     int num_entries, struct ibv_wc *wc)
 {
-	if (!s)
+	if (s == &shift_ctx_closed)
 		return -1; /* the context is being closed */
 	return shift_poll_slow(s, cq, num_entries, wc, 0, 0);
 }
@@ -232,10 +242,10 @@ static __attribute__((noinline)) int poll_retire(int slot, struct ibv_cq *cq, in
 static inline __attribute__((always_inline)) int poll_fast(int slot, struct ibv_cq *cq,
 							   int num_entries, struct ibv_wc *wc)
 {
-	struct shift_ctx *s = __atomic_load_n(&shift_ctx_tab[slot], __ATOMIC_ACQUIRE);
+	struct shift_ctx *s = __atomic_load_n(&shift_poll_ctx[slot], __ATOMIC_ACQUIRE);
 	int n;
 
-	if (shift_unlikely(!s || __atomic_load_n(&s->slow, __ATOMIC_ACQUIRE)))
+	if (shift_unlikely(__atomic_load_n(&s->slow, __ATOMIC_ACQUIRE)))
 		return poll_enter_slow(s, cq, num_entries, wc);
 	n = s->poll_cq(cq, num_entries, wc);
 	if (shift_likely(n == 1)) {
@@ -475,6 +485,7 @@ struct shift_ctx *shift_ctx_attach(struct ibv_context *ibctx)
 	s->req_notify_cq = ibctx->ops.req_notify_cq;
 	__atomic_store_n(&shift_poll_last[slot], &shift_dqp_none, __ATOMIC_RELAXED);
 	__atomic_store_n(&shift_ctx_tab[slot], s, __ATOMIC_RELEASE);
+	__atomic_store_n(&shift_poll_ctx[slot], s, __ATOMIC_RELEASE);
 
 	if (s->post_send)
 		ibctx->ops.post_send = shift_post_send_fast;
@@ -526,6 +537,7 @@ void shift_ctx_detach(struct ibv_context *ibctx)
 		VCTX_GIVE_BACK(s, vctx, create_cq_ex);
 	}
 	__atomic_store_n(&shift_ctx_tab[s->slot], NULL, __ATOMIC_RELEASE);
+	__atomic_store_n(&shift_poll_ctx[s->slot], &shift_ctx_closed, __ATOMIC_RELEASE);
 	pthread_mutex_unlock(&ctx_lock);
 	for (int i = 0; i < SHIFT_DQP_BUCKETS; i++) {
 		while (s->dqp[i]) {

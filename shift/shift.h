@@ -110,8 +110,10 @@ extern struct shift_dqp shift_dqp_none;
 
 static inline unsigned shift_dqp_hash(const struct ibv_qp *qp)
 {
-	/* not by QPN: two devices number their QPs alike */
-	return (unsigned)(((uintptr_t)qp >> 6) * 0x9e3779b1u) >> 20; /* 12 bits */
+	/* not by QPN: two devices number their QPs alike. Fibonacci hashing
+	 * of the address's low 32 bits (the top 12 bits of the product mix
+	 * every bit above the allocator's alignment): one multiply, one shift */
+	return ((uint32_t)(uintptr_t)qp * 0x9e3779b1u) >> 20; /* 12 bits */
 }
 
 static inline struct shift_dqp *shift_dqp_of_qp(const struct ibv_qp *qp)
