@@ -46,8 +46,14 @@ UNPROTECTED_POST(post_recv, ibv_recv_wr)
 /*
  * Default state: mirror the WRs, then the provider's post. The mirror and
  * the provider see the same WRs in the same order (post_lock), and WRs the
- * provider refuses are forgotten again.
+ * provider refuses are forgotten again. The common case takes the fast
+ * paths below (shift_post_send_fast, shift_post_recv_fast) instead.
  */
+static int shift_post_send(struct ibv_qp *qp, struct ibv_send_wr *wr,
+			   struct ibv_send_wr **bad_wr) __attribute__((noinline));
+static int shift_post_recv(struct ibv_qp *qp, struct ibv_recv_wr *wr,
+			   struct ibv_recv_wr **bad_wr) __attribute__((noinline));
+
 static int shift_post_send(struct ibv_qp *qp, struct ibv_send_wr *wr,
 			   struct ibv_send_wr **bad_wr)
 {
@@ -60,8 +66,7 @@ static int shift_post_send(struct ibv_qp *qp, struct ibv_send_wr *wr,
 	shift_dqp_lock(d);
 	head = d->sq_head;
 	if (shift_likely(d->send_state == SHIFT_SEND_DEFAULT)) {
-		if (shift_unlikely(!shift_dqp_record_one(d, wr)))
-			shift_dqp_record_send(d, wr);
+		shift_dqp_record_send(d, wr);
 		rc = d->prov_post_send(qp, wr, bad_wr);
 		if (shift_unlikely(rc))
 			shift_dqp_unrecord_send(d, wr, *bad_wr, head);
@@ -87,17 +92,7 @@ static int shift_post_recv(struct ibv_qp *qp, struct ibv_recv_wr *wr,
 	head = d->rq_head;
 	if (shift_likely(d->recv_state == SHIFT_RECV_DEFAULT &&
 			 d->send_state != SHIFT_SEND_UNPROTECTED)) {
-		if (shift_likely(!wr->next && wr->num_sge == 1 &&
-				 d->rq_head - d->rq_tail < d->rq_size)) {
-			struct shift_rwqe *e = shift_dqp_rwqe(d, head);
-
-			e->wr_id = wr->wr_id;
-			e->num_sge = 1;
-			e->sge[0] = wr->sg_list[0];
-			d->rq_head = head + 1;
-		} else {
-			shift_dqp_record_recv(d, wr);
-		}
+		shift_dqp_record_recv(d, wr);
 		rc = d->prov_post_recv(qp, wr, bad_wr);
 		if (shift_unlikely(rc))
 			shift_dqp_unrecord_recv(d, wr, *bad_wr, head);
@@ -108,6 +103,75 @@ static int shift_post_recv(struct ibv_qp *qp, struct ibv_recv_wr *wr,
 	}
 	shift_dqp_unlock(d);
 	return rc;
+}
+
+/* The provider refused the WR the fast path just mirrored: forget it. */
+static __attribute__((noinline, cold)) int post_send_refused(struct shift_dqp *d, int rc)
+{
+	shift_dqp_unrecord_last_send(d);
+	shift_dqp_unlock(d);
+	return rc;
+}
+
+/*
+ * Default state, the common WR (shift_dqp_send_is_common): mirror it inline,
+ * then the provider's post. Only d stays live across the provider's call;
+ * anything else goes to shift_post_send().
+ */
+static __attribute__((hot)) int shift_post_send_fast(struct ibv_qp *qp, struct ibv_send_wr *wr,
+						     struct ibv_send_wr **bad_wr)
+{
+	struct shift_dqp *d = __atomic_load_n(&shift_dqp_tab[shift_dqp_hash(qp)],
+					      __ATOMIC_ACQUIRE);
+
+	while (shift_unlikely(d->qp != qp)) {
+		if (d == &shift_dqp_none)
+			return unprotected_post_send(qp, wr, bad_wr);
+		d = __atomic_load_n(&d->next_by_qp, __ATOMIC_ACQUIRE);
+	}
+	if (shift_likely(shift_dqp_send_is_common(wr))) {
+		shift_dqp_lock(d);
+		if (shift_likely(d->send_state == SHIFT_SEND_DEFAULT && shift_dqp_sq_room(d))) {
+			int rc;
+
+			shift_dqp_record_one(d, wr);
+			rc = d->prov_post_send(qp, wr, bad_wr);
+			if (shift_unlikely(rc))
+				return post_send_refused(d, rc);
+			shift_dqp_unlock(d);
+			return rc;
+		}
+		shift_dqp_unlock(d);
+	}
+	return shift_post_send(qp, wr, bad_wr);
+}
+
+static __attribute__((hot)) int shift_post_recv_fast(struct ibv_qp *qp, struct ibv_recv_wr *wr,
+						     struct ibv_recv_wr **bad_wr)
+{
+	struct shift_dqp *d = __atomic_load_n(&shift_dqp_tab[shift_dqp_hash(qp)],
+					      __ATOMIC_ACQUIRE);
+
+	while (shift_unlikely(d->qp != qp)) {
+		if (d == &shift_dqp_none)
+			return unprotected_post_recv(qp, wr, bad_wr);
+		d = __atomic_load_n(&d->next_by_qp, __ATOMIC_ACQUIRE);
+	}
+	if (shift_likely(!wr->next && wr->num_sge == 1)) {
+		shift_dqp_lock(d);
+		if (shift_likely(d->states == 0 && shift_dqp_rq_room(d))) {
+			int rc;
+
+			shift_dqp_record_recv_one(d, wr);
+			rc = d->prov_post_recv(qp, wr, bad_wr);
+			if (shift_unlikely(rc))
+				d->rq_head--;
+			shift_dqp_unlock(d);
+			return rc;
+		}
+		shift_dqp_unlock(d);
+	}
+	return shift_post_recv(qp, wr, bad_wr);
 }
 
 static int shift_post_srq_recv(struct ibv_srq *srq, struct ibv_recv_wr *wr,
@@ -122,32 +186,102 @@ static int shift_post_srq_recv(struct ibv_srq *srq, struct ibv_recv_wr *wr,
 	return s->post_srq_recv(srq, wr, bad_wr);
 }
 
-/* Default state: the provider's poll, then retire what completed. */
-static int shift_poll_cq(struct ibv_cq *cq, int num_entries, struct ibv_wc *wc)
+/*
+ * Polling. Each context slot has its own poll_cq (installed in the
+ * context's ops at attach), so the context is one load from the table, not
+ * a scan; the slot also keeps the QP of the last completion polled.
+ */
+static struct shift_dqp *shift_poll_last[SHIFT_MAX_CTX] = {
+	[0 ... SHIFT_MAX_CTX - 1] = &shift_dqp_none,
+};
+
+/*
+ * The poll path's view of shift_ctx_tab: a slot without a context holds
+ * shift_ctx_closed, whose slow flag is set, instead of NULL, so the common
+ * case tests one flag. Written under ctx_lock with shift_ctx_tab.
+ */
+static struct shift_ctx shift_ctx_closed = { .slot = -1, .slow = true };
+static struct shift_ctx *shift_poll_ctx[SHIFT_MAX_CTX] = {
+	[0 ... SHIFT_MAX_CTX - 1] = &shift_ctx_closed,
+};
+
+static __attribute__((noinline)) int poll_enter_slow(struct shift_ctx *s, struct ibv_cq *cq,
+						     int num_entries, struct ibv_wc *wc)
 {
-	struct shift_ctx *s = shift_ctx_of(cq->context);
-	int n;
+	if (s == &shift_ctx_closed)
+		return -1; /* the context is being closed */
+	return shift_poll_slow(s, cq, num_entries, wc, 0, 0);
+}
 
-	if (shift_unlikely(!s))
-		return -1;
-	if (shift_unlikely(__atomic_load_n(&s->slow, __ATOMIC_ACQUIRE)))
-		return shift_poll_slow(s, cq, num_entries, wc, 0, 0);
-	n = s->poll_cq(cq, num_entries, wc);
+/* Retire the n completions the provider returned, or hand them to the slow
+ * path from the first error of a protected QP on. */
+static __attribute__((noinline)) int poll_retire(int slot, struct ibv_cq *cq, int num_entries,
+						 struct ibv_wc *wc, int n)
+{
+	struct shift_ctx *s = __atomic_load_n(&shift_ctx_tab[slot], __ATOMIC_ACQUIRE);
+
+	if (!s)
+		return n;
 	for (int i = 0; i < n; i++) {
-		struct shift_dqp *d = s->last_dqp;
+		struct shift_dqp *d = __atomic_load_n(&shift_poll_last[slot], __ATOMIC_RELAXED);
 
-		if (shift_unlikely(!d || d->qpn != wc[i].qp_num)) {
+		if (d->qpn != wc[i].qp_num) {
 			d = shift_dqp_by_qpn(s, wc[i].qp_num);
-			s->last_dqp = d;
+			if (!d)
+				continue; /* not protected: as it is */
+			__atomic_store_n(&shift_poll_last[slot], d, __ATOMIC_RELAXED);
 		}
-
-		if (shift_likely(d && wc[i].status == IBV_WC_SUCCESS))
+		if (shift_likely(wc[i].status == IBV_WC_SUCCESS))
 			shift_dqp_retire(d, &wc[i]);
-		else if (d && d->send_state != SHIFT_SEND_UNPROTECTED)
+		else if (d->send_state != SHIFT_SEND_UNPROTECTED)
 			return shift_poll_slow(s, cq, num_entries, wc, i, n);
 	}
 	return n;
 }
+
+/* Default state: the provider's poll, then count what completed. */
+static inline __attribute__((always_inline)) int poll_fast(int slot, struct ibv_cq *cq,
+							   int num_entries, struct ibv_wc *wc)
+{
+	struct shift_ctx *s = __atomic_load_n(&shift_poll_ctx[slot], __ATOMIC_ACQUIRE);
+	int n;
+
+	if (shift_unlikely(__atomic_load_n(&s->slow, __ATOMIC_ACQUIRE)))
+		return poll_enter_slow(s, cq, num_entries, wc);
+	n = s->poll_cq(cq, num_entries, wc);
+	if (shift_likely(n == 1)) {
+		struct shift_dqp *d = __atomic_load_n(&shift_poll_last[slot], __ATOMIC_RELAXED);
+
+		if (shift_likely(d->qpn == wc->qp_num && wc->status == IBV_WC_SUCCESS)) {
+			shift_dqp_retire(d, wc);
+			return 1;
+		}
+	} else if (n <= 0) {
+		return n;
+	}
+	return poll_retire(slot, cq, num_entries, wc, n);
+}
+
+#define POLL_SLOT(k)                                                            \
+	static __attribute__((hot)) int shift_poll_cq_##k(struct ibv_cq *cq, int num_entries, \
+							  struct ibv_wc *wc)    \
+	{                                                                       \
+		return poll_fast(k, cq, num_entries, wc);                       \
+	}
+#define POLL_SLOT8(b)                                                           \
+	POLL_SLOT(0##b##0) POLL_SLOT(0##b##1) POLL_SLOT(0##b##2) POLL_SLOT(0##b##3) \
+	POLL_SLOT(0##b##4) POLL_SLOT(0##b##5) POLL_SLOT(0##b##6) POLL_SLOT(0##b##7)
+POLL_SLOT8(0) POLL_SLOT8(1) POLL_SLOT8(2) POLL_SLOT8(3)
+POLL_SLOT8(4) POLL_SLOT8(5) POLL_SLOT8(6) POLL_SLOT8(7)
+#define POLL_FN8(b)                                                             \
+	shift_poll_cq_0##b##0, shift_poll_cq_0##b##1, shift_poll_cq_0##b##2,    \
+	shift_poll_cq_0##b##3, shift_poll_cq_0##b##4, shift_poll_cq_0##b##5,    \
+	shift_poll_cq_0##b##6, shift_poll_cq_0##b##7
+_Static_assert(SHIFT_MAX_CTX == 64, "one poll_cq per context slot: 8 x POLL_SLOT8");
+static int (*const shift_poll_cq_of_slot[SHIFT_MAX_CTX])(struct ibv_cq *, int, struct ibv_wc *) = {
+	POLL_FN8(0), POLL_FN8(1), POLL_FN8(2), POLL_FN8(3),
+	POLL_FN8(4), POLL_FN8(5), POLL_FN8(6), POLL_FN8(7),
+};
 
 static int shift_req_notify_cq(struct ibv_cq *cq, int solicited_only)
 {
@@ -174,7 +308,10 @@ void shift_dqp_link(struct shift_ctx *s, struct ibv_qp *qp, struct ibv_cq *send_
 	d->rcq = shift_shadow_cq_of(s->rnic, recv_cq);
 }
 
-struct shift_dqp *shift_dqp_tab[SHIFT_DQP_TAB];
+struct shift_dqp shift_dqp_none = { .qpn = UINT32_MAX }; /* QPNs have 24 bits */
+struct shift_dqp *shift_dqp_tab[SHIFT_DQP_TAB] = {
+	[0 ... SHIFT_DQP_TAB - 1] = &shift_dqp_none,
+};
 
 void shift_ctx_add_dqp(struct shift_ctx *s, struct shift_dqp *d)
 {
@@ -199,15 +336,15 @@ struct shift_dqp *shift_ctx_remove_dqp(struct shift_ctx *s, struct ibv_qp *qp)
 	while ((d = *pp) && d->qp != qp)
 		pp = &d->next_in_bucket;
 	if (d) {
-		struct shift_dqp **g = &shift_dqp_tab[shift_dqp_hash(qp)];
+		struct shift_dqp **g = &shift_dqp_tab[shift_dqp_hash(d->qp)];
 
 		__atomic_store_n(pp, d->next_in_bucket, __ATOMIC_RELEASE);
-		while (*g && *g != d)
+		while (*g != &shift_dqp_none && *g != d)
 			g = &(*g)->next_by_qp;
-		if (*g)
+		if (*g == d)
 			__atomic_store_n(g, d->next_by_qp, __ATOMIC_RELEASE);
-		if (s->last_dqp == d)
-			s->last_dqp = NULL;
+		if (__atomic_load_n(&shift_poll_last[s->slot], __ATOMIC_RELAXED) == d)
+			__atomic_store_n(&shift_poll_last[s->slot], &shift_dqp_none, __ATOMIC_RELAXED);
 	}
 	pthread_mutex_unlock(&ctx_lock);
 	return d;
@@ -351,16 +488,18 @@ struct shift_ctx *shift_ctx_attach(struct ibv_context *ibctx)
 	s->post_srq_recv = ibctx->ops.post_srq_recv;
 	s->poll_cq = ibctx->ops.poll_cq;
 	s->req_notify_cq = ibctx->ops.req_notify_cq;
+	__atomic_store_n(&shift_poll_last[slot], &shift_dqp_none, __ATOMIC_RELAXED);
 	__atomic_store_n(&shift_ctx_tab[slot], s, __ATOMIC_RELEASE);
+	__atomic_store_n(&shift_poll_ctx[slot], s, __ATOMIC_RELEASE);
 
 	if (s->post_send)
-		ibctx->ops.post_send = shift_post_send;
+		ibctx->ops.post_send = shift_post_send_fast;
 	if (s->post_recv)
-		ibctx->ops.post_recv = shift_post_recv;
+		ibctx->ops.post_recv = shift_post_recv_fast;
 	if (s->post_srq_recv)
 		ibctx->ops.post_srq_recv = shift_post_srq_recv;
 	if (s->poll_cq)
-		ibctx->ops.poll_cq = shift_poll_cq;
+		ibctx->ops.poll_cq = shift_poll_cq_of_slot[slot];
 	if (s->req_notify_cq)
 		ibctx->ops.req_notify_cq = shift_req_notify_cq;
 	VCTX_TAKE(s, vctx, query_port);
@@ -403,6 +542,7 @@ void shift_ctx_detach(struct ibv_context *ibctx)
 		VCTX_GIVE_BACK(s, vctx, create_cq_ex);
 	}
 	__atomic_store_n(&shift_ctx_tab[s->slot], NULL, __ATOMIC_RELEASE);
+	__atomic_store_n(&shift_poll_ctx[s->slot], &shift_ctx_closed, __ATOMIC_RELEASE);
 	pthread_mutex_unlock(&ctx_lock);
 	for (int i = 0; i < SHIFT_DQP_BUCKETS; i++) {
 		while (s->dqp[i]) {
@@ -410,10 +550,13 @@ void shift_ctx_detach(struct ibv_context *ibctx)
 
 			s->dqp[i] = d->next_in_bucket;
 			struct shift_dqp **g = &shift_dqp_tab[shift_dqp_hash(d->qp)];
-			while (*g && *g != d)
+			while (*g != &shift_dqp_none && *g != d)
 				g = &(*g)->next_by_qp;
-			if (*g)
+			if (*g == d)
 				*g = d->next_by_qp;
+			if (__atomic_load_n(&shift_poll_last[s->slot], __ATOMIC_RELAXED) == d)
+				__atomic_store_n(&shift_poll_last[s->slot], &shift_dqp_none,
+						 __ATOMIC_RELAXED);
 			shift_dqp_destroy(d);
 		}
 	}

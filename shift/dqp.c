@@ -5,9 +5,26 @@
  */
 #include "shift/dqp.h"
 
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+/* shift_dqp_record_one() copies num_sge .. rdma.rkey of a send WR as one
+ * 32-byte block */
+#define SAME_DISTANCE(f, wf) \
+	(offsetof(struct shift_swqe, f) - offsetof(struct shift_swqe, num_sge) == \
+	 offsetof(struct ibv_send_wr, wf) - offsetof(struct ibv_send_wr, num_sge))
+_Static_assert(SAME_DISTANCE(opcode, opcode) && SAME_DISTANCE(send_flags, send_flags) &&
+	       SAME_DISTANCE(imm, imm_data) && SAME_DISTANCE(remote_addr, wr.rdma.remote_addr) &&
+	       SAME_DISTANCE(rkey, wr.rdma.rkey),
+	       "struct shift_swqe must follow struct ibv_send_wr's layout");
+_Static_assert(offsetof(struct shift_swqe, num_sge) + 32 == offsetof(struct shift_swqe, compare_add) &&
+	       offsetof(struct ibv_send_wr, num_sge) + 32 <= sizeof(struct ibv_send_wr),
+	       "the 32-byte block stays inside both structures");
+_Static_assert(sizeof(enum shift_send_state) == 4 && sizeof(enum shift_recv_state) == 4 &&
+	       SHIFT_SEND_DEFAULT == 0 && SHIFT_RECV_DEFAULT == 0,
+	       "states: both Default reads as states == 0");
 
 static uint32_t pow2_at_least(uint32_t n)
 {
@@ -40,8 +57,13 @@ struct shift_dqp *shift_dqp_create(struct ibv_qp *qp, const struct ibv_qp_cap *c
 				   d->max_send_sge * sizeof(struct ibv_sge) + d->max_inline + 7) & ~7u);
 	d->rq_stride = (uint32_t)(sizeof(struct shift_rwqe) +
 				  d->max_recv_sge * sizeof(struct ibv_sge));
+	d->sq_mask = d->sq_size - 1;
+	d->sig_mask = 2 * (uint64_t)d->sq_size - 1;
+	d->rq_mask = d->rq_size - 1;
+	d->sq_limit = d->sq_size;
+	d->rq_limit = d->rq_size;
 	d->sq = calloc(d->sq_size, d->sq_stride);
-	d->sig = calloc(d->sq_size, sizeof(*d->sig));
+	d->sig = calloc(2 * (size_t)d->sq_size, sizeof(*d->sig));
 	d->rq = calloc(d->rq_size, d->rq_stride);
 	if (!d->sq || !d->sig || !d->rq) {
 		free(d->sq);
@@ -71,19 +93,51 @@ static int mirror_full(struct shift_dqp *d, const char *q)
 	return -1;
 }
 
+void shift_dqp_sync(struct shift_dqp *d)
+{
+	shift_dqp_lock(d);
+	shift_dqp_sync_locked(d);
+	shift_dqp_unlock(d);
+}
+
+void shift_dqp_retire_all_send(struct shift_dqp *d)
+{
+	shift_dqp_lock(d);
+	/* as if each signaled WR had completed */
+	__atomic_store_n(&d->sig_tail, d->sig_head, __ATOMIC_RELAXED);
+	d->sq_tail = d->sq_head;
+	d->sq_limit = d->sq_tail + d->sq_size;
+	shift_dqp_unlock(d);
+}
+
+static void unrecord_last(struct shift_dqp *d)
+{
+	struct shift_swqe *e = shift_dqp_swqe(d, --d->sq_head);
+
+	d->recv_consumers_posted -= shift_wr_consumes_recv(e->opcode);
+	/* the newest signaled WR, if it was this one (it cannot have completed) */
+	if (d->sig_head != 0 && d->sig[(d->sig_head - 1) & d->sig_mask] == d->sq_head)
+		d->sig_head--;
+}
+
+void shift_dqp_unrecord_last_send(struct shift_dqp *d)
+{
+	unrecord_last(d);
+}
+
 int shift_dqp_record_send(struct shift_dqp *d, const struct ibv_send_wr *wr)
 {
 	for (; wr; wr = wr->next) {
 		struct shift_swqe *e;
 		uint32_t n = (uint32_t)(wr->num_sge > 0 ? wr->num_sge : 0);
 
-		if (shift_unlikely(d->sq_head - d->sq_tail >= d->sq_size || n > d->max_send_sge))
+		if (shift_unlikely(!shift_dqp_sq_room(d) || n > d->max_send_sge))
 			return mirror_full(d, "send");
 		e = shift_dqp_swqe(d, d->sq_head);
 		e->wr_id = wr->wr_id;
-		e->opcode = (uint16_t)wr->opcode;
+		e->opcode = (uint32_t)wr->opcode;
 		e->send_flags = wr->send_flags;
-		e->num_sge = (uint16_t)n;
+		e->num_sge = n;
 		e->imm = wr->imm_data;
 		/* remote_addr starts both rdma and atomic in the union; rkey
 		 * sits elsewhere in each */
@@ -113,10 +167,8 @@ int shift_dqp_record_send(struct shift_dqp *d, const struct ibv_send_wr *wr)
 			}
 			e->inline_len = len;
 		}
-		if ((wr->send_flags & IBV_SEND_SIGNALED) || d->sq_sig_all) {
-			d->sig[d->sig_head & (d->sq_size - 1)] = d->sq_head;
-			d->sig_head++;
-		}
+		if ((wr->send_flags & IBV_SEND_SIGNALED) || d->sq_sig_all)
+			d->sig[d->sig_head++ & d->sig_mask] = d->sq_head;
 		d->recv_consumers_posted += shift_wr_consumes_recv(wr->opcode);
 		d->sq_head++;
 	}
@@ -130,14 +182,8 @@ void shift_dqp_unrecord_send(struct shift_dqp *d, const struct ibv_send_wr *wr,
 
 	for (; wr && wr != bad; wr = wr->next)
 		keep++;
-	while (d->sq_head > keep) {
-		struct shift_swqe *e = shift_dqp_swqe(d, --d->sq_head);
-
-		d->recv_consumers_posted -= shift_wr_consumes_recv(e->opcode);
-		if (d->sig_head != d->sig_tail &&
-		    d->sig[(d->sig_head - 1) & (d->sq_size - 1)] == d->sq_head)
-			d->sig_head--;
-	}
+	while (d->sq_head > keep)
+		unrecord_last(d);
 }
 
 int shift_dqp_record_recv(struct shift_dqp *d, const struct ibv_recv_wr *wr)
@@ -146,7 +192,7 @@ int shift_dqp_record_recv(struct shift_dqp *d, const struct ibv_recv_wr *wr)
 		uint32_t n = (uint32_t)(wr->num_sge > 0 ? wr->num_sge : 0);
 		struct shift_rwqe *e;
 
-		if (shift_unlikely(d->rq_head - d->rq_tail >= d->rq_size || n > d->max_recv_sge)) {
+		if (shift_unlikely(!shift_dqp_rq_room(d) || n > d->max_recv_sge)) {
 			d->recv_state = SHIFT_RECV_DEFAULT;
 			return mirror_full(d, "receive");
 		}

@@ -6,16 +6,24 @@
  * receive WR on the backup QP: opcode, flags, SGEs, remote address and key,
  * immediate, atomic operands and a copy of inline data (the application may
  * reuse that buffer as soon as post_send returns). It is preallocated at QP
- * creation, indexed like the work queues (head = posted, tail = retired) and
- * retired as completions are polled: a send completion retires every WR up
- * to the signaled one it reports (RC completes in order), a receive
- * completion retires the oldest receive.
+ * creation and indexed like the work queues (head = posted, tail = retired);
+ * sig is the ring of the sq indices of signaled WRs, in order.
+ *
+ * Retirement is counted on the poll path, applied later: a successful
+ * receive completion adds one to rq_tail (it retires the oldest receive), a
+ * successful send completion adds one to sig_tail, the number of signaled
+ * WRs completed. RC completes in order, so the sig_tail-th signaled WR and
+ * every WR before it are retired: shift_dqp_sync_locked() sets sq_tail past
+ * sig[sig_tail - 1] (O(1); the ring has 2 x sq_size slots, so that slot is
+ * never overwritten while the mirror holds at most sq_size WRs). sq_tail is
+ * therefore exact only right after a sync: the poster syncs when the mirror
+ * looks full, failover code calls shift_dqp_sync() before reading it.
  *
  * Concurrency: the application may post and poll one QP from different
- * threads. head is written only by posters (serialized by post_lock, as the
- * provider itself serializes posts), tail only by pollers of the QP's CQ
- * (SHIFT serializes a CQ's pollers in the slow path; in the Default state a
- * CQ is polled by whoever the application lets, as with the provider).
+ * threads. Posters own everything under "posters" below (post_lock, as the
+ * provider itself serializes posts); pollers only add to sig_tail and
+ * rq_tail, atomically, so a CQ may be polled by several threads in the
+ * Default state as the provider allows.
  */
 #ifndef SHIFT_DQP_H
 #define SHIFT_DQP_H
@@ -60,19 +68,23 @@ enum shift_recv_state {
 #define SHIFT_WRID_RECV (1ull << 62)
 #define SHIFT_WRID_INDEX(w) ((w) & ((1ull << 48) - 1))
 
-/* One mirrored send WR; its SGEs and inline bytes follow it in the ring. */
+/*
+ * One mirrored send WR; its SGEs and inline bytes follow it in the ring.
+ * num_sge .. rkey are laid out as in struct ibv_send_wr (RDMA variant), so
+ * the common WR is mirrored with one 32-byte block copy (see dqp.c's
+ * static assertions).
+ */
 struct shift_swqe {
 	uint64_t wr_id;
+	uint32_t num_sge;
+	uint32_t opcode;     /* enum ibv_wr_opcode */
+	uint32_t send_flags;
+	uint32_t imm;
 	uint64_t remote_addr;
+	uint32_t rkey;
+	uint32_t inline_len; /* bytes copied after the SGEs (IBV_SEND_INLINE) */
 	uint64_t compare_add;
 	uint64_t swap;
-	uint32_t rkey;
-	uint32_t imm;
-	uint16_t opcode;   /* enum ibv_wr_opcode */
-	uint16_t num_sge;
-	uint32_t send_flags;
-	uint32_t inline_len; /* bytes copied after the SGEs (IBV_SEND_INLINE) */
-	uint32_t pad;
 	struct ibv_sge sge[];
 };
 
@@ -84,39 +96,53 @@ struct shift_rwqe {
 };
 
 struct shift_dqp {
-	struct shift_dqp *next_in_bucket; /* per-context lookup chain (by QPN) */
-	struct shift_dqp *next_by_qp;     /* global lookup chain (by QP pointer) */
+	int post_lock; /* posters' lock: shift_dqp_lock(); first, for the fast path */
+	union {
+		struct {
+			enum shift_send_state send_state;
+			enum shift_recv_state recv_state;
+		};
+		uint64_t states; /* both at once: 0 = both Default (post_recv's test) */
+	};
 	struct ibv_qp *qp;                /* the application's QP */
+	struct shift_dqp *next_by_qp;     /* global lookup chain (post path), ends at shift_dqp_none */
+	struct shift_dqp *next_in_bucket; /* per-context lookup chain (by QPN) */
 	/* the provider's post verbs of this QP's context (hot path) */
 	int (*prov_post_send)(struct ibv_qp *qp, struct ibv_send_wr *wr,
 			      struct ibv_send_wr **bad_wr);
 	int (*prov_post_recv)(struct ibv_qp *qp, struct ibv_recv_wr *wr,
 			      struct ibv_recv_wr **bad_wr);
 	uint32_t qpn;
-	char dev[24];                     /* device name, for logs */
 	int sq_sig_all;
+	char dev[24];                     /* device name, for logs */
 
-	enum shift_send_state send_state;
-	enum shift_recv_state recv_state;
-
-	/* send mirror */
-	int post_lock; /* posters' lock: shift_dqp_lock() */
+	/* send mirror (posters) */
 	uint8_t *sq;          /* sq_size entries of sq_stride bytes */
+	uint64_t sq_mask;     /* sq_size - 1 */
 	uint32_t sq_size;     /* power of two >= the QP's max_send_wr */
 	uint32_t sq_stride;
+	uint64_t sq_head;     /* posted */
+	uint64_t sq_limit;    /* sq_tail + sq_size: below it, there is room */
+	uint64_t sq_tail;     /* retired, as of the last sync */
+	uint64_t *sig;        /* sq indices of signaled WRs, 2 x sq_size of them */
+	uint64_t sig_mask;
+	uint64_t sig_head;
+	uint64_t recv_consumers_posted; /* SEND*, WRITE_WITH_IMM posted (total) */
 	uint32_t max_send_sge;
 	uint32_t max_inline;
-	uint64_t *sig;        /* sq indices of signaled WRs, sq_size of them */
-	uint64_t sq_head, sq_tail;   /* posted, retired */
-	uint64_t sig_head, sig_tail;
-	uint64_t recv_consumers_posted; /* SEND*, WRITE_WITH_IMM posted (total) */
 
-	/* receive mirror */
+	/* receive mirror (posters) */
 	uint8_t *rq;
+	uint64_t rq_mask;
 	uint32_t rq_size;
 	uint32_t rq_stride;
+	uint64_t rq_head;     /* posted */
+	uint64_t rq_limit;    /* a recent rq_tail + rq_size */
 	uint32_t max_recv_sge;
-	uint64_t rq_head, rq_tail;   /* posted, consumed (= receive counter) */
+
+	/* pollers: atomic adds only (shift_dqp_retire), own cache line */
+	uint64_t sig_tail __attribute__((aligned(64))); /* signaled send WRs completed */
+	uint64_t rq_tail;     /* receives consumed (= receive counter) */
 
 	/* failover (shift/failover.c), under the CQs' dp_lock */
 	struct shift_qp *shadow;      /* its shadow (backup QP, peer attributes) */
@@ -155,12 +181,12 @@ enum { SHIFT_DFLT_OK, SHIFT_DFLT_ERR, SHIFT_DFLT_READY, SHIFT_DFLT_PROBING };
 
 static inline struct shift_swqe *shift_dqp_swqe(struct shift_dqp *d, uint64_t i)
 {
-	return (struct shift_swqe *)(d->sq + (size_t)(i & (d->sq_size - 1)) * d->sq_stride);
+	return (struct shift_swqe *)(d->sq + (size_t)(i & d->sq_mask) * d->sq_stride);
 }
 
 static inline struct shift_rwqe *shift_dqp_rwqe(struct shift_dqp *d, uint64_t i)
 {
-	return (struct shift_rwqe *)(d->rq + (size_t)(i & (d->rq_size - 1)) * d->rq_stride);
+	return (struct shift_rwqe *)(d->rq + (size_t)(i & d->rq_mask) * d->rq_stride);
 }
 
 static inline bool shift_wr_is_atomic(unsigned opcode)
@@ -196,10 +222,35 @@ int shift_dqp_record_recv(struct shift_dqp *d, const struct ibv_recv_wr *wr);
 void shift_dqp_unrecord_recv(struct shift_dqp *d, const struct ibv_recv_wr *wr,
 			     const struct ibv_recv_wr *bad, uint64_t head_before);
 
-/* post_lock, inline: an uncontended lock is an exchange and a store */
+/* Apply the counted send completions: move sq_tail past the sig_tail-th
+ * signaled WR, and sq_limit with it. O(1). Called with post_lock held. */
+static inline void shift_dqp_sync_locked(struct shift_dqp *d)
+{
+	uint64_t st = __atomic_load_n(&d->sig_tail, __ATOMIC_RELAXED);
+
+	if (shift_unlikely(st > d->sig_head))
+		st = d->sig_head; /* counted on an unprotected QP: nothing to find */
+	if (st) {
+		uint64_t t = d->sig[(st - 1) & d->sig_mask] + 1;
+
+		if (t > d->sq_tail)
+			d->sq_tail = t;
+	}
+	d->sq_limit = d->sq_tail + d->sq_size;
+}
+
+/* The same, taking post_lock: before reading sq_tail outside the post path. */
+void shift_dqp_sync(struct shift_dqp *d);
+/* Retire every outstanding send WR (they were completed some other way). */
+void shift_dqp_retire_all_send(struct shift_dqp *d);
+/* Forget the last send WR recorded (the provider refused it). */
+void shift_dqp_unrecord_last_send(struct shift_dqp *d);
+
+/* post_lock, inline: an uncontended lock is one locked bit-test-and-set
+ * and a store */
 static inline void shift_dqp_lock(struct shift_dqp *d)
 {
-	while (shift_unlikely(__atomic_exchange_n(&d->post_lock, 1, __ATOMIC_ACQUIRE)))
+	while (shift_unlikely(__atomic_fetch_or(&d->post_lock, 1, __ATOMIC_ACQUIRE) & 1))
 		while (__atomic_load_n(&d->post_lock, __ATOMIC_RELAXED))
 			__builtin_ia32_pause();
 }
@@ -210,45 +261,72 @@ static inline void shift_dqp_unlock(struct shift_dqp *d)
 }
 
 /*
- * The common WR, mirrored inline: alone in its chain, one SGE, not inline,
- * not atomic (opcodes WRITE, WRITE_WITH_IMM, SEND, SEND_WITH_IMM, READ).
- * Returns false if this WR needs shift_dqp_record_send().
+ * The common send WR, which the post path mirrors inline: alone in its
+ * chain, one SGE, not inline, not atomic (opcodes WRITE, WRITE_WITH_IMM,
+ * SEND, SEND_WITH_IMM, READ). The others go through shift_dqp_record_send().
  */
-static inline bool shift_dqp_record_one(struct shift_dqp *d, const struct ibv_send_wr *wr)
+static inline bool shift_dqp_send_is_common(const struct ibv_send_wr *wr)
 {
-	if (shift_unlikely(wr->next || wr->num_sge != 1 ||
-			   (wr->send_flags & IBV_SEND_INLINE) ||
-			   (unsigned)wr->opcode > IBV_WR_RDMA_READ))
-		return false;
+	return !wr->next && wr->num_sge == 1 && !(wr->send_flags & IBV_SEND_INLINE) &&
+	       (unsigned)wr->opcode <= IBV_WR_RDMA_READ;
+}
+
+/* Room for one more send WR? (post_lock held) */
+static inline bool shift_dqp_sq_room(struct shift_dqp *d)
+{
+	if (shift_likely(d->sq_head < d->sq_limit))
+		return true;
+	shift_dqp_sync_locked(d);
+	return d->sq_head < d->sq_limit;
+}
+
+/* Mirror a common send WR at sq_head (post_lock held, shift_dqp_sq_room()). */
+static inline void shift_dqp_record_one(struct shift_dqp *d, const struct ibv_send_wr *wr)
+{
 	uint64_t h = d->sq_head;
 	struct shift_swqe *e = shift_dqp_swqe(d, h);
 
 	e->wr_id = wr->wr_id;
-	e->sge[0] = wr->sg_list[0];
-	e->remote_addr = wr->wr.rdma.remote_addr;
-	e->rkey = wr->wr.rdma.rkey;
-	e->imm = wr->imm_data;
-	e->opcode = (uint16_t)wr->opcode;
-	e->num_sge = 1;
-	e->send_flags = wr->send_flags;
+	/* num_sge, opcode, send_flags, imm, remote_addr, rkey (and 4 bytes
+	 * over inline_len, set right after) */
+	__builtin_memcpy(&e->num_sge, &wr->num_sge, 32);
 	e->inline_len = 0;
+	e->sge[0] = wr->sg_list[0];
 	if ((wr->send_flags & IBV_SEND_SIGNALED) || d->sq_sig_all)
-		d->sig[d->sig_head++ & (d->sq_size - 1)] = h;
+		d->sig[d->sig_head++ & d->sig_mask] = h;
 	/* WRITE_WITH_IMM, SEND, SEND_WITH_IMM consume a receive at the peer */
-	d->recv_consumers_posted += (unsigned)wr->opcode - IBV_WR_RDMA_WRITE_WITH_IMM < 3u;
+	d->recv_consumers_posted += (0xeu >> wr->opcode) & 1;
 	d->sq_head = h + 1;
-	return true;
 }
 
-/* Retire on a successful completion of this QP. */
+/* Room for one more receive WR? (post_lock held) */
+static inline bool shift_dqp_rq_room(struct shift_dqp *d)
+{
+	if (shift_likely(d->rq_head < d->rq_limit))
+		return true;
+	d->rq_limit = __atomic_load_n(&d->rq_tail, __ATOMIC_RELAXED) + d->rq_size;
+	return d->rq_head < d->rq_limit;
+}
+
+/* Mirror a one-SGE receive WR at rq_head (post_lock held, shift_dqp_rq_room()). */
+static inline void shift_dqp_record_recv_one(struct shift_dqp *d, const struct ibv_recv_wr *wr)
+{
+	uint64_t h = d->rq_head;
+	struct shift_rwqe *e = shift_dqp_rwqe(d, h);
+
+	e->wr_id = wr->wr_id;
+	e->num_sge = 1;
+	e->sge[0] = wr->sg_list[0];
+	d->rq_head = h + 1;
+}
+
+/* Retire on a successful completion of this QP: count it (see above). */
 static inline void shift_dqp_retire(struct shift_dqp *d, const struct ibv_wc *wc)
 {
-	if (wc->opcode & IBV_WC_RECV) {
-		d->rq_tail++;
-	} else if (d->sig_tail != d->sig_head) {
-		d->sq_tail = d->sig[d->sig_tail & (d->sq_size - 1)] + 1;
-		d->sig_tail++;
-	}
+	if (wc->opcode & IBV_WC_RECV)
+		__atomic_fetch_add(&d->rq_tail, 1, __ATOMIC_RELAXED);
+	else
+		__atomic_fetch_add(&d->sig_tail, 1, __ATOMIC_RELAXED);
 }
 
 #endif /* SHIFT_DQP_H */

@@ -415,6 +415,7 @@ static void fail_connection(struct shift_ctx *s, struct shift_dqp *d, struct out
 	struct out ro = { .wc = NULL, .n = 0, .max = 0, .c = d->rcq };
 	struct out *os = d->scq == o->c ? o : &so, *orq = d->rcq == o->c ? o : &ro;
 
+	shift_dqp_sync(d);
 	for (uint64_t i = d->sq_tail; i < d->sq_head; i++) {
 		struct ibv_wc wc = { .wr_id = shift_dqp_swqe(d, i)->wr_id,
 				     .status = IBV_WC_WR_FLUSH_ERR, .qp_num = d->qpn };
@@ -425,8 +426,7 @@ static void fail_connection(struct shift_ctx *s, struct shift_dqp *d, struct out
 		}
 		emit(os, &wc);
 	}
-	d->sq_tail = d->sq_head;
-	d->sig_tail = d->sig_head;
+	shift_dqp_retire_all_send(d);
 	for (uint64_t i = d->rq_tail; i < d->rq_head; i++) {
 		struct ibv_wc wc = { .wr_id = shift_dqp_rwqe(d, i)->wr_id,
 				     .status = IBV_WC_WR_FLUSH_ERR, .qp_num = d->qpn,
@@ -437,7 +437,7 @@ static void fail_connection(struct shift_ctx *s, struct shift_dqp *d, struct out
 		}
 		emit(orq, &wc);
 	}
-	d->rq_tail = d->rq_head;
+	__atomic_store_n(&d->rq_tail, d->rq_head, __ATOMIC_RELAXED);
 	d->recv_state = SHIFT_RECV_DEFAULT;
 }
 
@@ -536,6 +536,7 @@ static int start(struct shift_ctx *s, struct shift_dqp *d, struct out *o,
 	 * was still in the default CQ is done, not in flight. The QP's error
 	 * and flush completions were dropped by the drain: the application
 	 * gets its outstanding WRs flushed (fail_connection, held). */
+	shift_dqp_sync(d);
 	for (uint64_t i = d->sq_tail; i < d->sq_head; i++) {
 		if (shift_wr_is_atomic(shift_dqp_swqe(d, i)->opcode)) {
 			d->atomic_boundary_hit = true;
@@ -576,6 +577,7 @@ static void retransmit(struct shift_dqp *d, struct out *o)
 {
 	uint64_t outstanding_consumers = 0, skip, i;
 
+	shift_dqp_sync(d);
 	for (i = d->sq_tail; i < d->sq_head; i++)
 		outstanding_consumers += shift_wr_consumes_recv(shift_dqp_swqe(d, i)->opcode);
 	uint32_t done = CTRL_COUNT((uint32_t)(d->recv_consumers_posted - outstanding_consumers));
@@ -601,8 +603,7 @@ static void retransmit(struct shift_dqp *d, struct out *o)
 					  IBV_WC_SEND : IBV_WC_RDMA_WRITE,
 				.qp_num = d->qpn,
 			};
-			d->sq_tail = i + 1;
-			d->sig_tail++;
+			shift_dqp_retire(d, &wc); /* sq_tail follows at the next sync */
 			emit(o, &wc);
 		}
 	}
@@ -833,11 +834,11 @@ static void probe_ok(struct shift_dqp *d)
 	shift_info("%s QP %u: default path answers again (probe)", d->dev, d->qpn);
 	shift_dqp_lock(d);
 	if (d->send_state == SHIFT_SEND_FALLBACK) {
-		uint64_t m = d->sq_size - 1;
-
+		shift_dqp_sync_locked(d);
 		if (d->sq_tail == d->sq_head) {
 			switch_back(d);
-		} else if (d->sig_head != d->sig_tail && d->sig[(d->sig_head - 1) & m] == d->sq_head - 1) {
+		} else if (d->sig_head != __atomic_load_n(&d->sig_tail, __ATOMIC_RELAXED) &&
+			   d->sig[(d->sig_head - 1) & d->sig_mask] == d->sq_head - 1) {
 			/* the last outstanding WR is signaled: it is the fence */
 			d->fence = d->sq_head - 1;
 			set_send_state(d, SHIFT_SEND_WAIT_DRAINED);
@@ -936,6 +937,7 @@ static void failback_work(struct shift_ctx *s, struct shift_dqp *d, uint64_t now
 				/* receive-only: nothing to probe or send; receptive again */
 				d->dflt = SHIFT_DFLT_OK;
 				shift_dqp_lock(d);
+				shift_dqp_sync_locked(d);
 				if (d->sq_tail == d->sq_head) {
 					set_send_state(d, SHIFT_SEND_DEFAULT);
 					d->failbacks++;
@@ -1062,10 +1064,11 @@ static void from_backup(struct shift_ctx *s, struct ibv_wc *wc, struct out *o, b
 		give_up(d, "the backup path failed too");
 	}
 	emit(o, wc);
-	if (d->send_state == SHIFT_SEND_WAIT_DRAINED && d->sq_tail > d->fence) {
-		/* the fence completed: everything before it has executed */
+	if (d->send_state == SHIFT_SEND_WAIT_DRAINED) {
 		shift_dqp_lock(d);
-		if (d->send_state == SHIFT_SEND_WAIT_DRAINED)
+		shift_dqp_sync_locked(d);
+		/* the fence completed: everything before it has executed */
+		if (d->send_state == SHIFT_SEND_WAIT_DRAINED && d->sq_tail > d->fence)
 			switch_back(d);
 		shift_dqp_unlock(d);
 	}
@@ -1173,13 +1176,16 @@ static void watch_ports(struct shift_ctx *s, uint64_t now_ms)
 		return;
 	}
 	if (shift_shadow_sync)
-		limit = 2; /* passes */
+		limit = 8; /* passes: about the probe period, as 300 ms is to 250 ms */
 	else if (limit < SHIFT_BG_GRACE_MS)
 		limit = SHIFT_BG_GRACE_MS;
 	for (int i = 0; i < SHIFT_DQP_BUCKETS; i++) {
 		for (struct shift_dqp *d = __atomic_load_n(&s->dqp[i], __ATOMIC_ACQUIRE); d;
 		     d = d->next_in_bucket) {
-			if (d->send_state != SHIFT_SEND_DEFAULT || !d->scq || !d->rcq || !d->shadow ||
+			/* (a QP back from a failback whose backup is not re-armed
+			 * yet is left to its error completion: see failover.md) */
+			if (d->send_state != SHIFT_SEND_DEFAULT || d->need_rearm || !d->scq || !d->rcq ||
+			    !d->shadow ||
 			    __atomic_load_n(&d->shadow->state, __ATOMIC_ACQUIRE) != SHIFT_SHADOW_READY)
 				continue;
 			pthread_mutex_lock(&s->rnic->lock);
@@ -1219,7 +1225,13 @@ static void watch_ports(struct shift_ctx *s, uint64_t now_ms)
 					   "error completion", d->dev, d->qpn, port,
 					   (unsigned long long)(t - s->port_down_since[port]),
 					   shift_shadow_sync ? "passes" : "ms");
-				start(s, d, &o, NULL);
+				if (start(s, d, &o, NULL) && d->send_state == SHIFT_SEND_UNPROTECTED) {
+					/* given up: the application sees its QP fail, as
+					 * the provider would have shown it sooner or later */
+					struct ibv_qp_attr e = { .qp_state = IBV_QPS_ERR };
+
+					shift_lower->modify_qp(d->qp, &e, IBV_QP_STATE);
+				}
 			}
 			unlock_cqs(d);
 		}

@@ -53,7 +53,6 @@ struct shift_ctx {
 	/* data-path state of the app's protected QPs, by QPN (chained);
 	 * written under the context lock, read lock-free */
 	struct shift_dqp *dqp[SHIFT_DQP_BUCKETS];
-	struct shift_dqp *last_dqp; /* poll's cache: the QP of the last completion */
 	/* set once a QP of this context failed over: polls take the slow path */
 	bool slow;
 	struct shift_dqp *fo[SHIFT_MAX_FO]; /* the failed-over QPs (slow path) */
@@ -104,14 +103,22 @@ static inline struct shift_dqp *shift_dqp_by_qpn(struct shift_ctx *s, uint32_t q
 	return d;
 }
 
-/* Every protected QP by its address: the post path's lookup. Written
- * under the context lock, read lock-free. */
+/*
+ * Every protected QP, by its address: the post path's lookup.
+ * Written under the context lock, read lock-free. Empty buckets and chain
+ * ends hold shift_dqp_none (no QP, no QPN) instead of NULL, so the common
+ * lookup is one load and one compare.
+ */
 #define SHIFT_DQP_TAB 4096
 extern struct shift_dqp *shift_dqp_tab[SHIFT_DQP_TAB];
+extern struct shift_dqp shift_dqp_none;
 
 static inline unsigned shift_dqp_hash(const struct ibv_qp *qp)
 {
-	return (unsigned)(((uintptr_t)qp >> 6) * 0x9e3779b1u) >> 20; /* 12 bits */
+	/* not by QPN: two devices number their QPs alike. Fibonacci hashing
+	 * of the address's low 32 bits (the top 12 bits of the product mix
+	 * every bit above the allocator's alignment): one multiply, one shift */
+	return ((uint32_t)(uintptr_t)qp * 0x9e3779b1u) >> 20; /* 12 bits */
 }
 
 static inline struct shift_dqp *shift_dqp_of_qp(const struct ibv_qp *qp)
@@ -119,9 +126,9 @@ static inline struct shift_dqp *shift_dqp_of_qp(const struct ibv_qp *qp)
 	struct shift_dqp *d = __atomic_load_n(&shift_dqp_tab[shift_dqp_hash(qp)],
 					      __ATOMIC_ACQUIRE);
 
-	while (shift_unlikely(d && d->qp != qp))
-		d = d->next_by_qp;
-	return d;
+	while (d != &shift_dqp_none && d->qp != qp)
+		d = __atomic_load_n(&d->next_by_qp, __ATOMIC_ACQUIRE);
+	return d != &shift_dqp_none ? d : 0;
 }
 
 /* Register / forget the data-path state of a QP of this context. */

@@ -291,7 +291,7 @@ static void test_port_down_fails_over_without_error(void **state)
 
 	/* watch on (300 ms, counted in passes in sync mode) */
 	shift_config.port_down_ms = saved ? saved : 300;
-	for (int i = 0; i < 4; i++)
+	for (int i = 0; i < 10; i++)
 		shift_rnic_pass_all();
 	assert_int_not_equal(da->send_state, SHIFT_SEND_DEFAULT);
 	assert_int_equal(da->failovers, 1);
