@@ -684,9 +684,9 @@ static bool port_active(struct shift_ctx *s, struct shift_dqp *d)
 static int reset_default(struct shift_ctx *s, struct shift_dqp *d)
 {
 	struct shift_rnic *r = s->rnic;
-	struct ibv_qp_attr app, a;
+	struct ibv_qp_attr app;
 	struct ibv_recv_wr rwr = { .wr_id = SHIFT_WRID_CTRL_RECV }, *rbad;
-	uint32_t off = (uint32_t)(d->failovers * 0x9e3779u) & 0xffffff;
+	uint32_t off = (uint32_t)d->failovers * 0x9e3779u;
 	const int need = IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS | IBV_QP_AV |
 			 IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN;
 	int mask;
@@ -697,46 +697,18 @@ static int reset_default(struct shift_ctx *s, struct shift_dqp *d)
 	pthread_mutex_unlock(&r->lock);
 	if ((mask & need) != need)
 		return -1;
-	memset(&a, 0, sizeof(a));
-	a.qp_state = IBV_QPS_RESET;
-	if (shift_lower->modify_qp(d->qp, &a, IBV_QP_STATE))
-		return -1;
-	a.qp_state = IBV_QPS_INIT;
-	a.pkey_index = app.pkey_index;
-	a.port_num = app.port_num;
-	a.qp_access_flags = SHIFT_QP_ACCESS(app.qp_access_flags);
-	if (shift_lower->modify_qp(d->qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT |
-				   IBV_QP_ACCESS_FLAGS))
+	if (shift_qp_reset(d->qp) || shift_qp_to_init(d->qp, &app, app.port_num))
 		return -1;
 	/* the peer's failback notification consumes this, ahead of the
 	 * application's receives reposted after it */
 	if (d->prov_post_recv(d->qp, &rwr, &rbad))
 		return -1;
-	memset(&a, 0, sizeof(a));
-	a.qp_state = IBV_QPS_RTR;
-	a.ah_attr = app.ah_attr;
-	a.path_mtu = app.path_mtu;
-	a.dest_qp_num = app.dest_qp_num;
-	a.rq_psn = (app.rq_psn + off) & 0xffffff;
-	a.max_dest_rd_atomic = (mask & IBV_QP_MAX_DEST_RD_ATOMIC) ? app.max_dest_rd_atomic : 1;
-	a.min_rnr_timer = (mask & IBV_QP_MIN_RNR_TIMER) ? app.min_rnr_timer : 12;
-	if (shift_lower->modify_qp(d->qp, &a, IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU |
-				   IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
-				   IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER))
+	if (shift_qp_to_rtr(d->qp, &app, mask, &app.ah_attr, app.path_mtu, app.dest_qp_num,
+			    app.rq_psn + off))
 		return -1;
 	if (!(mask & IBV_QP_SQ_PSN))
 		return 1; /* the application left it at RTR: so does SHIFT */
-	memset(&a, 0, sizeof(a));
-	a.qp_state = IBV_QPS_RTS;
-	a.sq_psn = (app.sq_psn + off) & 0xffffff;
-	a.timeout = (mask & IBV_QP_TIMEOUT) ? app.timeout : 14;
-	a.retry_cnt = shift_provider_retry_cnt(d->qp->context,
-					       (mask & IBV_QP_RETRY_CNT) ? app.retry_cnt : 7);
-	a.rnr_retry = (mask & IBV_QP_RNR_RETRY) ? app.rnr_retry : 7;
-	a.max_rd_atomic = (mask & IBV_QP_MAX_QP_RD_ATOMIC) ? app.max_rd_atomic : 1;
-	return shift_lower->modify_qp(d->qp, &a, IBV_QP_STATE | IBV_QP_SQ_PSN | IBV_QP_TIMEOUT |
-				      IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY |
-				      IBV_QP_MAX_QP_RD_ATOMIC) ? -1 : 0;
+	return shift_qp_to_rts(d->qp, &app, mask, app.sq_psn + off) ? -1 : 0;
 }
 
 static int post_probe(struct shift_dqp *d)

@@ -469,6 +469,88 @@ static uint8_t bk_port(struct shift_qp *q)
 	return q->attr.port_num ? q->attr.port_num : 1;
 }
 
+/* ---- connecting a QP SHIFT owns the state of ---------------------------
+ * The backup QP (replay, re-arm) and the default QP after a failure
+ * (failback) go through RESET -> INIT -> RTR -> RTS with what the
+ * application set on its QP, defaults where it set nothing, and SHIFT's
+ * access flags. */
+
+int shift_qp_to_init(struct ibv_qp *qp, const struct ibv_qp_attr *app, uint8_t port)
+{
+	struct ibv_qp_attr a;
+
+	memset(&a, 0, sizeof(a));
+	a.qp_state = IBV_QPS_INIT;
+	a.pkey_index = app->pkey_index;
+	a.port_num = port;
+	a.qp_access_flags = SHIFT_QP_ACCESS(app->qp_access_flags);
+	return shift_lower->modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT |
+				      IBV_QP_ACCESS_FLAGS);
+}
+
+int shift_qp_to_rtr(struct ibv_qp *qp, const struct ibv_qp_attr *app, int app_mask,
+		    const struct ibv_ah_attr *ah, enum ibv_mtu mtu, uint32_t dest_qpn,
+		    uint32_t rq_psn)
+{
+	struct ibv_qp_attr a;
+
+	memset(&a, 0, sizeof(a));
+	a.qp_state = IBV_QPS_RTR;
+	a.ah_attr = *ah;
+	a.path_mtu = mtu;
+	a.dest_qp_num = dest_qpn;
+	a.rq_psn = rq_psn & 0xffffff;
+	a.max_dest_rd_atomic = (app_mask & IBV_QP_MAX_DEST_RD_ATOMIC) ? app->max_dest_rd_atomic : 1;
+	a.min_rnr_timer = (app_mask & IBV_QP_MIN_RNR_TIMER) ? app->min_rnr_timer : 12;
+	return shift_lower->modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU |
+				      IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
+				      IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER);
+}
+
+int shift_qp_to_rts(struct ibv_qp *qp, const struct ibv_qp_attr *app, int app_mask,
+		    uint32_t sq_psn)
+{
+	struct ibv_qp_attr a;
+
+	memset(&a, 0, sizeof(a));
+	a.qp_state = IBV_QPS_RTS;
+	a.sq_psn = sq_psn & 0xffffff;
+	a.timeout = (app_mask & IBV_QP_TIMEOUT) ? app->timeout : 14;
+	a.retry_cnt = shift_provider_retry_cnt(qp->context,
+					       (app_mask & IBV_QP_RETRY_CNT) ? app->retry_cnt : 7);
+	a.rnr_retry = (app_mask & IBV_QP_RNR_RETRY) ? app->rnr_retry : 7;
+	a.max_rd_atomic = (app_mask & IBV_QP_MAX_QP_RD_ATOMIC) ? app->max_rd_atomic : 1;
+	return shift_lower->modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_SQ_PSN | IBV_QP_TIMEOUT |
+				      IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY |
+				      IBV_QP_MAX_QP_RD_ATOMIC);
+}
+
+int shift_qp_reset(struct ibv_qp *qp)
+{
+	struct ibv_qp_attr a;
+
+	memset(&a, 0, sizeof(a));
+	a.qp_state = IBV_QPS_RESET;
+	return shift_lower->modify_qp(qp, &a, IBV_QP_STATE);
+}
+
+/* The address of the peer's backup QP, seen from mine. */
+static struct ibv_ah_attr bk_ah(struct shift_qp *q, const struct ibv_qp_attr *app)
+{
+	struct ibv_ah_attr ah = app->ah_attr;
+
+	ah.grh.dgid = q->peer_bk.gid;
+	ah.port_num = bk_port(q);
+	ah.dlid = 0;
+	return ah;
+}
+
+static enum ibv_mtu bk_mtu(const struct shift_qp *q)
+{
+	return q->peer_bk.mtu < q->my_bk.mtu ? q->peer_bk.mtu : q->my_bk.mtu;
+}
+
+
 static void qp_fail(struct shift_rnic *r, struct shift_qp *q, const char *why)
 {
 	pthread_mutex_lock(&r->lock);
@@ -480,8 +562,6 @@ static void qp_fail(struct shift_rnic *r, struct shift_qp *q, const char *why)
 
 static void replay_qp(struct shift_rnic *r, struct shift_qp *q)
 {
-	struct ibv_qp_attr a;
-	int mask;
 	char key[SHIFT_EXCHANGE_KEY_MAX], val[SHIFT_EXCHANGE_VALUE_MAX];
 
 	pthread_mutex_lock(&r->lock);
@@ -519,13 +599,7 @@ static void replay_qp(struct shift_rnic *r, struct shift_qp *q)
 	if (q->bk_state == IBV_QPS_RESET &&
 	    (app_mask & (IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS)) ==
 		    (IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS)) {
-		memset(&a, 0, sizeof(a));
-		a.qp_state = IBV_QPS_INIT;
-		a.pkey_index = app.pkey_index;
-		a.port_num = bk_port(q);
-		a.qp_access_flags = SHIFT_QP_ACCESS(app.qp_access_flags);
-		if (shift_lower->modify_qp(q->bk, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX |
-					   IBV_QP_PORT | IBV_QP_ACCESS_FLAGS)) {
+		if (shift_qp_to_init(q->bk, &app, bk_port(q))) {
 			qp_fail(r, q, "backup QP to INIT failed");
 			return;
 		}
@@ -609,21 +683,10 @@ static void replay_qp(struct shift_rnic *r, struct shift_qp *q)
 	}
 
 	if (q->peer_known && q->bk_state == IBV_QPS_INIT) {
-		memset(&a, 0, sizeof(a));
-		a.qp_state = IBV_QPS_RTR;
-		a.path_mtu = q->peer_bk.mtu < q->my_bk.mtu ? q->peer_bk.mtu : q->my_bk.mtu;
-		a.dest_qp_num = q->peer_bk.qpn;
-		a.rq_psn = q->peer_bk.psn;
-		a.max_dest_rd_atomic = (app_mask & IBV_QP_MAX_DEST_RD_ATOMIC) ?
-					       app.max_dest_rd_atomic : 1;
-		a.min_rnr_timer = (app_mask & IBV_QP_MIN_RNR_TIMER) ? app.min_rnr_timer : 12;
-		a.ah_attr = app.ah_attr;
-		a.ah_attr.grh.dgid = q->peer_bk.gid;
-		a.ah_attr.port_num = bk_port(q);
-		a.ah_attr.dlid = 0;
-		mask = IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
-		       IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER;
-		if (shift_lower->modify_qp(q->bk, &a, mask)) {
+		struct ibv_ah_attr ah = bk_ah(q, &app);
+
+		if (shift_qp_to_rtr(q->bk, &app, app_mask, &ah, bk_mtu(q), q->peer_bk.qpn,
+				    q->peer_bk.psn)) {
 			qp_fail(r, q, "backup QP to RTR failed");
 			return;
 		}
@@ -633,17 +696,7 @@ static void replay_qp(struct shift_rnic *r, struct shift_qp *q)
 	/* RTS even if the application leaves its QP at RTR (a receive-only
 	 * perftest server): SHIFT sends its handshake from the backup QP */
 	if (q->bk_state == IBV_QPS_RTR) {
-		memset(&a, 0, sizeof(a));
-		a.qp_state = IBV_QPS_RTS;
-		a.sq_psn = q->my_bk.psn;
-		a.timeout = (app_mask & IBV_QP_TIMEOUT) ? app.timeout : 14;
-		a.retry_cnt = shift_provider_retry_cnt(r->bk_ctx,
-						       (app_mask & IBV_QP_RETRY_CNT) ? app.retry_cnt : 7);
-		a.rnr_retry = (app_mask & IBV_QP_RNR_RETRY) ? app.rnr_retry : 7;
-		a.max_rd_atomic = (app_mask & IBV_QP_MAX_QP_RD_ATOMIC) ? app.max_rd_atomic : 1;
-		mask = IBV_QP_STATE | IBV_QP_SQ_PSN | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT |
-		       IBV_QP_RNR_RETRY | IBV_QP_MAX_QP_RD_ATOMIC;
-		if (shift_lower->modify_qp(q->bk, &a, mask)) {
+		if (shift_qp_to_rts(q->bk, &app, app_mask, q->my_bk.psn)) {
 			qp_fail(r, q, "backup QP to RTS failed");
 			return;
 		}
@@ -675,8 +728,7 @@ static void replay_qp(struct shift_rnic *r, struct shift_qp *q)
  */
 int shift_shadow_rearm(struct shift_rnic *r, struct shift_qp *q, unsigned gen)
 {
-	struct ibv_qp_attr a;
-	uint32_t off = (gen * 0x3b9ac9u) & 0xffffff;
+	uint32_t off = gen * 0x3b9ac9u;
 	struct ibv_recv_wr rwr = { .wr_id = SHIFT_WRID_CTRL_RECV }, *bad;
 
 	pthread_mutex_lock(&r->lock);
@@ -685,49 +737,21 @@ int shift_shadow_rearm(struct shift_rnic *r, struct shift_qp *q, unsigned gen)
 	pthread_mutex_unlock(&r->lock);
 	if (!q->bk || q->bk_state != IBV_QPS_RTS)
 		return -1;
-	memset(&a, 0, sizeof(a));
-	a.qp_state = IBV_QPS_RESET;
-	if (shift_lower->modify_qp(q->bk, &a, IBV_QP_STATE))
+	struct ibv_ah_attr ah = bk_ah(q, &app);
+
+	if (shift_qp_reset(q->bk))
 		return -1;
 	q->bk_state = IBV_QPS_RESET;
-	memset(&a, 0, sizeof(a));
-	a.qp_state = IBV_QPS_INIT;
-	a.pkey_index = app.pkey_index;
-	a.port_num = bk_port(q);
-	a.qp_access_flags = SHIFT_QP_ACCESS(app.qp_access_flags);
-	if (shift_lower->modify_qp(q->bk, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT |
-				   IBV_QP_ACCESS_FLAGS))
+	if (shift_qp_to_init(q->bk, &app, bk_port(q)))
 		return -1;
 	q->bk_state = IBV_QPS_INIT;
 	if (ibv_post_recv(q->bk, &rwr, &bad))
 		return -1;
-	memset(&a, 0, sizeof(a));
-	a.qp_state = IBV_QPS_RTR;
-	a.path_mtu = q->peer_bk.mtu < q->my_bk.mtu ? q->peer_bk.mtu : q->my_bk.mtu;
-	a.dest_qp_num = q->peer_bk.qpn;
-	a.rq_psn = (q->peer_bk.psn + off) & 0xffffff;
-	a.max_dest_rd_atomic = (app_mask & IBV_QP_MAX_DEST_RD_ATOMIC) ? app.max_dest_rd_atomic : 1;
-	a.min_rnr_timer = (app_mask & IBV_QP_MIN_RNR_TIMER) ? app.min_rnr_timer : 12;
-	a.ah_attr = app.ah_attr;
-	a.ah_attr.grh.dgid = q->peer_bk.gid;
-	a.ah_attr.port_num = bk_port(q);
-	a.ah_attr.dlid = 0;
-	if (shift_lower->modify_qp(q->bk, &a, IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU |
-				   IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
-				   IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER))
+	if (shift_qp_to_rtr(q->bk, &app, app_mask, &ah, bk_mtu(q), q->peer_bk.qpn,
+			    q->peer_bk.psn + off))
 		return -1;
 	q->bk_state = IBV_QPS_RTR;
-	memset(&a, 0, sizeof(a));
-	a.qp_state = IBV_QPS_RTS;
-	a.sq_psn = (q->my_bk.psn + off) & 0xffffff;
-	a.timeout = (app_mask & IBV_QP_TIMEOUT) ? app.timeout : 14;
-	a.retry_cnt = shift_provider_retry_cnt(r->bk_ctx,
-					       (app_mask & IBV_QP_RETRY_CNT) ? app.retry_cnt : 7);
-	a.rnr_retry = (app_mask & IBV_QP_RNR_RETRY) ? app.rnr_retry : 7;
-	a.max_rd_atomic = (app_mask & IBV_QP_MAX_QP_RD_ATOMIC) ? app.max_rd_atomic : 1;
-	if (shift_lower->modify_qp(q->bk, &a, IBV_QP_STATE | IBV_QP_SQ_PSN | IBV_QP_TIMEOUT |
-				   IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY |
-				   IBV_QP_MAX_QP_RD_ATOMIC))
+	if (shift_qp_to_rts(q->bk, &app, app_mask, q->my_bk.psn + off))
 		return -1;
 	q->bk_state = IBV_QPS_RTS;
 	return 0;

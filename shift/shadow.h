@@ -176,6 +176,20 @@ void shift_shadow_qp_gone(struct shift_rnic *r, struct ibv_qp *qp);
  * (shift/failover.c; on the RNIC's thread). 0 or -1. */
 int shift_shadow_rearm(struct shift_rnic *r, struct shift_qp *q, unsigned gen);
 
+/*
+ * Steps of connecting a QP whose attributes SHIFT sets itself (a backup QP,
+ * a default QP reset after a failure): app and app_mask are what the
+ * application set on its QP, used where given, defaults otherwise; access
+ * flags are SHIFT_QP_ACCESS(app's). 0 or the provider's error.
+ */
+int shift_qp_reset(struct ibv_qp *qp);
+int shift_qp_to_init(struct ibv_qp *qp, const struct ibv_qp_attr *app, uint8_t port);
+int shift_qp_to_rtr(struct ibv_qp *qp, const struct ibv_qp_attr *app, int app_mask,
+		    const struct ibv_ah_attr *ah, enum ibv_mtu mtu, uint32_t dest_qpn,
+		    uint32_t rq_psn);
+int shift_qp_to_rts(struct ibv_qp *qp, const struct ibv_qp_attr *app, int app_mask,
+		    uint32_t sq_psn);
+
 /* Run one replay pass now, on the caller's thread (tests). Returns the
  * number of objects still pending. */
 int shift_rnic_pass(struct shift_rnic *r);
