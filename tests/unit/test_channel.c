@@ -25,64 +25,27 @@
 #include <unistd.h>
 
 #include "kv/kv.h"
-#include "shift/config.h"
-#include "shift/shadow.h"
-#include "shift/shift.h"
-#include "sim.h"
-#include "ep.h"
-
-int (ibv_query_port)(struct ibv_context *c, uint8_t p, struct _compat_ibv_port_attr *a)
-{
-	(void)c; (void)p; (void)a;
-	fail_msg("legacy ibv_query_port reached");
-	return -1;
-}
-
-#define ACCESS (IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | \
-		IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC)
+#include "sim_pair.h"
 
 static struct sim_world *world;
 static struct sim_host *host[2];
 static struct sim_ep a, b;
-static struct sim_ep_info ia, ib;
+static struct sim_pair pair;
 
 static int setup_open(void **state)
 {
-	static int run;
-	char url[64];
-	struct ibv_qp_cap cap = { .max_send_wr = 64, .max_recv_wr = 64,
-				  .max_send_sge = 2, .max_recv_sge = 2, .max_inline_data = 64 };
 	(void)state;
-
-	world = sim_world_create(NULL);
-	host[0] = sim_host_create(world, 2);
-	host[1] = sim_host_create(world, 2);
-	shift_lower_set(sim_lower_world(world));
-	shift_shadow_sync = true;
-	snprintf(url, sizeof(url), "mem://channel%d", run++);
-	setenv("SHIFT_KV_URL", url, 1);
-	setenv("SHIFT_STATUS_DIR", "", 1);
 	setenv("SHIFT_PROBE_MS", "0", 1); /* failover only: no failback here */
-	shift_config_load(NULL);
-	assert_int_equal(sim_ep_open(&a, &shift_verbs, "sim0_0", 1 << 16, ACCESS, &cap, 256,
-				     SIM_EP_CHANNEL), 0);
-	assert_int_equal(sim_ep_open(&b, &shift_verbs, "sim1_0", 1 << 16, ACCESS, &cap, 256,
-				     SIM_EP_CHANNEL), 0);
-	sim_ep_info(&a, 1, &ia);
-	sim_ep_info(&b, 2, &ib);
+	sim_pair_open(&pair, &a, &b, "channel", SIM_EP_CHANNEL);
+	world = pair.world;
+	host[0] = pair.host[0];
+	host[1] = pair.host[1];
 	return 0;
 }
 
 static void connect_and_shadow(void)
 {
-	struct shift_qp_info qi;
-
-	assert_int_equal(sim_ep_connect(&a, &ia, &ib, NULL), 0);
-	assert_int_equal(sim_ep_connect(&b, &ib, &ia, NULL), 0);
-	for (int i = 0; i < 4; i++)
-		shift_rnic_pass_all();
-	assert_int_equal(shift_shadow_qp_info(a.qp, &qi), 0);
-	assert_int_equal(qi.state, SHIFT_SHADOW_READY);
+	sim_pair_connect(&pair);
 }
 
 static int setup(void **state)
@@ -95,9 +58,7 @@ static int setup(void **state)
 static int teardown(void **state)
 {
 	(void)state;
-	sim_ep_close(&a);
-	sim_ep_close(&b);
-	sim_world_destroy(world);
+	sim_pair_close(&pair);
 	unsetenv("SHIFT_PROBE_MS");
 	return 0;
 }
@@ -254,6 +215,23 @@ static void waiter_join(struct waiter *w)
 	pthread_join(w->t, NULL);
 }
 
+/* Run the network, SHIFT's passes and B's polls until the waiter wakes
+ * (or a bounded number of rounds), then join it. */
+static void run_until_woken(struct waiter *w)
+{
+	struct ibv_wc wb;
+
+	for (int i = 0; i < 5000 && !waiter_done(w); i++) {
+		sim_world_step(world);
+		shift_rnic_pass_all();
+		(void)ibv_poll_cq(b.cq, 1, &wb);
+		if (i % 100 == 99)
+			pause_ms(1);
+	}
+	waiter_join(w);
+}
+
+
 /* The events of a CQ balance: everything get_cq_event returned was acked. */
 static void assert_acks_balance(struct ibv_cq *cq)
 {
@@ -288,15 +266,7 @@ static void test_backup_completion_wakes_waiter(void **state)
 	pause_ms(20); /* let it block (correct either way) */
 	assert_false(waiter_done(&w));
 	post_write(8);
-	struct ibv_wc wb;
-	for (int i = 0; i < 5000 && !waiter_done(&w); i++) {
-		sim_world_step(world);
-		shift_rnic_pass_all();
-		(void)ibv_poll_cq(b.cq, 1, &wb);
-		if (i % 100 == 99)
-			pause_ms(1);
-	}
-	waiter_join(&w);
+	run_until_woken(&w);
 	assert_int_equal(w.rc, 0);
 	assert_ptr_equal(w.cq, a.cq);
 	assert_ptr_equal(w.ctx, &a);
@@ -422,21 +392,14 @@ static void test_nonblocking_channel(void **state)
 static void test_real_events_and_ack_check(void **state)
 {
 	struct waiter w;
-	struct ibv_wc wc, wb;
+	struct ibv_wc wc;
 	(void)state;
 
 	drain_events();
 	assert_int_equal(ibv_req_notify_cq(a.cq, 0), 0);
 	waiter_start(&w, a.ch);
 	post_write(3);
-	for (int i = 0; i < 5000 && !waiter_done(&w); i++) {
-		sim_world_step(world);
-		shift_rnic_pass_all();
-		(void)ibv_poll_cq(b.cq, 1, &wb);
-		if (i % 100 == 99)
-			pause_ms(1);
-	}
-	waiter_join(&w);
+	run_until_woken(&w);
 	assert_int_equal(w.rc, 0);
 	assert_ptr_equal(w.cq, a.cq);
 	assert_ptr_equal(w.ctx, &a);

@@ -15,64 +15,29 @@
 #include <cmocka.h>
 
 #include "kv/kv.h"
-#include "shift/config.h"
-#include "shift/shadow.h"
-#include "shift/shift.h"
-#include "sim.h"
-#include "ep.h"
-
-int (ibv_query_port)(struct ibv_context *c, uint8_t p, struct _compat_ibv_port_attr *a)
-{
-	(void)c; (void)p; (void)a;
-	fail_msg("legacy ibv_query_port reached");
-	return -1;
-}
-
-#define ACCESS (IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | \
-		IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC)
+#include "sim_pair.h"
 
 static struct sim_world *world;
 static struct sim_host *host[2];
 static struct sim_ep a, b;
 
+static struct sim_pair pair;
+
 static int setup(void **state)
 {
-	static int run;
-	char url[64];
-	struct sim_ep_info ia, ib;
-	struct ibv_qp_cap cap = { .max_send_wr = 64, .max_recv_wr = 64,
-				  .max_send_sge = 2, .max_recv_sge = 2, .max_inline_data = 64 };
 	(void)state;
-
-	world = sim_world_create(NULL);
-	host[0] = sim_host_create(world, 2);
-	host[1] = sim_host_create(world, 2);
-	shift_lower_set(sim_lower_world(world));
-	shift_shadow_sync = true;
-	snprintf(url, sizeof(url), "mem://failover%d", run++);
-	setenv("SHIFT_KV_URL", url, 1);
-	setenv("SHIFT_STATUS_DIR", "", 1);
-	shift_config_load(NULL);
-	assert_int_equal(sim_ep_open(&a, &shift_verbs, "sim0_0", 1 << 16, ACCESS, &cap, 256, 0), 0);
-	assert_int_equal(sim_ep_open(&b, &shift_verbs, "sim1_0", 1 << 16, ACCESS, &cap, 256, 0), 0);
-	sim_ep_info(&a, 1, &ia);
-	sim_ep_info(&b, 2, &ib);
-	assert_int_equal(sim_ep_connect(&a, &ia, &ib, NULL), 0);
-	assert_int_equal(sim_ep_connect(&b, &ib, &ia, NULL), 0);
-	for (int i = 0; i < 4; i++)
-		shift_rnic_pass_all();
-	struct shift_qp_info qi;
-	assert_int_equal(shift_shadow_qp_info(a.qp, &qi), 0);
-	assert_int_equal(qi.state, SHIFT_SHADOW_READY);
+	sim_pair_open(&pair, &a, &b, "failover", 0);
+	world = pair.world;
+	host[0] = pair.host[0];
+	host[1] = pair.host[1];
+	sim_pair_connect(&pair);
 	return 0;
 }
 
 static int teardown(void **state)
 {
 	(void)state;
-	sim_ep_close(&a);
-	sim_ep_close(&b);
-	sim_world_destroy(world);
+	sim_pair_close(&pair);
 	return 0;
 }
 
@@ -112,6 +77,20 @@ static void post_write(int i, bool signaled)
 	}, *bad;
 
 	memset(a.buf + 256 * i, 'a' + i % 26, 256);
+	assert_int_equal(ibv_post_send(a.qp, &wr, &bad), 0);
+}
+
+/* A signaled fetch-and-add of 1 (wr_id 42) from A on B's buffer at 4096. */
+static void post_fetch_add_42(void)
+{
+	struct ibv_sge sge = { .addr = (uintptr_t)a.buf, .length = 8, .lkey = a.mr->lkey };
+	struct ibv_send_wr *bad, wr = {
+		.wr_id = 42, .sg_list = &sge, .num_sge = 1, .opcode = IBV_WR_ATOMIC_FETCH_AND_ADD,
+		.send_flags = IBV_SEND_SIGNALED,
+		.wr.atomic = { .remote_addr = (uintptr_t)b.buf + 4096, .compare_add = 1,
+			       .rkey = b.mr->rkey },
+	};
+
 	assert_int_equal(ibv_post_send(a.qp, &wr, &bad), 0);
 }
 
@@ -340,18 +319,10 @@ static void test_atomic_in_flight_surfaces(void **state)
 {
 	struct ibv_wc wa[128], wb[128];
 	int na = 0, nb = 0;
-	struct ibv_send_wr *bad;
 	(void)state;
 
-	struct ibv_sge sge = { .addr = (uintptr_t)a.buf, .length = 8, .lkey = a.mr->lkey };
-	struct ibv_send_wr wr = {
-		.wr_id = 42, .sg_list = &sge, .num_sge = 1, .opcode = IBV_WR_ATOMIC_FETCH_AND_ADD,
-		.send_flags = IBV_SEND_SIGNALED,
-		.wr.atomic = { .remote_addr = (uintptr_t)b.buf + 4096, .compare_add = 1,
-			       .rkey = b.mr->rkey },
-	};
 	sim_dev_kill(sim_host_dev(host[0], 0), 0);
-	assert_int_equal(ibv_post_send(a.qp, &wr, &bad), 0);
+	post_fetch_add_42();
 	drive(wa, 128, &na, wb, 128, &nb);
 	assert_true(na >= 1);
 	assert_int_equal(wa[0].wr_id, 42);
@@ -504,17 +475,9 @@ static void test_atomic_completed_in_cq_is_not_in_flight(void **state)
 {
 	struct ibv_wc wa[128], wb[128];
 	int na = 0, nb = 0;
-	struct ibv_send_wr *bad;
 	(void)state;
 
-	struct ibv_sge sge = { .addr = (uintptr_t)a.buf, .length = 8, .lkey = a.mr->lkey };
-	struct ibv_send_wr wr = {
-		.wr_id = 42, .sg_list = &sge, .num_sge = 1, .opcode = IBV_WR_ATOMIC_FETCH_AND_ADD,
-		.send_flags = IBV_SEND_SIGNALED,
-		.wr.atomic = { .remote_addr = (uintptr_t)b.buf + 4096, .compare_add = 1,
-			       .rkey = b.mr->rkey },
-	};
-	assert_int_equal(ibv_post_send(a.qp, &wr, &bad), 0);
+	post_fetch_add_42();
 	post_recv_on(&b, b.qp, 88, 0);
 	while (sim_world_step(world))
 		; /* the fetch-add is done; A does not poll */
