@@ -672,13 +672,22 @@ static void on_ctrl(struct shift_ctx *s, struct shift_dqp *d, struct out *o)
 
 static void poll_backup(struct shift_ctx *s, struct shift_cq *c, struct out *o, bool app);
 
-static bool port_active(struct shift_ctx *s, struct shift_dqp *d)
+/* 1: the port is ACTIVE, 0: it is not, -1: it cannot be queried. */
+static int port_state(struct shift_ctx *s, unsigned port)
 {
 	struct ibv_port_attr pa;
-	uint8_t port = d->shadow && d->shadow->attr.port_num ? d->shadow->attr.port_num : 1;
 
 	memset(&pa, 0, sizeof(pa));
-	return shift_lower->query_port(s->ibctx, port, &pa) == 0 && pa.state == IBV_PORT_ACTIVE;
+	if (shift_lower->query_port(s->ibctx, (uint8_t)port, &pa))
+		return -1;
+	return pa.state == IBV_PORT_ACTIVE;
+}
+
+static bool port_active(struct shift_ctx *s, struct shift_dqp *d)
+{
+	uint8_t port = d->shadow && d->shadow->attr.port_num ? d->shadow->attr.port_num : 1;
+
+	return port_state(s, port) == 1;
 }
 
 static int reset_default(struct shift_ctx *s, struct shift_dqp *d)
@@ -1169,11 +1178,8 @@ static void watch_ports(struct shift_ctx *s, uint64_t now_ms)
 			if (port < 1 || port > SHIFT_WATCH_PORTS)
 				port = 1;
 			if (!st[port]) {
-				struct ibv_port_attr pa;
-
-				memset(&pa, 0, sizeof(pa));
-				st[port] = shift_lower->query_port(s->ibctx, (uint8_t)port, &pa) ||
-						   pa.state == IBV_PORT_ACTIVE ? 1 : 2;
+				/* a port that cannot be queried counts as up */
+				st[port] = port_state(s, port) ? 1 : 2;
 				if (st[port] == 1) {
 					s->port_down_since[port] = 0;
 				} else if (!s->port_down_since[port]) {
