@@ -290,6 +290,53 @@ static void test_port_down_fails_over_without_error(void **state)
 	shift_config.port_down_ms = saved;
 }
 
+/*
+ * Repeated cycles: fail over, fail back, fail over again on the re-armed
+ * backup, fail back again. Every send completes once, in order, on both
+ * sides, with the bytes at the receiver.
+ */
+static void test_failover_failback_twice(void **state)
+{
+	struct ibv_wc wa[64], wb[64];
+	int na = 0, nb = 0;
+	struct ibv_recv_wr *bad_r;
+	struct shift_dqp *da = shift_dqp_of_qp(a.qp), *db = shift_dqp_of_qp(b.qp);
+	(void)state;
+
+	for (int i = 0; i < 32; i++) {
+		struct ibv_sge rs = { .addr = (uintptr_t)b.buf + 64 * i, .length = 64, .lkey = b.mr->lkey };
+		struct ibv_recv_wr rwr = { .wr_id = 500 + i, .sg_list = &rs, .num_sge = 1 };
+		assert_int_equal(ibv_post_recv(b.qp, &rwr, &bad_r), 0);
+	}
+	for (int cycle = 0; cycle < 2; cycle++) {
+		int base = 16 * cycle;
+
+		post_sends(base, base + 4);
+		sim_dev_kill(sim_host_dev(host[0], 0), 0);
+		post_sends(base + 4, base + 8);
+		drive(wa, 64, &na, wb, 64, &nb);
+		assert_int_equal(na, base + 8);
+		assert_int_equal(nb, base + 8);
+		assert_int_equal(da->failovers, cycle + 1);
+		sim_dev_revive(sim_host_dev(host[0], 0));
+		drive_rounds(4000, wa, 64, &na, wb, 64, &nb);
+		assert_int_equal(da->failbacks, cycle + 1);
+		assert_false(da->need_rearm);
+		assert_false(db->need_rearm);
+		post_sends(base + 8, base + 16);
+		drive(wa, 64, &na, wb, 64, &nb);
+		assert_int_equal(na, base + 16);
+		assert_int_equal(nb, base + 16);
+	}
+	for (int i = 0; i < 32; i++) {
+		assert_int_equal(wa[i].status, IBV_WC_SUCCESS);
+		assert_int_equal(wa[i].wr_id, 700 + i);
+		assert_int_equal(wb[i].status, IBV_WC_SUCCESS);
+		assert_int_equal(wb[i].wr_id, 500 + i);
+		assert_int_equal(b.buf[64 * i], 'A' + i);
+	}
+}
+
 /* A QP destroyed while failed over: later background passes must not
  * touch its freed state (ASan catches a use after free here). */
 static void test_destroy_failed_over_qp(void **state)
@@ -516,6 +563,7 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_failback_after_recovery, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_port_down_fails_over_without_error, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_destroy_failed_over_qp, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_failover_failback_twice, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_drain_takes_rest_of_batch_first, setup, teardown2),
 		cmocka_unit_test_setup_teardown(test_atomic_completed_in_cq_is_not_in_flight, setup,
 						teardown),
