@@ -67,6 +67,10 @@ enum shift_recv_state {
 #define SHIFT_WRID_DATA (1ull << 63)      /* | RECV | mirror index */
 #define SHIFT_WRID_RECV (1ull << 62)
 #define SHIFT_WRID_INDEX(w) ((w) & ((1ull << 48) - 1))
+/* the backup QP's generation (resets) a WR was posted in: completions of an
+ * earlier one (flushes of a reset, late) are told apart from the current */
+#define SHIFT_WRID_GEN(g) ((uint64_t)((g) & 0x3fffu) << 48)
+#define SHIFT_WRID_GEN_OF(w) ((unsigned)((w) >> 48) & 0x3fffu)
 
 /*
  * One mirrored send WR; its SGEs and inline bytes follow it in the ring.
@@ -165,6 +169,19 @@ struct shift_dqp {
 				       * receives once notify_count are consumed */
 	uint32_t notify_count;
 	bool need_rearm;              /* the backup QP must be reset before reuse */
+	/* failover episodes: failover number k runs on backup QPs reset at
+	 * both ends for it (generation k - 1, the replay being 0); the KV
+	 * store carries each end's generation and latest episode */
+	unsigned bk_gen;              /* my backup QP's generation */
+	unsigned peer_gen, peer_started; /* the peer's, as last read */
+	bool wait_peer;               /* my handshake message waits for the peer's backup */
+	bool wait_reset;              /* my backup's reset waits for the peer to stop its old one */
+	uint64_t wait_since;          /* the failover started (fb clock) */
+	bool bk_flushing;             /* its CQs drained after a reset: errors are SHIFT's */
+	bool recv_hold;               /* receives recorded only: start() reposts them */
+	bool bk_error;                /* my backup QP failed: a peer's new episode, or the end */
+	uint64_t bk_error_at;
+	uint64_t kv_at;               /* next read of the peer's record (fb clock) */
 	bool peer_nosend;             /* the peer's application never sends (RTR only) */
 
 	/* statistics (shiftctl, logs) */

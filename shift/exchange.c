@@ -138,3 +138,31 @@ int shift_exchange_mr_decode(const char *s, size_t len, uint32_t *bk_rkey)
 	*bk_rkey = r;
 	return 0;
 }
+
+int shift_exchange_ep_key(const struct shift_qp_key *k, char *buf, size_t cap)
+{
+	char g[33];
+
+	shift_gid_hex(&k->gid, g);
+	return fit(snprintf(buf, cap, "ep:%s:%u", g, k->qpn), cap);
+}
+
+int shift_exchange_ep_encode(unsigned gen, unsigned started, char *buf, size_t cap)
+{
+	return fit(snprintf(buf, cap, SHIFT_EXCHANGE_VERSION " ep gen=%u started=%u", gen, started),
+		   cap);
+}
+
+int shift_exchange_ep_decode(const char *s, size_t len, unsigned *gen, unsigned *started)
+{
+	const char *p = s, *end = s + len;
+	uint32_t g, st;
+
+	if (prefix(&p, end, SHIFT_EXCHANGE_VERSION " ep ") ||
+	    field_u32(&p, end, "gen", 0x3fff, &g) ||
+	    field_u32(&p, end, "started", 0xffffffu, &st) || p != end)
+		return -EINVAL;
+	*gen = g;
+	*started = st;
+	return 0;
+}

@@ -31,6 +31,10 @@ struct shift_qp_value {
 };
 
 int shift_exchange_qp_key(const struct shift_qp_key *k, char *buf, size_t cap);
+/* A connection end's failover episodes, under its default (GID, QPN). */
+int shift_exchange_ep_key(const struct shift_qp_key *k, char *buf, size_t cap);
+int shift_exchange_ep_encode(unsigned gen, unsigned started, char *buf, size_t cap);
+int shift_exchange_ep_decode(const char *s, size_t len, unsigned *gen, unsigned *started);
 int shift_exchange_mr_key(const union ibv_gid *gid, uint32_t rkey, char *buf,
 			  size_t cap);
 /* Encoders return the length written, or -EMSGSIZE. */

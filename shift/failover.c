@@ -45,6 +45,9 @@
 
 #define TMP_WC 16
 #define SHIFT_BG_GRACE_MS 20
+/* how long a failover after the first waits for the peer's part (its record
+ * in the KV store, its handshake message) before the connection fails */
+#define SHIFT_EPISODE_WAIT_MS 10000
 
 /* The handshake message's immediate: the sender's receive counter (31 bits,
  * compared modulo 2^31), or ABORT: the sender cannot fail over (an atomic
@@ -232,7 +235,7 @@ static int post_mirrored(struct shift_dqp *d, uint64_t idx, bool dflt)
 	struct ibv_send_wr wr, *bad;
 
 	memset(&wr, 0, sizeof(wr));
-	wr.wr_id = dflt ? e->wr_id : SHIFT_WRID_DATA | idx;
+	wr.wr_id = dflt ? e->wr_id : SHIFT_WRID_DATA | SHIFT_WRID_GEN(d->bk_gen) | idx;
 	wr.opcode = (enum ibv_wr_opcode)e->opcode;
 	wr.send_flags = e->send_flags;
 	wr.imm_data = e->imm;
@@ -297,7 +300,8 @@ static int post_bk_recv(struct shift_dqp *d, uint64_t idx)
 {
 	struct shift_rwqe *e = shift_dqp_rwqe(d, idx);
 	struct ibv_sge sge[e->num_sge ? e->num_sge : 1];
-	struct ibv_recv_wr wr = { .wr_id = SHIFT_WRID_DATA | SHIFT_WRID_RECV | idx,
+	struct ibv_recv_wr wr = { .wr_id = SHIFT_WRID_DATA | SHIFT_WRID_RECV |
+					   SHIFT_WRID_GEN(d->bk_gen) | idx,
 				  .sg_list = sge, .num_sge = (int)e->num_sge }, *bad;
 
 	memcpy(sge, e->sge, sizeof(struct ibv_sge) * e->num_sge);
@@ -443,34 +447,122 @@ static void fail_connection(struct shift_ctx *s, struct shift_dqp *d, struct out
 
 static void poll_backup(struct shift_ctx *s, struct shift_cq *c, struct out *o, bool app);
 
-/*
- * Both directions are off the backup QP: flush its stale receives (their
- * completions are dropped: the QP is no longer on the failed-over list),
- * then reset and reconnect it with a fresh control receive. Its CQs locked.
+/* ---- failover episodes ------------------------------------------------------
+ *
+ * Failover number k of a connection runs on backup QPs reset at both ends
+ * for it: generation k - 1 (the replay is generation 0), whose PSNs both
+ * ends derive alike, with a fresh control receive at the head of the
+ * receive queue and no stale receive behind it. After a full failback each
+ * end resets its own backup for the next failover. If the default path
+ * fails again before that (one direction still on the backup, or the peer
+ * not reset yet), the end that sees it flushes both its QPs, resets its
+ * backup, and publishes the episode it started in the KV store; the peer,
+ * which reads that record while its backup is used, does the same. A
+ * handshake message is only sent to a backup reset for its episode: the
+ * peer's record says so, or the peer's own message proves it.
  */
-static int rearm_backup(struct shift_ctx *s, struct shift_dqp *d)
+
+static void ep_publish(struct shift_ctx *s, struct shift_dqp *d)
+{
+	struct shift_rnic *r = s->rnic;
+	char key[SHIFT_EXCHANGE_KEY_MAX], val[64];
+	int n;
+
+	if (!r || !r->kv || shift_exchange_ep_key(&d->shadow->my_key, key, sizeof(key)) < 0)
+		return;
+	n = shift_exchange_ep_encode(d->bk_gen, (unsigned)d->failovers, val, sizeof(val));
+	if (n < 0 || shift_kv_put(r->kv, key, val, (size_t)n, 0))
+		shift_debug("%s QP %u: cannot publish failover episode %lu", d->dev, d->qpn,
+			    d->failovers);
+}
+
+/* The peer's record into d->peer_gen and d->peer_started: 0, or -1 (none,
+ * or the store cannot be read: d keeps what it knew). */
+static int ep_read(struct shift_ctx *s, struct shift_dqp *d)
+{
+	struct shift_rnic *r = s->rnic;
+	char key[SHIFT_EXCHANGE_KEY_MAX];
+	unsigned g, st;
+	void *v;
+	size_t len;
+
+	if (!r || !r->kv || shift_exchange_ep_key(&d->shadow->peer_key, key, sizeof(key)) < 0 ||
+	    shift_kv_get(r->kv, key, &v, &len))
+		return -1;
+	int rc = shift_exchange_ep_decode(v, len, &g, &st);
+	free(v);
+	if (rc)
+		return -1;
+	d->peer_gen = g;
+	d->peer_started = st;
+	return 0;
+}
+
+/* Is the peer's backup reset for my current episode? */
+static bool peer_armed(const struct shift_dqp *d)
+{
+	return d->failovers <= 1 || d->peer_gen + 1 >= (unsigned)d->failovers;
+}
+
+/* Has the peer stopped the backup QP of its last failover (so a reset of
+ * mine cannot acknowledge its packets as duplicates)? It joined my
+ * failover, or it reset its own for it. */
+static bool peer_old_dead(const struct shift_dqp *d)
+{
+	return d->peer_started >= (unsigned)d->failovers || d->peer_gen + 1 >= (unsigned)d->failovers;
+}
+
+/*
+ * Stop my backup QP (ERR) and drain its CQs of d: successes are the
+ * application's (kept, in order) when keep, else dropped with d off the
+ * failed-over list; errors and flushes are SHIFT's. Its CQs locked.
+ */
+static void flush_backup(struct shift_ctx *s, struct shift_dqp *d, bool keep)
 {
 	struct ibv_qp_attr a = { .qp_state = IBV_QPS_ERR };
 	struct shift_cq *cs[2] = { d->scq, d->rcq != d->scq ? d->rcq : NULL };
 
-	fo_remove(s, d);
+	if (!keep)
+		fo_remove(s, d);
 	shift_lower->modify_qp(d->bk, &a, IBV_QP_STATE);
+	d->bk_flushing = true;
 	for (int k = 0; k < 2; k++) {
 		if (!cs[k])
 			continue;
 		struct out o = { .wc = NULL, .n = 0, .max = 0, .c = cs[k] };
 		poll_backup(s, cs[k], &o, false);
 	}
+	d->bk_flushing = false;
+}
+
+/* Reset my (stopped) backup QP as generation gen, with a fresh control
+ * receive, and publish it. Its CQs locked. */
+static int reset_backup(struct shift_ctx *s, struct shift_dqp *d, unsigned gen)
+{
 	d->handshake_done = false;
 	d->ctrl_sent = false;
-	if (shift_shadow_rearm(s->rnic, d->shadow, (unsigned)d->failovers)) {
-		give_up(d, "its backup QP could not be re-armed after the failback");
+	d->bk_error = false;
+	d->bk_gen = gen & 0x3fffu;
+	if (shift_shadow_rearm(s->rnic, d->shadow, gen)) {
+		give_up(d, "its backup QP could not be reset for the next failover");
 		return -1;
 	}
 	d->need_rearm = false;
 	d->last_switch_s = (uint64_t)time(NULL);
+	ep_publish(s, d);
 	return 0;
 }
+
+/* After a full failback: both directions left the backup QP, whose last
+ * packets were all acknowledged: reset it for the next failover. */
+static int rearm_backup(struct shift_ctx *s, struct shift_dqp *d)
+{
+	flush_backup(s, d, false);
+	return reset_backup(s, d, (unsigned)d->failovers);
+}
+
+static void send_my_ctrl(struct shift_ctx *s, struct shift_dqp *d);
+static int finish_start(struct shift_ctx *s, struct shift_dqp *d, bool reset);
 
 /* Did the application bring its QP to RTS (can it ever send)? */
 static bool app_sends(struct shift_ctx *s, struct shift_dqp *d)
@@ -492,43 +584,51 @@ static int start(struct shift_ctx *s, struct shift_dqp *d, struct out *o,
 		 const struct ibv_wc *err)
 {
 	struct ibv_qp_attr a = { .qp_state = IBV_QPS_ERR };
+	/* my backup served the last failover and was not reset since: the
+	 * default path failed again before the failback finished at both
+	 * ends (or it never did) */
+	bool again = d->need_rearm;
 
-	if (d->send_state != SHIFT_SEND_DEFAULT)
+	if (d->send_state == SHIFT_SEND_UNPROTECTED)
+		return -1;
+	if (d->send_state != SHIFT_SEND_DEFAULT && !again)
 		return 0;
 	if (!d->shadow || !d->scq || !d->rcq ||
 	    __atomic_load_n(&d->shadow->state, __ATOMIC_ACQUIRE) != SHIFT_SHADOW_READY) {
 		give_up(d, "its backup QP is not ready");
 		return -1;
 	}
-	if (d->need_rearm) {
-		/* failed again right after a failback: the backup QP can be
-		 * re-armed now if neither direction still uses it */
-		if (d->recv_state != SHIFT_RECV_DEFAULT) {
-			give_up(d, "it failed again while the peer's sends were still on the backup QP");
-			return -1;
-		}
-		if (rearm_backup(s, d))
-			return -1;
-	}
 	if (fo_add(s, d)) {
 		give_up(d, "too many failed-over QPs in this context");
 		return -1;
 	}
 	d->bk = d->shadow->bk;
+	/* posters hold everything from here: sends until the handshake,
+	 * receives until they are reposted below, in order */
+	shift_dqp_lock(d);
+	d->handshake_done = false;
+	d->recv_hold = true;
+	d->send_state = SHIFT_SEND_FALLBACK;
+	d->recv_state = SHIFT_RECV_FALLBACK;
+	shift_dqp_unlock(d);
 	shift_lower->modify_qp(d->qp, &a, IBV_QP_STATE);
 	d->t_error_us = mono_us();
 	d->switch_us = d->fallback_us = 0;
 	d->dflt = SHIFT_DFLT_ERR;
 	d->probe_fails = 0;
 	d->probe_at = fb_now() + probe_wait(d);
-	d->need_rearm = true;
 	d->notify_pending = false;
+	d->wait_peer = false;
 	d->last_switch_s = (uint64_t)time(NULL);
 	__atomic_store_n(&s->slow, true, __ATOMIC_RELEASE);
-	shift_dqp_lock(d);
-	d->send_state = SHIFT_SEND_FALLBACK;
-	d->recv_state = SHIFT_RECV_FALLBACK;
-	shift_dqp_unlock(d);
+	if (again) {
+		/* completions of the old backup first: older than the default
+		 * QP's in each queue (a direction left it only once drained) */
+		shift_info("%s QP %u: the default path failed again before the backup QP was reset: "
+			   "both QPs stopped for failover %lu", d->dev, d->qpn, d->failovers + 1);
+		flush_backup(s, d, true);
+	}
+	d->need_rearm = true;
 	drain_default(s, d->scq, o);
 	if (d->rcq != d->scq)
 		drain_default(s, d->rcq, o);
@@ -547,29 +647,76 @@ static int start(struct shift_ctx *s, struct shift_dqp *d, struct out *o,
 			return -2;
 		}
 	}
-	shift_dqp_lock(d);
-	d->handshake_done = false;
 	d->failovers++;
-	for (uint64_t i = d->rq_tail; i < d->rq_head; i++) {
-		if (post_bk_recv(d, i)) {
-			shift_dqp_unlock(d);
-			give_up(d, "cannot repost a receive on the backup QP");
-			return -1;
-		}
+	d->wait_since = fb_now();
+	if (again && !peer_old_dead(d) && (ep_read(s, d), !peer_old_dead(d))) {
+		/* the peer's old backup may still send: reset mine only once
+		 * it has stopped it (it follows my record) */
+		d->wait_reset = true;
+		d->kv_at = 0;
+		ep_publish(s, d);
+		shift_info("%s QP %u: failover %lu waits for the peer to stop its backup QP", d->dev,
+			   d->qpn, d->failovers);
+		return 0;
 	}
-	shift_dqp_unlock(d);
-	if (send_ctrl(d, CTRL_COUNT((uint32_t)d->rq_tail) | (app_sends(s, d) ? 0 : CTRL_NOSEND))) {
-		give_up(d, "cannot send the handshake message");
-		return -1;
-	}
-	d->ctrl_sent = true;
-	shift_info("%s QP %u: failing over to backup QP %u (receive counter %u)", d->dev, d->qpn,
-		   d->bk->qp_num, (uint32_t)d->rq_tail);
+	return finish_start(s, d, again);
 	shift_debug("%s QP %u: sq %llu..%llu, rq %llu..%llu, recv consumers posted %llu", d->dev, d->qpn,
 		    (unsigned long long)d->sq_tail, (unsigned long long)d->sq_head,
 		    (unsigned long long)d->rq_tail, (unsigned long long)d->rq_head,
 		    (unsigned long long)d->recv_consumers_posted);
 	return 0;
+}
+
+/* The rest of start(), once my backup QP may be (re)set: my receives on
+ * it, my record, my handshake message (or a wait for the peer's backup). */
+static int finish_start(struct shift_ctx *s, struct shift_dqp *d, bool reset)
+{
+	d->wait_reset = false;
+	if (reset && reset_backup(s, d, (unsigned)d->failovers - 1)) {
+		d->recv_hold = false;
+		return -1;
+	}
+	d->need_rearm = true; /* this failover uses it */
+	shift_dqp_lock(d);
+	for (uint64_t i = d->rq_tail; i < d->rq_head; i++) {
+		if (post_bk_recv(d, i)) {
+			d->recv_hold = false;
+			shift_dqp_unlock(d);
+			give_up(d, "cannot repost a receive on the backup QP");
+			return -1;
+		}
+	}
+	d->recv_hold = false;
+	shift_dqp_unlock(d);
+	if (d->failovers > 1) {
+		ep_publish(s, d);
+		if (!peer_armed(d))
+			(void)ep_read(s, d);
+	}
+	shift_info("%s QP %u: failing over to backup QP %u (receive counter %u, failover %lu)",
+		   d->dev, d->qpn, d->bk->qp_num, (uint32_t)d->rq_tail, d->failovers);
+	if (peer_armed(d)) {
+		send_my_ctrl(s, d);
+	} else {
+		/* the peer's backup still serves the last failover: it reads
+		 * my record and answers first, or its record says it is ready */
+		d->wait_peer = true;
+		d->kv_at = 0;
+		shift_info("%s QP %u: waiting for the peer to reset its backup QP for failover %lu",
+			   d->dev, d->qpn, d->failovers);
+	}
+	return d->send_state == SHIFT_SEND_UNPROTECTED ? -1 : 0;
+}
+
+/* My handshake message of this failover: my receive counter. */
+static void send_my_ctrl(struct shift_ctx *s, struct shift_dqp *d)
+{
+	d->wait_peer = false;
+	if (send_ctrl(d, CTRL_COUNT((uint32_t)d->rq_tail) | (app_sends(s, d) ? 0 : CTRL_NOSEND))) {
+		give_up(d, "cannot send the handshake message");
+		return;
+	}
+	d->ctrl_sent = true;
 }
 
 /* Both messages exchanged: retransmit what the peer has not executed. */
@@ -647,6 +794,9 @@ static void on_ctrl(struct shift_ctx *s, struct shift_dqp *d, struct out *o)
 	}
 	if (d->send_state == SHIFT_SEND_DEFAULT && start(s, d, o, NULL))
 		return;
+	/* waiting for the peer's backup: its message proves it is ready */
+	if (d->send_state != SHIFT_SEND_UNPROTECTED && !d->ctrl_sent)
+		send_my_ctrl(s, d);
 	if (d->send_state != SHIFT_SEND_UNPROTECTED && !d->handshake_done)
 		retransmit(d, o);
 }
@@ -718,6 +868,28 @@ static int reset_default(struct shift_ctx *s, struct shift_dqp *d)
 	if (!(mask & IBV_QP_SQ_PSN))
 		return 1; /* the application left it at RTR: so does SHIFT */
 	return shift_qp_to_rts(d->qp, &app, mask, app.sq_psn + off) ? -1 : 0;
+}
+
+/*
+ * One end of a connection probes: the one whose default (GID, QPN) is the
+ * lower, unless its application never sends. The other end resets its
+ * default QP once per failover and keeps it receptive; the prober's
+ * failback notification proves the path to it, and it switches its sends
+ * back then. Two probers would each reset their QP after a failed probe,
+ * re-basing its PSNs under the other's probe, notification or held WRs:
+ * the two ends' resets are not coordinated, the prober's alone are safe
+ * (its probe is the only packet it sends before one is acknowledged, so
+ * the receptive end is never more than that one packet ahead of it).
+ */
+static bool prober(struct shift_dqp *d)
+{
+	const struct shift_qp_key *me = &d->shadow->my_key, *peer = &d->shadow->peer_key;
+	int c;
+
+	if (d->peer_nosend)
+		return true;
+	c = memcmp(me->gid.raw, peer->gid.raw, sizeof(me->gid.raw));
+	return c < 0 || (c == 0 && me->qpn < peer->qpn);
 }
 
 static int post_probe(struct shift_dqp *d)
@@ -808,11 +980,11 @@ static void switch_back(struct shift_dqp *d)
 }
 
 /* The probe came back: the default path works in both directions. */
-static void probe_ok(struct shift_dqp *d)
+static void probe_ok(struct shift_dqp *d, const char *how)
 {
 	d->dflt = SHIFT_DFLT_OK;
 	d->probe_fails = 0;
-	shift_info("%s QP %u: default path answers again (probe)", d->dev, d->qpn);
+	shift_info("%s QP %u: default path answers again (%s)", d->dev, d->qpn, how);
 	shift_dqp_lock(d);
 	if (d->send_state == SHIFT_SEND_FALLBACK) {
 		shift_dqp_sync_locked(d);
@@ -860,7 +1032,7 @@ static void on_default_ctrl(struct shift_ctx *s, struct shift_dqp *d, struct ibv
 	switch (wc->wr_id) {
 	case SHIFT_WRID_PROBE:
 		if (wc->status == IBV_WC_SUCCESS) {
-			probe_ok(d);
+			probe_ok(d, "probe");
 		} else {
 			d->dflt = SHIFT_DFLT_ERR;
 			d->probe_fails++;
@@ -873,6 +1045,11 @@ static void on_default_ctrl(struct shift_ctx *s, struct shift_dqp *d, struct ibv
 			return; /* flushed by a failed probe */
 		d->notify_count = CTRL_COUNT(be32toh(wc->imm_data));
 		d->notify_pending = true;
+		/* the prober's notification came over the default path: it
+		 * works both ways (its ACK went back), my sends may follow */
+		if (d->send_state == SHIFT_SEND_FALLBACK && d->handshake_done &&
+		    d->dflt == SHIFT_DFLT_READY && !prober(d))
+			probe_ok(d, "the peer's failback notification");
 		if (d->rcq)
 			poll_backup(s, d->rcq, o, false);
 		try_notify(d);
@@ -907,6 +1084,57 @@ static void failback_work(struct shift_ctx *s, struct shift_dqp *d, uint64_t now
 	}
 	if (d->send_state == SHIFT_SEND_UNPROTECTED)
 		return;
+	/* Episodes: while my backup is used (the peer's message cannot reach
+	 * it), read the peer's record at the probe period; waiting for the
+	 * peer, or after a backup failure, at every pass. */
+	if ((d->need_rearm || d->wait_peer || d->wait_reset || d->bk_error) && now >= d->kv_at) {
+		bool urgent = d->wait_peer || d->wait_reset || d->bk_error;
+
+		d->kv_at = now + (urgent ? 1 : probe_wait(d));
+		if (ep_read(s, d) == 0) {
+			struct out o = { .wc = NULL, .n = 0, .max = 0, .c = d->scq };
+
+			if (d->peer_started > d->failovers) {
+				shift_info("%s QP %u: the peer started failover %u: following it", d->dev,
+					   d->qpn, d->peer_started);
+				if (d->send_state != SHIFT_SEND_DEFAULT)
+					d->need_rearm = true; /* a new failover from any state */
+				start(s, d, &o, NULL);
+			} else if (d->wait_reset && peer_old_dead(d)) {
+				finish_start(s, d, true);
+				if (d->ctrl_pending && d->send_state != SHIFT_SEND_UNPROTECTED)
+					on_ctrl(s, d, &o);
+			} else if (d->wait_peer && peer_armed(d)) {
+				send_my_ctrl(s, d);
+				if (d->ctrl_pending)
+					on_ctrl(s, d, &o);
+			}
+		}
+		if (d->send_state == SHIFT_SEND_UNPROTECTED)
+			return;
+	}
+	uint64_t limit = shift_shadow_sync ? 256 : SHIFT_EPISODE_WAIT_MS;
+	if ((d->bk_error && now - d->bk_error_at >= limit) ||
+	    ((d->wait_reset || d->wait_peer) && now - d->wait_since >= limit)) {
+		struct out o = { .wc = NULL, .n = 0, .max = 0, .c = d->scq };
+		struct ibv_qp_attr e = { .qp_state = IBV_QPS_ERR };
+
+		shift_warn("%s QP %u: cannot fail over (%s): the error goes to the application", d->dev,
+			   d->qpn, d->bk_error ? "the backup path failed and the peer started no new failover"
+					       : "the peer did not join the new failover");
+		/* the default QP's successes are kept, then every WR still
+		 * outstanding (on either QP) is flushed to the application */
+		shift_lower->modify_qp(d->bk, &e, IBV_QP_STATE);
+		shift_lower->modify_qp(d->qp, &e, IBV_QP_STATE);
+		shift_dqp_lock(d);
+		d->send_state = SHIFT_SEND_FALLBACK;
+		shift_dqp_unlock(d);
+		drain_default(s, d->scq, NULL);
+		if (d->rcq != d->scq)
+			drain_default(s, d->rcq, NULL);
+		fail_connection(s, d, &o, false, NULL);
+		return;
+	}
 	/* Keep the default QP reset (receptive to the peer's probe) whenever
 	 * its port is up; probe from it at the probe period, backing off. */
 	if (d->send_state == SHIFT_SEND_FALLBACK && d->handshake_done && shift_config.probe_ms) {
@@ -933,7 +1161,7 @@ static void failback_work(struct shift_ctx *s, struct shift_dqp *d, uint64_t now
 				d->probe_at = now + probe_wait(d);
 			}
 		}
-		if (d->dflt == SHIFT_DFLT_READY && now >= d->probe_at) {
+		if (d->dflt == SHIFT_DFLT_READY && now >= d->probe_at && prober(d)) {
 			shift_dqp_lock(d);
 			int rc = post_probe(d);
 			shift_dqp_unlock(d);
@@ -972,8 +1200,11 @@ static void from_default(struct shift_ctx *s, struct ibv_wc *wc, struct out *o)
 		emit(o, wc);
 		return;
 	}
-	if (d->send_state != SHIFT_SEND_DEFAULT)
-		return; /* a flush of a QP already on its backup */
+	/* a flush of a QP already on its backup; unless a direction came
+	 * back to the default QP (my receives) and it failed again */
+	if (d->send_state != SHIFT_SEND_DEFAULT &&
+	    !(d->need_rearm && d->recv_state == SHIFT_RECV_DEFAULT))
+		return;
 	shift_debug("%s QP %u: error completion %d (opcode %d, wr %#llx) starts a failover", d->dev,
 		    d->qpn, (int)wc->status, (int)wc->opcode, (unsigned long long)wc->wr_id);
 	int rc = start(s, d, o, wc);
@@ -1023,6 +1254,22 @@ static void from_backup(struct shift_ctx *s, struct ibv_wc *wc, struct out *o, b
 	}
 	if (!(wc->wr_id & SHIFT_WRID_DATA))
 		return;
+	if (wc->status != IBV_WC_SUCCESS && d->send_state != SHIFT_SEND_UNPROTECTED) {
+		/* flushes of a reset, late ones of an earlier generation, and
+		 * what follows a failure already seen are SHIFT's */
+		if (d->bk_flushing || d->bk_error || SHIFT_WRID_GEN_OF(wc->wr_id) != d->bk_gen)
+			return;
+		/* The backup failed: the peer may have reset its own for a new
+		 * failover (its default path failed again), which its record
+		 * in the KV store shows; failback_work() decides. The WR stays
+		 * outstanding. */
+		shift_info("%s QP %u: backup QP %u failed (%d): checking for a new failover at the peer",
+			   d->dev, d->qpn, wc->qp_num, (int)wc->status);
+		d->bk_error = true;
+		d->bk_error_at = fb_now();
+		d->kv_at = 0;
+		return;
+	}
 	uint64_t idx = SHIFT_WRID_INDEX(wc->wr_id);
 	if (wc->wr_id & SHIFT_WRID_RECV) {
 		wc->wr_id = shift_dqp_rwqe(d, idx)->wr_id;
@@ -1040,9 +1287,6 @@ static void from_backup(struct shift_ctx *s, struct ibv_wc *wc, struct out *o, b
 				   d->dev, d->qpn, d->dev, d->qpn, (unsigned long long)d->switch_us,
 				   (unsigned long long)d->fallback_us);
 		}
-	} else if (wc->status != IBV_WC_WR_FLUSH_ERR || d->send_state != SHIFT_SEND_UNPROTECTED) {
-		shift_debug("%s QP %u: backup completion error %d", d->dev, d->qpn, wc->status);
-		give_up(d, "the backup path failed too");
 	}
 	emit(o, wc);
 	if (d->send_state == SHIFT_SEND_WAIT_DRAINED) {
@@ -1163,9 +1407,7 @@ static void watch_ports(struct shift_ctx *s, uint64_t now_ms)
 	for (int i = 0; i < SHIFT_DQP_BUCKETS; i++) {
 		for (struct shift_dqp *d = __atomic_load_n(&s->dqp[i], __ATOMIC_ACQUIRE); d;
 		     d = d->next_in_bucket) {
-			/* (a QP back from a failback whose backup is not re-armed
-			 * yet is left to its error completion: see failover.md) */
-			if (d->send_state != SHIFT_SEND_DEFAULT || d->need_rearm || !d->scq || !d->rcq ||
+			if (d->send_state != SHIFT_SEND_DEFAULT || !d->scq || !d->rcq ||
 			    !d->shadow ||
 			    __atomic_load_n(&d->shadow->state, __ATOMIC_ACQUIRE) != SHIFT_SHADOW_READY)
 				continue;
@@ -1375,8 +1617,8 @@ int shift_post_recv_fallback(struct shift_dqp *d, struct ibv_recv_wr *wr,
 		*bad_wr = wr;
 		return ENOMEM;
 	}
-	if (d->notify_pending)
-		return 0; /* try_notify() posts them on the default QP */
+	if (d->notify_pending || d->recv_hold)
+		return 0; /* try_notify() or start() posts them */
 	for (uint64_t i = head; i < d->rq_head; i++) {
 		if (post_bk_recv(d, i)) {
 			struct ibv_recv_wr *w = wr;
