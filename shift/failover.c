@@ -1475,6 +1475,14 @@ struct shift_dqp *shift_failover_forget(struct shift_ctx *s, struct ibv_qp *qp)
 }
 
 static void background(struct shift_ctx *s);
+static bool waiting_seen;
+
+bool shift_failover_waiting(void)
+{
+	bool w = __atomic_exchange_n(&waiting_seen, false, __ATOMIC_ACQ_REL);
+
+	return w;
+}
 
 void shift_failover_background(struct shift_ctx *s)
 {
@@ -1545,6 +1553,8 @@ static void background(struct shift_ctx *s)
 			continue;
 		lock_cqs(d);
 		failback_work(s, d, fbt);
+		if (d->wait_reset || d->wait_peer || d->bk_error)
+			__atomic_store_n(&waiting_seen, true, __ATOMIC_RELEASE);
 		unlock_cqs(d);
 	}
 	/* nothing failed over any more: polls take the fast path again once

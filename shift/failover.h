@@ -4,6 +4,7 @@
 #ifndef SHIFT_FAILOVER_H
 #define SHIFT_FAILOVER_H
 
+#include <stdbool.h>
 #include <infiniband/verbs.h>
 
 struct shift_ctx;
@@ -19,6 +20,10 @@ int shift_poll_slow(struct shift_ctx *s, struct ibv_cq *cq, int num_entries,
 		    struct ibv_wc *wc, int done, int have);
 /* The background thread's share: notice peers' handshake messages. */
 void shift_failover_background(struct shift_ctx *s);
+/* Did a background pass since the last call leave a failover waiting for
+ * its peer's part (a KV record, a handshake message)? For a synchronous
+ * driver (the fault campaign) deciding whether the world is quiet. */
+bool shift_failover_waiting(void);
 /*
  * Take a QP's data-path state out of s (its buckets and its failed-over
  * list) so no background pass can reach it any more; the caller frees it

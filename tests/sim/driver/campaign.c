@@ -190,8 +190,11 @@ static int run_schedule(const struct opts *o, uint64_t seed,
 		plan_faults(w, d, &rs, budget);
 	}
 	/* Interleave application actions and network events at random until
-	 * neither can move. */
-	for (uint64_t it = 0; it < 20000000 && idle < 4; it++) {
+	 * neither can move. With SHIFT, "cannot move" must outlast its
+	 * background timers too: a failover waiting for its peer's part
+	 * (KV reads at the probe period) gets up to 256 quiet passes. */
+	bool waiting = false;
+	for (uint64_t it = 0; it < 20000000 && idle < (waiting ? 256u : 4u); it++) {
 		bool app_first = splitmix(&rs) % 4 == 0;
 
 		if (o->shift && it % 16 == 0)
@@ -206,6 +209,8 @@ static int run_schedule(const struct opts *o, uint64_t seed,
 			ev = wl_step(wl) || sim_world_step(w) != 0;
 		}
 		idle = ev ? 0 : idle + 1;
+		if (!ev && o->shift)
+			waiting = campaign_front_waiting(true);
 	}
 	wl_finish(wl, rep);
 	wl_destroy(wl);

@@ -14,6 +14,7 @@
 
 #include "kv/kv.h"
 #include "shift/config.h"
+#include "shift/failover.h"
 #include "shift/shadow.h"
 #include "shift/shift.h"
 
@@ -41,6 +42,11 @@ void campaign_front_progress(bool shift)
 {
 	if (shift)
 		shift_rnic_pass_all();
+}
+
+bool campaign_front_waiting(bool shift)
+{
+	return shift && shift_failover_waiting();
 }
 
 void campaign_front_done(struct sim_host *h, bool shift)

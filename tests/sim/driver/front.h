@@ -16,6 +16,8 @@ const struct shift_lower *campaign_front(struct sim_host *h, bool shift,
 					 const char **why);
 /* Let SHIFT's per-RNIC work (shadow replay) run once; SHIFT mode only. */
 void campaign_front_progress(bool shift);
+/* SHIFT waits for a peer's part of a failover (a few more passes finish it) */
+bool campaign_front_waiting(bool shift);
 /* Called once per host after the schedule's objects are destroyed and
  * before the world is. */
 void campaign_front_done(struct sim_host *h, bool shift);
