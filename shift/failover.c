@@ -1078,9 +1078,10 @@ static void failback_work(struct shift_ctx *s, struct shift_dqp *d, uint64_t now
 		if (!cs[k])
 			continue;
 		struct out o = { .wc = NULL, .n = 0, .max = 0, .c = cs[k] };
+		/* as a batch: an error in it that starts a failover drains
+		 * the rest of it first (from_default_batch) */
 		while ((n = s->poll_cq(cs[k]->app, TMP_WC, tmp)) > 0)
-			for (int i = 0; i < n; i++)
-				from_default(s, &tmp[i], &o);
+			from_default_batch(s, tmp, (size_t)n, &o);
 	}
 	if (d->send_state == SHIFT_SEND_UNPROTECTED)
 		return;
