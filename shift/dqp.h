@@ -169,6 +169,7 @@ struct shift_dqp {
 				       * receives once notify_count are consumed */
 	uint32_t notify_count;
 	bool need_rearm;              /* the backup QP must be reset before reuse */
+	bool notify_inflight;         /* my failback notification has not completed */
 	/* failover episodes: failover number k runs on backup QPs reset at
 	 * both ends for it (generation k - 1, the replay being 0); the KV
 	 * store carries each end's generation and latest episode */

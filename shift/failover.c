@@ -956,6 +956,9 @@ static void switch_back(struct shift_dqp *d)
 	memset(&wr, 0, sizeof(wr));
 	wr.wr_id = SHIFT_WRID_NOTIFY;
 	wr.opcode = IBV_WR_RDMA_WRITE_WITH_IMM;
+	/* signaled: the QP stays in the slow path until its completion is
+	 * filtered out (an unsignaled one still completes if flushed) */
+	wr.send_flags = IBV_SEND_SIGNALED;
 	wr.imm_data = htobe32(CTRL_COUNT((uint32_t)(d->recv_consumers_posted - held)));
 	if (d->prov_post_send(d->qp, &wr, &bad)) {
 		shift_info("%s QP %u: default QP refused the failback notification: staying on the backup",
@@ -963,6 +966,7 @@ static void switch_back(struct shift_dqp *d)
 		fallback_again(d);
 		return;
 	}
+	d->notify_inflight = true;
 	for (i = first; i < d->sq_head; i++) {
 		if (post_mirrored(d, i, true)) {
 			give_up(d, "the default QP refused a WR while failing back");
@@ -1055,6 +1059,7 @@ static void on_default_ctrl(struct shift_ctx *s, struct shift_dqp *d, struct ibv
 		try_notify(d);
 		return;
 	default: /* the notification's own completion */
+		d->notify_inflight = false;
 		if (wc->status != IBV_WC_SUCCESS)
 			shift_debug("%s QP %u: failback notification failed: %d", d->dev, d->qpn,
 				    (int)wc->status);
@@ -1172,7 +1177,7 @@ static void failback_work(struct shift_ctx *s, struct shift_dqp *d, uint64_t now
 		}
 	}
 	if (d->need_rearm && d->send_state == SHIFT_SEND_DEFAULT &&
-	    d->recv_state == SHIFT_RECV_DEFAULT && rearm_backup(s, d) == 0)
+	    d->recv_state == SHIFT_RECV_DEFAULT && !d->notify_inflight && rearm_backup(s, d) == 0)
 		shift_info("%s QP %u: back on the default QP in both directions, backup QP %u re-armed "
 			   "(failovers %lu, failbacks %lu)", d->dev, d->qpn, d->bk->qp_num, d->failovers,
 			   d->failbacks);
