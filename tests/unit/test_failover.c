@@ -337,6 +337,72 @@ static void test_failover_failback_twice(void **state)
 	}
 }
 
+/*
+ * The default NIC fails again in the middle of a failback: A's sends are
+ * back on the default QP (more posted there) while its backup QP still
+ * serves the last failover (not re-armed). Both ends move to backups reset
+ * for a second failover, agreed through the KV store; every send completes
+ * once, in order, with its bytes at B, and no error reaches either side.
+ * Then the NIC recovers for good: both directions come back again.
+ */
+static void test_fails_again_during_failback(void **state)
+{
+	struct ibv_wc wa[64], wb[64];
+	int na = 0, nb = 0, r;
+	struct ibv_recv_wr *bad_r;
+	struct shift_dqp *da = shift_dqp_of_qp(a.qp), *db = shift_dqp_of_qp(b.qp);
+	(void)state;
+
+	for (int i = 0; i < 40; i++) {
+		struct ibv_sge rs = { .addr = (uintptr_t)b.buf + 64 * i, .length = 64, .lkey = b.mr->lkey };
+		struct ibv_recv_wr rwr = { .wr_id = 500 + i, .sg_list = &rs, .num_sge = 1 };
+		assert_int_equal(ibv_post_recv(b.qp, &rwr, &bad_r), 0);
+	}
+	post_sends(0, 4);
+	sim_dev_kill(sim_host_dev(host[0], 0), 0);
+	post_sends(4, 8);
+	drive(wa, 64, &na, wb, 64, &nb);
+	assert_int_equal(na, 8);
+	assert_int_equal(nb, 8);
+	assert_int_equal(da->failovers, 1);
+
+	sim_dev_revive(sim_host_dev(host[0], 0));
+	/* until A's sends are back but its backup is not re-armed yet */
+	for (r = 0; r < 4000 && !(da->send_state == SHIFT_SEND_DEFAULT && da->need_rearm); r++) {
+		sim_world_step(world);
+		shift_rnic_pass_all();
+	}
+	assert_true(r < 4000);
+	assert_int_equal(da->failbacks, 1);
+	post_sends(8, 16); /* on the default QP */
+	sim_dev_kill(sim_host_dev(host[0], 0), 0);
+	drive_rounds(4000, wa, 64, &na, wb, 64, &nb);
+	assert_int_equal(na, 16);
+	assert_int_equal(nb, 16);
+	assert_int_equal(da->failovers, 2);
+	assert_int_equal(db->failovers, 2);
+	assert_int_not_equal(da->send_state, SHIFT_SEND_UNPROTECTED);
+	assert_int_not_equal(db->send_state, SHIFT_SEND_UNPROTECTED);
+
+	sim_dev_revive(sim_host_dev(host[0], 0));
+	drive_rounds(4000, wa, 64, &na, wb, 64, &nb);
+	assert_int_equal(da->send_state, SHIFT_SEND_DEFAULT);
+	assert_int_equal(db->recv_state, SHIFT_RECV_DEFAULT);
+	assert_false(da->need_rearm);
+	assert_false(db->need_rearm);
+	post_sends(16, 24);
+	drive(wa, 64, &na, wb, 64, &nb);
+	assert_int_equal(na, 24);
+	assert_int_equal(nb, 24);
+	for (int i = 0; i < 24; i++) {
+		assert_int_equal(wa[i].status, IBV_WC_SUCCESS);
+		assert_int_equal(wa[i].wr_id, 700 + i);
+		assert_int_equal(wb[i].status, IBV_WC_SUCCESS);
+		assert_int_equal(wb[i].wr_id, 500 + i);
+		assert_int_equal(b.buf[64 * i], 'A' + i);
+	}
+}
+
 /* A QP destroyed while failed over: later background passes must not
  * touch its freed state (ASan catches a use after free here). */
 static void test_destroy_failed_over_qp(void **state)
@@ -564,6 +630,7 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_port_down_fails_over_without_error, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_destroy_failed_over_qp, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_failover_failback_twice, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_fails_again_during_failback, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_drain_takes_rest_of_batch_first, setup, teardown2),
 		cmocka_unit_test_setup_teardown(test_atomic_completed_in_cq_is_not_in_flight, setup,
 						teardown),
