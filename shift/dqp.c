@@ -150,7 +150,7 @@ int shift_dqp_record_send(struct shift_dqp *d, const struct ibv_send_wr *wr)
 		}
 		if (shift_likely(n == 1))
 			e->sge[0] = wr->sg_list[0];
-		else
+		else if (n) /* (a zero-length WR may have no list) */
 			memcpy(e->sge, wr->sg_list, n * sizeof(struct ibv_sge));
 		e->inline_len = 0;
 		if (shift_unlikely(wr->send_flags & IBV_SEND_INLINE)) {
@@ -201,7 +201,7 @@ int shift_dqp_record_recv(struct shift_dqp *d, const struct ibv_recv_wr *wr)
 		e->num_sge = n;
 		if (shift_likely(n == 1))
 			e->sge[0] = wr->sg_list[0];
-		else
+		else if (n) /* (a zero-length receive may have no list) */
 			memcpy(e->sge, wr->sg_list, n * sizeof(struct ibv_sge));
 		d->rq_head++;
 	}
