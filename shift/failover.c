@@ -472,8 +472,10 @@ static void ep_publish(struct shift_ctx *s, struct shift_dqp *d)
 		return;
 	n = shift_exchange_ep_encode(d->bk_gen, (unsigned)d->failovers, val, sizeof(val));
 	if (n < 0 || shift_kv_put(r->kv, key, val, (size_t)n, 0))
-		shift_debug("%s QP %u: cannot publish failover episode %lu", d->dev, d->qpn,
-			    d->failovers);
+		shift_warn("%s QP %u: cannot publish failover %lu in the KV store: the peer may not "
+			   "follow it", d->dev, d->qpn, d->failovers);
+	else
+		shift_debug("%s QP %u: published %s = %.*s", d->dev, d->qpn, key, n, val);
 }
 
 /* The peer's record into d->peer_gen and d->peer_started: 0, or -1 (none,
@@ -486,13 +488,19 @@ static int ep_read(struct shift_ctx *s, struct shift_dqp *d)
 	void *v;
 	size_t len;
 
-	if (!r || !r->kv || shift_exchange_ep_key(&d->shadow->peer_key, key, sizeof(key)) < 0 ||
-	    shift_kv_get(r->kv, key, &v, &len))
+	if (!r || !r->kv || shift_exchange_ep_key(&d->shadow->peer_key, key, sizeof(key)) < 0)
 		return -1;
-	int rc = shift_exchange_ep_decode(v, len, &g, &st);
+	int rc = shift_kv_get(r->kv, key, &v, &len);
+	if (rc) {
+		shift_debug("%s QP %u: no peer record %s (%d)", d->dev, d->qpn, key, rc);
+		return -1;
+	}
+	rc = shift_exchange_ep_decode(v, len, &g, &st);
 	free(v);
-	if (rc)
+	if (rc) {
+		shift_debug("%s QP %u: peer record %s malformed", d->dev, d->qpn, key);
 		return -1;
+	}
 	d->peer_gen = g;
 	d->peer_started = st;
 	return 0;
@@ -1120,8 +1128,10 @@ static void failback_work(struct shift_ctx *s, struct shift_dqp *d, uint64_t now
 			return;
 	}
 	uint64_t limit = shift_shadow_sync ? 256 : SHIFT_EPISODE_WAIT_MS;
-	if ((d->bk_error && now - d->bk_error_at >= limit) ||
-	    ((d->wait_reset || d->wait_peer) && now - d->wait_since >= limit)) {
+	/* (the marks may be set by an application thread after this pass
+	 * read the clock: later than now) */
+	if ((d->bk_error && now > d->bk_error_at && now - d->bk_error_at >= limit) ||
+	    ((d->wait_reset || d->wait_peer) && now > d->wait_since && now - d->wait_since >= limit)) {
 		struct out o = { .wc = NULL, .n = 0, .max = 0, .c = d->scq };
 		struct ibv_qp_attr e = { .qp_state = IBV_QPS_ERR };
 
@@ -1555,7 +1565,8 @@ static void background(struct shift_ctx *s)
 			continue;
 		/* the application may be inside the fast path of a poll that
 		 * started before the context went slow: let it finish */
-		if (!shift_shadow_sync && now - d->t_error_us / 1000u < SHIFT_BG_GRACE_MS)
+		uint64_t te = d->t_error_us / 1000u; /* (may be later than now) */
+		if (!shift_shadow_sync && (te > now || now - te < SHIFT_BG_GRACE_MS))
 			continue;
 		lock_cqs(d);
 		failback_work(s, d, fbt);
