@@ -105,6 +105,39 @@ static void test_backup_pick(void **state)
 	assert_int_equal(shift_backup_pick(c, 4, "rxe0", "rxe0:rxe0", out, sizeof(out)), -EINVAL);
 }
 
+/* A connection end's failover episode record: round trip, key, and the
+ * malformed values a peer of another version or a corrupt store gives. */
+static void test_ep(void **state)
+{
+	struct shift_qp_key k = { .qpn = 31 };
+	char key[SHIFT_EXCHANGE_KEY_MAX], val[64];
+	unsigned g = 99, st = 99;
+	(void)state;
+
+	k.gid.raw[10] = 0xff;
+	k.gid.raw[11] = 0xff;
+	k.gid.raw[12] = 198;
+	k.gid.raw[13] = 18;
+	k.gid.raw[15] = 1;
+	assert_true(shift_exchange_ep_key(&k, key, sizeof(key)) > 0);
+	assert_string_equal(key, "ep:00000000000000000000ffffc6120001:31");
+	int n = shift_exchange_ep_encode(3, 4, val, sizeof(val));
+	assert_true(n > 0);
+	assert_int_equal(shift_exchange_ep_decode(val, (size_t)n, &g, &st), 0);
+	assert_int_equal(g, 3);
+	assert_int_equal(st, 4);
+	assert_true(shift_exchange_ep_encode(3, 4, val, 8) < 0); /* too small: an error, not a cut */
+	const char *bad[] = { "", "shift1 ep gen=1", "shift1 ep gen=1 started=", "shift1 ep gen=x started=2",
+			      "shift1 ep gen=99999 started=2", "shift1 ep gen=1 started=2 more",
+			      "shift1 qp gen=1 started=2", "shift0 ep gen=1 started=2" };
+	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+		g = st = 7;
+		assert_int_equal(shift_exchange_ep_decode(bad[i], strlen(bad[i]), &g, &st), -EINVAL);
+		assert_int_equal(g, 7);
+		assert_int_equal(st, 7);
+	}
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -112,6 +145,7 @@ int main(void)
 		cmocka_unit_test(test_qp_decode_rejects),
 		cmocka_unit_test(test_mr),
 		cmocka_unit_test(test_backup_pick),
+		cmocka_unit_test(test_ep),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }
