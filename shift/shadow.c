@@ -1146,17 +1146,30 @@ void shift_status_write(struct shift_rnic *r)
 	FILE *f = fopen(tmp, "w");
 	if (!f)
 		return;
+	static const char *const send_names[] = { "default", "fallback", "waitsig", "waitdrain",
+						  "unprot" };
 	pthread_mutex_lock(&r->lock);
 	for (struct shift_qp *q = r->qps; q; q = q->next) {
 		if (q->dead)
 			continue;
-		fprintf(f, "%d %s %u %s %s %s %u %s %u %s\n", (int)getpid(), r->name,
-			q->app_qpn, state_name(q->app_state),
+		/* the data path's view (a racy snapshot, for people): a QP
+		 * found here cannot be freed while r->lock is held, its
+		 * destroy marks the shadow dead under it first */
+		const struct shift_dqp *d = shift_dqp_of_qp(q->app);
+		unsigned ss = d ? (unsigned)__atomic_load_n(&d->send_state, __ATOMIC_RELAXED) : 0;
+
+		fprintf(f, "%d %s %u %s %s %s %u %s %u %s %s %lu %lu %lu %u %llu %s\n", (int)getpid(),
+			r->name, q->app_qpn, state_name(q->app_state),
 			q->state == SHIFT_SHADOW_READY ? "ready" :
 			q->state == SHIFT_SHADOW_PENDING ? "pending" : "unprotected",
 			r->bk_name[0] ? r->bk_name : "-", q->bk ? q->bk->qp_num : 0,
 			q->bk ? state_name(q->bk_state) : "-",
-			q->peer_known ? q->peer_bk.qpn : 0, q->why ? q->why : "-");
+			q->peer_known ? q->peer_bk.qpn : 0,
+			d && ss < 5 ? send_names[ss] : "-",
+			!d ? "-" : __atomic_load_n(&d->recv_state, __ATOMIC_RELAXED) ? "fallback" : "default",
+			d ? d->failovers : 0, d ? d->failbacks : 0, d ? d->retransmitted : 0,
+			d ? d->bk_gen : 0, d ? (unsigned long long)d->last_switch_s : 0ull,
+			q->why ? q->why : "-");
 	}
 	pthread_mutex_unlock(&r->lock);
 	fclose(f);

@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <errno.h>
 #include <sys/types.h>
 
@@ -33,8 +34,9 @@ static int status(const char *dir)
 		printf("no SHIFT status in %s (no process running with SHIFT?)\n", dir);
 		return 0;
 	}
-	printf("%-7s %-8s %-8s %-6s %-11s %-8s %-8s %-6s %-8s %s\n", "PID", "DEV", "QPN",
-	       "STATE", "SHADOW", "BACKUP", "BK_QPN", "BK_ST", "PEER_BK", "NOTE");
+	printf("%-7s %-8s %-8s %-6s %-11s %-8s %-8s %-6s %-8s %-9s %-8s %4s %4s %6s %4s %-8s %s\n",
+	       "PID", "DEV", "QPN", "STATE", "SHADOW", "BACKUP", "BK_QPN", "BK_ST", "PEER_BK", "SEND",
+	       "RECV", "FO", "FB", "RETX", "GEN", "SWITCHED", "NOTE");
 	while ((e = readdir(d))) {
 		char path[4096], line[1024];
 		int pid;
@@ -50,18 +52,29 @@ static int status(const char *dir)
 			continue;
 		files++;
 		while (fgets(line, sizeof(line), f)) {
-			char dev[64], st[16], sh[16], bk[64], bks[16];
-			unsigned qpn, bkqpn, peer;
+			char dev[64], st[16], sh[16], bk[64], bks[16], ss[16], rs[16], when[16] = "-";
+			unsigned qpn, bkqpn, peer, gen;
+			unsigned long fo, fb, retx;
+			unsigned long long last;
 			int p, off = 0;
 
 			if (line[0] == '#')
 				continue;
-			if (sscanf(line, "%d %63s %u %15s %15s %63s %u %15s %u %n", &p, dev, &qpn, st,
-				   sh, bk, &bkqpn, bks, &peer, &off) < 9)
+			if (sscanf(line, "%d %63s %u %15s %15s %63s %u %15s %u %15s %15s %lu %lu %lu %u %llu %n",
+				   &p, dev, &qpn, st, sh, bk, &bkqpn, bks, &peer, ss, rs, &fo, &fb, &retx, &gen,
+				   &last, &off) < 16)
 				continue;
 			line[strcspn(line, "\n")] = '\0';
-			printf("%-7d %-8s %-8u %-6s %-11s %-8s %-8u %-6s %-8u %s\n", p, dev, qpn, st,
-			       sh, bk, bkqpn, bks, peer, off ? line + off : "");
+			if (last) {
+				time_t t = (time_t)last;
+				struct tm tm;
+
+				if (localtime_r(&t, &tm))
+					strftime(when, sizeof(when), "%H:%M:%S", &tm);
+			}
+			printf("%-7d %-8s %-8u %-6s %-11s %-8s %-8u %-6s %-8u %-9s %-8s %4lu %4lu %6lu %4u %-8s %s\n",
+			       p, dev, qpn, st, sh, bk, bkqpn, bks, peer, ss, rs, fo, fb, retx, gen, when,
+			       off ? line + off : "");
 		}
 		fclose(f);
 	}

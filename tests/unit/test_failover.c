@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 #include <cmocka.h>
 
 #include "kv/kv.h"
@@ -403,6 +404,56 @@ static void test_fails_again_during_failback(void **state)
 	}
 }
 
+/* The status file shiftctl reads: per QP, the data path's send and
+ * receive states, failover and failback counts, WRs retransmitted, the
+ * backup generation and the time of the last switch. */
+static void test_status_shows_failover(void **state)
+{
+	struct ibv_wc wa[64], wb[64];
+	int na = 0, nb = 0;
+	char dir[] = "/tmp/shift-status-XXXXXX", path[512], line[512];
+	(void)state;
+
+	assert_non_null(mkdtemp(dir));
+	for (int i = 0; i < 8; i++)
+		post_write(i, i % 4 == 3);
+	sim_dev_kill(sim_host_dev(host[0], 0), 0);
+	drive(wa, 64, &na, wb, 64, &nb);
+	assert_int_equal(na, 2);
+
+	struct shift_rnic *r = shift_rnic_of(a.qp->context);
+	assert_non_null(r);
+	snprintf(shift_config.status_dir, sizeof(shift_config.status_dir), "%s", dir);
+	shift_status_write(r);
+	shift_config.status_dir[0] = '\0';
+	snprintf(path, sizeof(path), "%s/shift-%d-%s.status", dir, (int)getpid(), "sim0_0");
+	FILE *f = fopen(path, "r");
+	assert_non_null(f);
+	bool seen = false;
+	while (fgets(line, sizeof(line), f)) {
+		unsigned qpn, gen;
+		char ss[16], rs[16];
+		unsigned long fo, fb, retx;
+		unsigned long long last;
+
+		if (sscanf(line, "%*d %*s %u %*s %*s %*s %*u %*s %*u %15s %15s %lu %lu %lu %u %llu", &qpn,
+			   ss, rs, &fo, &fb, &retx, &gen, &last) != 8 || qpn != a.qp->qp_num)
+			continue;
+		seen = true;
+		assert_string_not_equal(ss, "default");
+		assert_string_equal(rs, "fallback");
+		assert_int_equal(fo, 1);
+		assert_int_equal(fb, 0);
+		assert_true(retx >= 1);
+		assert_int_equal(gen, 0);
+		assert_true(last > 0);
+	}
+	fclose(f);
+	unlink(path);
+	rmdir(dir);
+	assert_true(seen);
+}
+
 /* A QP destroyed while failed over: later background passes must not
  * touch its freed state (ASan catches a use after free here). */
 static void test_destroy_failed_over_qp(void **state)
@@ -631,6 +682,7 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_destroy_failed_over_qp, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_failover_failback_twice, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_fails_again_during_failback, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_status_shows_failover, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_drain_takes_rest_of_batch_first, setup, teardown2),
 		cmocka_unit_test_setup_teardown(test_atomic_completed_in_cq_is_not_in_flight, setup,
 						teardown),
