@@ -762,6 +762,9 @@ static void retransmit(struct shift_dqp *d, struct out *o)
 			emit(o, &wc);
 		}
 	}
+	unsigned long before = d->retransmitted;
+	uint64_t skipped = i - d->sq_tail;
+
 	shift_dqp_lock(d);
 	d->handshake_done = true;
 	for (; i < d->sq_head; i++) {
@@ -773,8 +776,10 @@ static void retransmit(struct shift_dqp *d, struct out *o)
 	}
 	shift_dqp_unlock(d);
 	d->switch_us = mono_us() - d->t_error_us;
-	shift_info("%s QP %u: on backup QP %u, %lu WRs retransmitted, switch time %llu us", d->dev,
-		   d->qpn, d->bk->qp_num, d->retransmitted, (unsigned long long)d->switch_us);
+	shift_info("%s QP %u: on backup QP %u (failover %lu): %lu WRs retransmitted, %llu already "
+		   "executed at the peer completed, switch time %llu us", d->dev, d->qpn, d->bk->qp_num,
+		   d->failovers, d->retransmitted - before, (unsigned long long)skipped,
+		   (unsigned long long)d->switch_us);
 }
 
 /* The peer's handshake message arrived for d. */
