@@ -697,7 +697,8 @@ static int finish_start(struct shift_ctx *s, struct shift_dqp *d, bool reset)
 	d->recv_hold = false;
 	shift_dqp_unlock(d);
 	if (d->failovers > 1) {
-		ep_publish(s, d);
+		if (!reset) /* (reset_backup() published it) */
+			ep_publish(s, d);
 		if (!peer_armed(d))
 			(void)ep_read(s, d);
 	}
@@ -1058,6 +1059,9 @@ static void on_default_ctrl(struct shift_ctx *s, struct shift_dqp *d, struct ibv
 		}
 		return;
 	case SHIFT_WRID_CTRL_RECV:
+		if (wc->status != IBV_WC_SUCCESS && wc->status != IBV_WC_WR_FLUSH_ERR)
+			shift_debug("%s QP %u: SHIFT's receive on the default QP failed: %d (opcode %d)",
+				    d->dev, d->qpn, (int)wc->status, (int)wc->opcode);
 		if (wc->status != IBV_WC_SUCCESS || d->recv_state != SHIFT_RECV_FALLBACK)
 			return; /* flushed by a failed probe */
 		d->notify_count = CTRL_COUNT(be32toh(wc->imm_data));
