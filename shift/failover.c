@@ -626,6 +626,7 @@ static int start(struct shift_ctx *s, struct shift_dqp *d, struct out *o,
 	d->probe_fails = 0;
 	d->probe_at = fb_now() + probe_wait(d);
 	d->notify_pending = false;
+	d->notify_inflight = false; /* (its flush, if any, is SHIFT's) */
 	d->wait_peer = false;
 	d->last_switch_s = (uint64_t)time(NULL);
 	__atomic_store_n(&s->slow, true, __ATOMIC_RELEASE);
@@ -980,8 +981,20 @@ static void switch_back(struct shift_dqp *d)
 		fallback_again(d);
 		return;
 	}
+	/* the held WRs (and those posted meanwhile) wait for its completion
+	 * (SHIFT paper 4.3.3): it is executed at the peer before any of them */
 	d->notify_inflight = true;
-	for (i = first; i < d->sq_head; i++) {
+	d->fence = first - 1;
+	set_send_state(d, SHIFT_SEND_WAIT_DRAINED);
+}
+
+/* My notification completed: the held WRs go to the default QP, in order,
+ * and the send side is back (Default). post_lock held. */
+static void notified(struct shift_dqp *d)
+{
+	uint64_t first = d->fence + 1;
+
+	for (uint64_t i = first; i < d->sq_head; i++) {
 		if (post_mirrored(d, i, true)) {
 			give_up(d, "the default QP refused a WR while failing back");
 			return;
@@ -1076,10 +1089,22 @@ static void on_default_ctrl(struct shift_ctx *s, struct shift_dqp *d, struct ibv
 		try_notify(d);
 		return;
 	default: /* the notification's own completion */
+		if (!d->notify_inflight)
+			return;
 		d->notify_inflight = false;
-		if (wc->status != IBV_WC_SUCCESS)
-			shift_debug("%s QP %u: failback notification failed: %d", d->dev, d->qpn,
-				    (int)wc->status);
+		if (wc->status == IBV_WC_SUCCESS) {
+			shift_dqp_lock(d);
+			if (d->send_state == SHIFT_SEND_WAIT_DRAINED)
+				notified(d);
+			shift_dqp_unlock(d);
+			return;
+		}
+		shift_info("%s QP %u: failback notification failed (%d): the default path failed again",
+			   d->dev, d->qpn, (int)wc->status);
+		/* the peer may have executed it (its ACK lost) and moved its
+		 * receives: only a new failover on reset backups is safe */
+		if (d->send_state == SHIFT_SEND_WAIT_DRAINED)
+			start(s, d, o, NULL);
 		return;
 	}
 }
@@ -1318,7 +1343,8 @@ static void from_backup(struct shift_ctx *s, struct ibv_wc *wc, struct out *o, b
 		shift_dqp_lock(d);
 		shift_dqp_sync_locked(d);
 		/* the fence completed: everything before it has executed */
-		if (d->send_state == SHIFT_SEND_WAIT_DRAINED && d->sq_tail > d->fence)
+		if (d->send_state == SHIFT_SEND_WAIT_DRAINED && !d->notify_inflight &&
+		    d->sq_tail > d->fence)
 			switch_back(d);
 		shift_dqp_unlock(d);
 	}
