@@ -164,6 +164,7 @@ struct shift_dqp {
 	uint8_t dflt;                 /* SHIFT_DFLT_*: the default QP's condition */
 	uint64_t probe_at;            /* next reset + probe (ms; passes in sync mode) */
 	unsigned probe_fails;         /* consecutive failed probes (backoff) */
+	unsigned failback_fails;      /* consecutive switch backs whose notification failed */
 	uint64_t fence;               /* WaitDrained: the sq index that drains the backup */
 	bool notify_pending;          /* the peer's notification arrived: move my
 				       * receives once notify_count are consumed */

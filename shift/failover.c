@@ -78,12 +78,16 @@ static uint64_t fb_now(void)
 }
 
 /* Wait before the next probe of a failed default path: the probe period,
- * doubled per failed probe up to 8 periods. */
+ * doubled per failed probe up to 8 periods, and doubled again per switch
+ * back that failed right away (its notification), up to 16 more: a path
+ * that answers probes but fails real traffic is not worth a new failover
+ * every period. */
 static uint64_t probe_wait(const struct shift_dqp *d)
 {
 	uint64_t base = shift_shadow_sync ? 8 : (shift_config.probe_ms ? shift_config.probe_ms : 1);
 	unsigned sh = d->probe_fails < 3 ? d->probe_fails : 3;
 
+	sh += d->failback_fails < 4 ? d->failback_fails : 4;
 	return base << sh;
 }
 
@@ -1002,6 +1006,7 @@ static void notified(struct shift_dqp *d)
 	}
 	set_send_state(d, SHIFT_SEND_DEFAULT);
 	d->failbacks++;
+	d->failback_fails = 0;
 	d->last_switch_s = (uint64_t)time(NULL);
 	/* a receive-only peer sends nothing, no notification either */
 	if (d->peer_nosend && d->recv_state == SHIFT_RECV_FALLBACK)
@@ -1099,8 +1104,11 @@ static void on_default_ctrl(struct shift_ctx *s, struct shift_dqp *d, struct ibv
 			shift_dqp_unlock(d);
 			return;
 		}
-		shift_info("%s QP %u: failback notification failed (%d): the default path failed again",
-			   d->dev, d->qpn, (int)wc->status);
+		if (d->failback_fails < 64)
+			d->failback_fails++;
+		shift_info("%s QP %u: failback notification failed (%d): the default path failed again "
+			   "(next probe in %llu %s)", d->dev, d->qpn, (int)wc->status,
+			   (unsigned long long)probe_wait(d), shift_shadow_sync ? "passes" : "ms");
 		/* the peer may have executed it (its ACK lost) and moved its
 		 * receives: only a new failover on reset backups is safe */
 		if (d->send_state == SHIFT_SEND_WAIT_DRAINED)
