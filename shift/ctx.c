@@ -131,7 +131,8 @@ static __attribute__((hot)) int shift_post_send_fast(struct ibv_qp *qp, struct i
 	}
 	if (shift_likely(shift_dqp_send_is_common(wr))) {
 		shift_dqp_lock(d);
-		if (shift_likely(d->send_state == SHIFT_SEND_DEFAULT && shift_dqp_sq_room(d))) {
+		/* (sq_room fails in any other state than Default) */
+		if (shift_likely(shift_dqp_sq_room(d))) {
 			int rc;
 
 			shift_dqp_record_one(d, wr);
@@ -159,7 +160,8 @@ static __attribute__((hot)) int shift_post_recv_fast(struct ibv_qp *qp, struct i
 	}
 	if (shift_likely(!wr->next && wr->num_sge == 1)) {
 		shift_dqp_lock(d);
-		if (shift_likely(d->states == 0 && shift_dqp_rq_room(d))) {
+		/* (rq_room fails unless both states are Default) */
+		if (shift_likely(shift_dqp_rq_room(d))) {
 			int rc;
 
 			shift_dqp_record_recv_one(d, wr);
@@ -213,10 +215,14 @@ static __attribute__((noinline)) int poll_enter_slow(struct shift_ctx *s, struct
 	return shift_poll_slow(s, cq, num_entries, wc, 0, 0);
 }
 
-/* Retire the n completions the provider returned, or hand them to the slow
- * path from the first error of a protected QP on. */
-static __attribute__((noinline)) int poll_retire(int slot, struct ibv_cq *cq, int num_entries,
-						 struct ibv_wc *wc, int n)
+/*
+ * Retire the n completions the provider returned, or hand them to the slow
+ * path from the first error of a protected QP on. The slow path then fills
+ * at most those n entries (the application asked for at least as many):
+ * so the fast path need not keep num_entries across the provider's call.
+ */
+static __attribute__((noinline)) int poll_retire(int slot, struct ibv_cq *cq, struct ibv_wc *wc,
+						 int n)
 {
 	struct shift_ctx *s = __atomic_load_n(&shift_ctx_tab[slot], __ATOMIC_ACQUIRE);
 
@@ -234,7 +240,7 @@ static __attribute__((noinline)) int poll_retire(int slot, struct ibv_cq *cq, in
 		if (shift_likely(wc[i].status == IBV_WC_SUCCESS))
 			shift_dqp_retire(d, &wc[i]);
 		else if (d->send_state != SHIFT_SEND_UNPROTECTED)
-			return shift_poll_slow(s, cq, num_entries, wc, i, n);
+			return shift_poll_slow(s, cq, n, wc, i, n);
 	}
 	return n;
 }
@@ -252,14 +258,15 @@ static inline __attribute__((always_inline)) int poll_fast(int slot, struct ibv_
 	if (shift_likely(n == 1)) {
 		struct shift_dqp *d = __atomic_load_n(&shift_poll_last[slot], __ATOMIC_RELAXED);
 
-		if (shift_likely(d->qpn == wc->qp_num && wc->status == IBV_WC_SUCCESS)) {
+		/* the cached QP's, and a success (IBV_WC_SUCCESS is 0): one test */
+		if (shift_likely(((d->qpn ^ wc->qp_num) | (uint32_t)wc->status) == 0)) {
 			shift_dqp_retire(d, wc);
 			return 1;
 		}
 	} else if (n <= 0) {
 		return n;
 	}
-	return poll_retire(slot, cq, num_entries, wc, n);
+	return poll_retire(slot, cq, wc, n);
 }
 
 #define POLL_SLOT(k)                                                            \

@@ -52,14 +52,16 @@ struct shift_dqp *shift_dqp_create(struct ibv_qp *qp, const struct ibv_qp_cap *c
 	d->max_inline = cap->max_inline_data;
 	d->sq_size = pow2_at_least(cap->max_send_wr ? cap->max_send_wr : 1);
 	d->rq_size = pow2_at_least(cap->max_recv_wr ? cap->max_recv_wr : 1);
-	/* keep entries 8-byte aligned */
-	d->sq_stride = (uint32_t)((sizeof(struct shift_swqe) +
-				   d->max_send_sge * sizeof(struct ibv_sge) + d->max_inline + 7) & ~7u);
-	d->rq_stride = (uint32_t)(sizeof(struct shift_rwqe) +
-				  d->max_recv_sge * sizeof(struct ibv_sge));
-	d->sq_mask = d->sq_size - 1;
+	/* power-of-two strides (8-byte aligned entries): an entry's offset is
+	 * a multiply and a mask */
+	d->sq_stride = pow2_at_least((uint32_t)(sizeof(struct shift_swqe) +
+						d->max_send_sge * sizeof(struct ibv_sge) +
+						d->max_inline));
+	d->rq_stride = pow2_at_least((uint32_t)(sizeof(struct shift_rwqe) +
+						d->max_recv_sge * sizeof(struct ibv_sge)));
+	d->sq_bmask = d->sq_size * d->sq_stride - 1;
+	d->rq_bmask = d->rq_size * d->rq_stride - 1;
 	d->sig_mask = 2 * (uint64_t)d->sq_size - 1;
-	d->rq_mask = d->rq_size - 1;
 	d->sq_limit = d->sq_size;
 	d->rq_limit = d->rq_size;
 	d->sq = calloc(d->sq_size, d->sq_stride);
@@ -88,6 +90,7 @@ void shift_dqp_destroy(struct shift_dqp *d)
 static int mirror_full(struct shift_dqp *d, const char *q)
 {
 	d->send_state = SHIFT_SEND_UNPROTECTED;
+	shift_dqp_state_changed(d);
 	shift_warn("%s QP %u: %s mirror overflow (more outstanding WRs than the QP's capacity): "
 		   "QP unprotected", d->dev, d->qpn, q);
 	return -1;
@@ -106,7 +109,7 @@ void shift_dqp_retire_all_send(struct shift_dqp *d)
 	/* as if each signaled WR had completed */
 	__atomic_store_n(&d->sig_tail, d->sig_head, __ATOMIC_RELAXED);
 	d->sq_tail = d->sq_head;
-	d->sq_limit = d->sq_tail + d->sq_size;
+	shift_dqp_sync_locked(d);
 	shift_dqp_unlock(d);
 }
 
@@ -114,7 +117,7 @@ static void unrecord_last(struct shift_dqp *d)
 {
 	struct shift_swqe *e = shift_dqp_swqe(d, --d->sq_head);
 
-	d->recv_consumers_posted -= shift_wr_consumes_recv(e->opcode);
+	d->posted_by_op[shift_dqp_opslot(e->opcode)]--;
 	/* the newest signaled WR, if it was this one (it cannot have completed) */
 	if (d->sig_head != 0 && d->sig[(d->sig_head - 1) & d->sig_mask] == d->sq_head)
 		d->sig_head--;
@@ -131,7 +134,7 @@ int shift_dqp_record_send(struct shift_dqp *d, const struct ibv_send_wr *wr)
 		struct shift_swqe *e;
 		uint32_t n = (uint32_t)(wr->num_sge > 0 ? wr->num_sge : 0);
 
-		if (shift_unlikely(!shift_dqp_sq_room(d) || n > d->max_send_sge))
+		if (shift_unlikely(!shift_dqp_sq_free(d) || n > d->max_send_sge))
 			return mirror_full(d, "send");
 		e = shift_dqp_swqe(d, d->sq_head);
 		e->wr_id = wr->wr_id;
@@ -169,7 +172,7 @@ int shift_dqp_record_send(struct shift_dqp *d, const struct ibv_send_wr *wr)
 		}
 		if ((wr->send_flags & IBV_SEND_SIGNALED) || d->sq_sig_all)
 			d->sig[d->sig_head++ & d->sig_mask] = d->sq_head;
-		d->recv_consumers_posted += shift_wr_consumes_recv(wr->opcode);
+		d->posted_by_op[shift_dqp_opslot(wr->opcode)]++;
 		d->sq_head++;
 	}
 	return 0;
@@ -192,7 +195,7 @@ int shift_dqp_record_recv(struct shift_dqp *d, const struct ibv_recv_wr *wr)
 		uint32_t n = (uint32_t)(wr->num_sge > 0 ? wr->num_sge : 0);
 		struct shift_rwqe *e;
 
-		if (shift_unlikely(!shift_dqp_rq_room(d) || n > d->max_recv_sge)) {
+		if (shift_unlikely(!shift_dqp_rq_free(d) || n > d->max_recv_sge)) {
 			d->recv_state = SHIFT_RECV_DEFAULT;
 			return mirror_full(d, "receive");
 		}

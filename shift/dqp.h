@@ -19,6 +19,15 @@
  * therefore exact only right after a sync: the poster syncs when the mirror
  * looks full, failover code calls shift_dqp_sync() before reading it.
  *
+ * The fast paths test one bound each: sq_limit (rq_limit) is above sq_head
+ * (rq_head) only while the mirror has room and the QP is in the Default
+ * state. Leaving Default zeroes both (shift_dqp_state_changed(), under
+ * post_lock), so the next post takes the slow path; a sync computes them
+ * again for the state it finds.
+ *
+ * Entries have power-of-two strides, so entry i sits at byte
+ * (i * stride) & (size * stride - 1): one multiply and one mask.
+ *
  * Concurrency: the application may post and poll one QP from different
  * threads. Posters own everything under "posters" below (post_lock, as the
  * provider itself serializes posts); pollers only add to sig_tail and
@@ -122,26 +131,28 @@ struct shift_dqp {
 
 	/* send mirror (posters) */
 	uint8_t *sq;          /* sq_size entries of sq_stride bytes */
-	uint64_t sq_mask;     /* sq_size - 1 */
+	uint64_t sq_stride;   /* a power of two */
+	uint64_t sq_bmask;    /* sq_size * sq_stride - 1 */
 	uint32_t sq_size;     /* power of two >= the QP's max_send_wr */
-	uint32_t sq_stride;
 	uint64_t sq_head;     /* posted */
-	uint64_t sq_limit;    /* sq_tail + sq_size: below it, there is room */
+	uint64_t sq_limit;    /* sq_tail + sq_size in Default, else 0 (see above) */
 	uint64_t sq_tail;     /* retired, as of the last sync */
 	uint64_t *sig;        /* sq indices of signaled WRs, 2 x sq_size of them */
 	uint64_t sig_mask;
 	uint64_t sig_head;
-	uint64_t recv_consumers_posted; /* SEND*, WRITE_WITH_IMM posted (total) */
+	/* send WRs posted, by opcode (shift_dqp_opslot()): the receive
+	 * consumers among them are shift_dqp_consumers_posted() */
+	uint64_t posted_by_op[16];
 	uint32_t max_send_sge;
 	uint32_t max_inline;
 
 	/* receive mirror (posters) */
 	uint8_t *rq;
-	uint64_t rq_mask;
+	uint64_t rq_stride;   /* a power of two */
+	uint64_t rq_bmask;    /* rq_size * rq_stride - 1 */
 	uint32_t rq_size;
-	uint32_t rq_stride;
 	uint64_t rq_head;     /* posted */
-	uint64_t rq_limit;    /* a recent rq_tail + rq_size */
+	uint64_t rq_limit;    /* a recent rq_tail + rq_size in Default (states 0), else 0 */
 	uint32_t max_recv_sge;
 
 	/* pollers: atomic adds only (shift_dqp_retire), own cache line */
@@ -200,12 +211,12 @@ enum { SHIFT_DFLT_OK, SHIFT_DFLT_ERR, SHIFT_DFLT_READY, SHIFT_DFLT_PROBING };
 
 static inline struct shift_swqe *shift_dqp_swqe(struct shift_dqp *d, uint64_t i)
 {
-	return (struct shift_swqe *)(d->sq + (size_t)(i & d->sq_mask) * d->sq_stride);
+	return (struct shift_swqe *)(d->sq + ((i * d->sq_stride) & d->sq_bmask));
 }
 
 static inline struct shift_rwqe *shift_dqp_rwqe(struct shift_dqp *d, uint64_t i)
 {
-	return (struct shift_rwqe *)(d->rq + (size_t)(i & d->rq_mask) * d->rq_stride);
+	return (struct shift_rwqe *)(d->rq + ((i * d->rq_stride) & d->rq_bmask));
 }
 
 static inline bool shift_wr_is_atomic(unsigned opcode)
@@ -219,6 +230,12 @@ static inline bool shift_wr_consumes_recv(unsigned opcode)
 {
 	return opcode == IBV_WR_SEND || opcode == IBV_WR_SEND_WITH_IMM ||
 	       opcode == IBV_WR_SEND_WITH_INV || opcode == IBV_WR_RDMA_WRITE_WITH_IMM;
+}
+
+/* posted_by_op's slot of an opcode (an unknown one shares the last) */
+static inline unsigned shift_dqp_opslot(unsigned opcode)
+{
+	return opcode < 16 ? opcode : 15;
 }
 
 /* Create the data-path state of an RC QP from its actual capabilities
@@ -241,6 +258,22 @@ int shift_dqp_record_recv(struct shift_dqp *d, const struct ibv_recv_wr *wr);
 void shift_dqp_unrecord_recv(struct shift_dqp *d, const struct ibv_recv_wr *wr,
 			     const struct ibv_recv_wr *bad, uint64_t head_before);
 
+/* Send WRs posted so far that consume a receive at the peer (SEND*,
+ * WRITE_WITH_IMM). post_lock held. */
+static inline uint64_t shift_dqp_consumers_posted(const struct shift_dqp *d)
+{
+	return d->posted_by_op[IBV_WR_RDMA_WRITE_WITH_IMM] + d->posted_by_op[IBV_WR_SEND] +
+	       d->posted_by_op[IBV_WR_SEND_WITH_IMM] + d->posted_by_op[IBV_WR_SEND_WITH_INV];
+}
+
+/* The send or receive state changed (post_lock held): the fast paths'
+ * bounds are computed again, for the new state, at the next post. */
+static inline void shift_dqp_state_changed(struct shift_dqp *d)
+{
+	d->sq_limit = 0;
+	d->rq_limit = 0;
+}
+
 /* Apply the counted send completions: move sq_tail past the sig_tail-th
  * signaled WR, and sq_limit with it. O(1). Called with post_lock held. */
 static inline void shift_dqp_sync_locked(struct shift_dqp *d)
@@ -255,7 +288,7 @@ static inline void shift_dqp_sync_locked(struct shift_dqp *d)
 		if (t > d->sq_tail)
 			d->sq_tail = t;
 	}
-	d->sq_limit = d->sq_tail + d->sq_size;
+	d->sq_limit = d->send_state == SHIFT_SEND_DEFAULT ? d->sq_tail + d->sq_size : 0;
 }
 
 /* The same, taking post_lock: before reading sq_tail outside the post path. */
@@ -290,13 +323,22 @@ static inline bool shift_dqp_send_is_common(const struct ibv_send_wr *wr)
 	       (unsigned)wr->opcode <= IBV_WR_RDMA_READ;
 }
 
-/* Room for one more send WR? (post_lock held) */
+/* Room for one more send WR, in the Default state? (post_lock held) */
 static inline bool shift_dqp_sq_room(struct shift_dqp *d)
 {
 	if (shift_likely(d->sq_head < d->sq_limit))
 		return true;
 	shift_dqp_sync_locked(d);
 	return d->sq_head < d->sq_limit;
+}
+
+/* Room for one more send WR, in any state? (post_lock held) */
+static inline bool shift_dqp_sq_free(struct shift_dqp *d)
+{
+	if (shift_likely(d->sq_head < d->sq_limit))
+		return true;
+	shift_dqp_sync_locked(d);
+	return d->sq_head < d->sq_tail + d->sq_size;
 }
 
 /* Mirror a common send WR at sq_head (post_lock held, shift_dqp_sq_room()). */
@@ -307,24 +349,28 @@ static inline void shift_dqp_record_one(struct shift_dqp *d, const struct ibv_se
 
 	e->wr_id = wr->wr_id;
 	/* num_sge, opcode, send_flags, imm, remote_addr, rkey (and 4 bytes
-	 * over inline_len, set right after) */
+	 * over inline_len, which is read only for IBV_SEND_INLINE) */
 	__builtin_memcpy(&e->num_sge, &wr->num_sge, 32);
-	e->inline_len = 0;
 	e->sge[0] = wr->sg_list[0];
 	if ((wr->send_flags & IBV_SEND_SIGNALED) || d->sq_sig_all)
 		d->sig[d->sig_head++ & d->sig_mask] = h;
-	/* WRITE_WITH_IMM, SEND, SEND_WITH_IMM consume a receive at the peer */
-	d->recv_consumers_posted += (0xeu >> wr->opcode) & 1;
+	d->posted_by_op[wr->opcode]++; /* opcode <= IBV_WR_RDMA_READ here */
 	d->sq_head = h + 1;
 }
 
-/* Room for one more receive WR? (post_lock held) */
+/* Room for one more receive WR, both states Default? (post_lock held) */
 static inline bool shift_dqp_rq_room(struct shift_dqp *d)
 {
 	if (shift_likely(d->rq_head < d->rq_limit))
 		return true;
-	d->rq_limit = __atomic_load_n(&d->rq_tail, __ATOMIC_RELAXED) + d->rq_size;
+	d->rq_limit = d->states == 0 ? __atomic_load_n(&d->rq_tail, __ATOMIC_RELAXED) + d->rq_size : 0;
 	return d->rq_head < d->rq_limit;
+}
+
+/* Room for one more receive WR, in any state? (post_lock held) */
+static inline bool shift_dqp_rq_free(struct shift_dqp *d)
+{
+	return d->rq_head < __atomic_load_n(&d->rq_tail, __ATOMIC_RELAXED) + d->rq_size;
 }
 
 /* Mirror a one-SGE receive WR at rq_head (post_lock held, shift_dqp_rq_room()). */

@@ -260,7 +260,7 @@ static int post_mirrored(struct shift_dqp *d, uint64_t idx, bool dflt)
 	if (e->opcode == IBV_WR_RDMA_WRITE || e->opcode == IBV_WR_RDMA_WRITE_WITH_IMM ||
 	    e->opcode == IBV_WR_RDMA_READ) {
 		wr.wr.rdma.remote_addr = e->remote_addr;
-		uint64_t bytes = e->inline_len;
+		uint64_t bytes = e->send_flags & IBV_SEND_INLINE ? e->inline_len : 0;
 
 		for (unsigned k = 0; k < e->num_sge && !(e->send_flags & IBV_SEND_INLINE); k++)
 			bytes += e->sge[k].length;
@@ -622,6 +622,7 @@ static int start(struct shift_ctx *s, struct shift_dqp *d, struct out *o,
 	d->recv_hold = true;
 	d->send_state = SHIFT_SEND_FALLBACK;
 	d->recv_state = SHIFT_RECV_FALLBACK;
+	shift_dqp_state_changed(d);
 	shift_dqp_unlock(d);
 	shift_lower->modify_qp(d->qp, &a, IBV_QP_STATE);
 	d->t_error_us = mono_us();
@@ -676,7 +677,7 @@ static int start(struct shift_ctx *s, struct shift_dqp *d, struct out *o,
 	shift_debug("%s QP %u: sq %llu..%llu, rq %llu..%llu, recv consumers posted %llu", d->dev, d->qpn,
 		    (unsigned long long)d->sq_tail, (unsigned long long)d->sq_head,
 		    (unsigned long long)d->rq_tail, (unsigned long long)d->rq_head,
-		    (unsigned long long)d->recv_consumers_posted);
+		    (unsigned long long)shift_dqp_consumers_posted(d));
 	return 0;
 }
 
@@ -741,7 +742,7 @@ static void retransmit(struct shift_dqp *d, struct out *o)
 	shift_dqp_sync(d);
 	for (i = d->sq_tail; i < d->sq_head; i++)
 		outstanding_consumers += shift_wr_consumes_recv(shift_dqp_swqe(d, i)->opcode);
-	uint32_t done = CTRL_COUNT((uint32_t)(d->recv_consumers_posted - outstanding_consumers));
+	uint32_t done = CTRL_COUNT((uint32_t)(shift_dqp_consumers_posted(d) - outstanding_consumers));
 	skip = CTRL_COUNT(d->peer_recv_count - done);
 	shift_debug("%s QP %u: peer counter %u, mine: %u done, %llu outstanding consumers", d->dev, d->qpn,
 		    d->peer_recv_count, done, (unsigned long long)outstanding_consumers);
@@ -922,9 +923,11 @@ static int post_probe(struct shift_dqp *d)
 	return d->prov_post_send(d->qp, &wr, &bad);
 }
 
+/* post_lock held */
 static void set_send_state(struct shift_dqp *d, enum shift_send_state st)
 {
 	__atomic_store_n(&d->send_state, st, __ATOMIC_RELEASE);
+	shift_dqp_state_changed(d);
 }
 
 /* My outstanding receives go to the default QP, as the application posted
@@ -978,7 +981,7 @@ static void switch_back(struct shift_dqp *d)
 	/* signaled: the QP stays in the slow path until its completion is
 	 * filtered out (an unsignaled one still completes if flushed) */
 	wr.send_flags = IBV_SEND_SIGNALED;
-	wr.imm_data = htobe32(CTRL_COUNT((uint32_t)(d->recv_consumers_posted - held)));
+	wr.imm_data = htobe32(CTRL_COUNT((uint32_t)(shift_dqp_consumers_posted(d) - held)));
 	if (d->prov_post_send(d->qp, &wr, &bad)) {
 		shift_info("%s QP %u: default QP refused the failback notification: staying on the backup",
 			   d->dev, d->qpn);
@@ -1186,6 +1189,7 @@ static void failback_work(struct shift_ctx *s, struct shift_dqp *d, uint64_t now
 		shift_lower->modify_qp(d->qp, &e, IBV_QP_STATE);
 		shift_dqp_lock(d);
 		d->send_state = SHIFT_SEND_FALLBACK;
+		shift_dqp_state_changed(d);
 		shift_dqp_unlock(d);
 		drain_default(s, d->scq, NULL);
 		if (d->rcq != d->scq)

@@ -319,8 +319,10 @@ int shift_ibv_modify_qp(struct ibv_qp *qp, struct ibv_qp_attr *attr,
 
 		if (d) {
 			shift_dqp_lock(d);
-			if (d->send_state == SHIFT_SEND_DEFAULT)
+			if (d->send_state == SHIFT_SEND_DEFAULT) {
 				d->send_state = SHIFT_SEND_UNPROTECTED;
+				shift_dqp_state_changed(d);
+			}
 			shift_dqp_unlock(d);
 		}
 	}
