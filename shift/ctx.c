@@ -239,7 +239,9 @@ static __attribute__((noinline)) int poll_retire(int slot, struct ibv_cq *cq, st
 		}
 		if (shift_likely(wc[i].status == IBV_WC_SUCCESS))
 			shift_dqp_retire(d, &wc[i]);
-		else if (d->send_state != SHIFT_SEND_UNPROTECTED)
+		else if (d->send_state != SHIFT_SEND_UNPROTECTED || d->failovers)
+			/* (an unprotected QP that failed over may still flush
+			 * SHIFT's own WRs: the slow path drops those) */
 			return shift_poll_slow(s, cq, n, wc, i, n);
 	}
 	return n;

@@ -242,6 +242,71 @@ static void test_failback_after_recovery(void **state)
 	assert_int_equal(da->failovers, 1);
 }
 
+/* Like setup(), but B's application leaves its QP at RTR: it only
+ * receives (a perftest write or read server does the same). */
+static int setup_b_rtr(void **state)
+{
+	struct sim_ep_conn rtr = { 14, 7, 7, 12, 16, 1 };
+	struct shift_qp_info qi;
+
+	(void)state;
+	sim_pair_open(&pair, &a, &b, "failover", 0);
+	world = pair.world;
+	host[0] = pair.host[0];
+	host[1] = pair.host[1];
+	assert_int_equal(sim_ep_connect(&a, &pair.ia, &pair.ib, NULL), 0);
+	assert_int_equal(sim_ep_connect(&b, &pair.ib, &pair.ia, &rtr), 0);
+	for (int i = 0; i < 4; i++)
+		shift_rnic_pass_all();
+	assert_int_equal(shift_shadow_qp_info(a.qp, &qi), 0);
+	assert_int_equal(qi.state, SHIFT_SHADOW_READY);
+	return 0;
+}
+
+/*
+ * After a failback towards a peer that never sends (so never notifies),
+ * SHIFT's own receive for a notification stays posted on the default QP.
+ * When the application then ends the connection itself (modify to ERR, as
+ * a disconnect does), that receive's flush must not reach it: it would see
+ * a completion with a wr_id it never posted (the checker's "completion
+ * with an unknown wr_id" at the end of a soft-RoCE run).
+ */
+static void test_disconnect_after_failback_hides_shift_wrs(void **state)
+{
+	struct ibv_wc wa[64], wb[64];
+	int na = 0, nb = 0;
+	(void)state;
+
+	for (int i = 0; i < 8; i++)
+		post_write(i, i % 4 == 3);
+	sim_dev_kill(sim_host_dev(host[0], 0), 0);
+	drive(wa, 64, &na, wb, 64, &nb);
+	assert_int_equal(na, 2);
+	sim_dev_revive(sim_host_dev(host[0], 0));
+	drive_rounds(4000, wa, 64, &na, wb, 64, &nb);
+	struct shift_dqp *da = shift_dqp_of_qp(a.qp);
+	assert_int_equal(da->failovers, 1);
+	assert_int_equal(da->failbacks, 1);
+	assert_int_equal(da->send_state, SHIFT_SEND_DEFAULT);
+	for (int i = 8; i < 16; i++)
+		post_write(i, i % 4 == 3);
+	drive(wa, 64, &na, wb, 64, &nb);
+	assert_int_equal(na, 4);
+
+	/* A's application disconnects: nothing of its own is outstanding */
+	struct ibv_qp_attr err = { .qp_state = IBV_QPS_ERR };
+	assert_int_equal(shift_verbs.modify_qp(a.qp, &err, IBV_QP_STATE), 0);
+	drive(wa, 64, &na, wb, 64, &nb);
+	assert_int_equal(na, 4);
+	for (int i = 0; i < na; i++) {
+		assert_int_equal(wa[i].wr_id, 1000 + 4 * i + 3);
+		assert_int_equal(wa[i].status, IBV_WC_SUCCESS);
+	}
+	assert_int_equal(nb, 0);
+	for (int i = 0; i < 16; i++)
+		assert_int_equal(b.buf[256 * i], 'a' + i % 26);
+}
+
 /*
  * A port that goes DOWN with no error completion at all (soft-RoCE on a cut
  * link retries for ever): the background thread's port watch alone fails
@@ -679,6 +744,8 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_qp_fatal_hidden, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_failback_after_recovery, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_port_down_fails_over_without_error, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_disconnect_after_failback_hides_shift_wrs,
+						setup_b_rtr, teardown),
 		cmocka_unit_test_setup_teardown(test_destroy_failed_over_qp, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_failover_failback_twice, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_fails_again_during_failback, setup, teardown),

@@ -81,7 +81,7 @@ static void test_rnr(void **state)
 	assert_int_equal(wc.wr_id, 9);
 	/* write-with-imm needs a receive too, and is not executed without */
 	struct fx g;
-	struct sim_ep_conn c = { 14, 7, 2, 1, 16 };
+	struct sim_ep_conn c = { 14, 7, 2, 1, 16, 0 };
 
 	assert_int_equal(fx_setup_opts(&g, 5, &c, 0), 0);
 	memset(g.a.buf, 0x77, 16);

@@ -79,7 +79,7 @@ int sim_ep_connect(struct sim_ep *ep, const struct sim_ep_info *local,
 		   const struct sim_ep_info *remote,
 		   const struct sim_ep_conn *conn)
 {
-	static const struct sim_ep_conn dflt = { 14, 7, 7, 12, 16 };
+	static const struct sim_ep_conn dflt = { 14, 7, 7, 12, 16, 0 };
 	struct ibv_qp_attr a;
 	int rc;
 
@@ -111,7 +111,7 @@ int sim_ep_connect(struct sim_ep *ep, const struct sim_ep_info *local,
 			      IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
 			      IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC |
 			      IBV_QP_MIN_RNR_TIMER);
-	if (rc)
+	if (rc || conn->rtr_only)
 		return rc;
 	memset(&a, 0, sizeof(a));
 	a.qp_state = IBV_QPS_RTS;

@@ -38,6 +38,7 @@ struct sim_ep_conn {
 	uint8_t rnr_retry;	/* 7 */
 	uint8_t min_rnr_timer;	/* 12 */
 	uint8_t max_rd_atomic;	/* 16 */
+	uint8_t rtr_only;	/* 0; 1: leave the QP at RTR (it never sends) */
 };
 
 #define SIM_EP_CHANNEL 1u	/* create a completion channel for the CQ */
