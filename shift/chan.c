@@ -16,6 +16,15 @@
  * acked count equals the events the kernel reported) neither hangs nor
  * sees too many acks.
  *
+ * Applications that wait on channel->fd themselves (poll/epoll, then
+ * ibv_get_cq_event, as event loops do) must wake on backup completions too:
+ * the fd the application sees in channel->fd is an epoll set holding the
+ * channel's own fd and the backup channel of each of its CQs once READY
+ * (a closed backup channel leaves the set by itself). The real fd stays
+ * SHIFT's: calls of the real library that read channel->fd (create_cq,
+ * create_cq_ex, destroy_comp_channel) get it back for their duration
+ * (shift_chan_lower_begin/end), get_cq_event reads it through a copy.
+ *
  * Lost wakeups: req_notify_cq arms the backup CQ with the application's;
  * a backup CQ is armed once when it is created (the application may have
  * armed its CQ before); the kick covers a waiter that started before the
@@ -39,6 +48,7 @@
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/epoll.h>
 #include <sys/eventfd.h>
 #include <unistd.h>
 
@@ -50,6 +60,9 @@ struct shift_chan {
 	struct shift_rnic *r;
 	pthread_mutex_t wait_lock;      /* one SHIFT waiter at a time */
 	int kick_fd;                    /* eventfd, non-blocking */
+	int real_fd;                    /* the channel's own fd */
+	int ep_fd;                      /* channel->fd: real_fd + READY backups; -1: none */
+	pthread_mutex_t fd_lock;        /* channel->fd is real_fd across a lower call */
 	/* the waiter's poll set (under wait_lock) */
 	struct pollfd *pf;
 	struct shift_cq **cs;
@@ -83,7 +96,24 @@ void shift_chan_created(struct shift_ctx *s, struct ibv_comp_channel *channel)
 	}
 	k->ch = channel;
 	k->r = s->rnic;
+	k->real_fd = channel->fd;
+	k->ep_fd = epoll_create1(EPOLL_CLOEXEC);
+	if (k->ep_fd >= 0) {
+		struct epoll_event ev = { .events = EPOLLIN, .data.fd = k->real_fd };
+
+		if (epoll_ctl(k->ep_fd, EPOLL_CTL_ADD, k->real_fd, &ev)) {
+			close(k->ep_fd);
+			k->ep_fd = -1;
+		}
+	}
+	if (k->ep_fd < 0)
+		shift_warn("completion channel: no epoll set (%s): after a failover, an application "
+			   "waiting on channel->fd itself wakes only on the default NIC's events",
+			   strerror(errno));
+	else
+		channel->fd = k->ep_fd; /* what the application sees and waits on */
 	pthread_mutex_init(&k->wait_lock, NULL);
+	pthread_mutex_init(&k->fd_lock, NULL);
 	pthread_mutex_lock(&chans_lock);
 	k->next = chans;
 	chans = k;
@@ -110,10 +140,47 @@ void shift_chan_destroyed(struct ibv_comp_channel *channel)
 	if (!k)
 		return;
 	close(k->kick_fd);
+	if (k->ep_fd >= 0)
+		close(k->ep_fd);
 	pthread_mutex_destroy(&k->wait_lock);
+	pthread_mutex_destroy(&k->fd_lock);
 	free(k->pf);
 	free(k->cs);
 	free(k);
+}
+
+struct shift_chan *shift_chan_lower_begin(struct ibv_comp_channel *channel)
+{
+	struct shift_chan *k;
+
+	if (!channel)
+		return NULL;
+	pthread_mutex_lock(&chans_lock);
+	k = lookup_locked(channel);
+	pthread_mutex_unlock(&chans_lock);
+	if (!k || k->ep_fd < 0)
+		return NULL;
+	pthread_mutex_lock(&k->fd_lock);
+	channel->fd = k->real_fd;
+	return k;
+}
+
+void shift_chan_lower_end(struct shift_chan *k, struct ibv_comp_channel *channel)
+{
+	if (!k)
+		return;
+	if (channel)
+		channel->fd = k->ep_fd;
+	pthread_mutex_unlock(&k->fd_lock);
+}
+
+/* The real library's get_cq_event on the channel's own fd: a copy of the
+ * channel carries it (that verb reads nothing else of it). */
+static int own_get_cq_event(struct shift_chan *k, struct ibv_cq **cq, void **cq_context)
+{
+	struct ibv_comp_channel own = { .context = k->ch->context, .fd = k->real_fd };
+
+	return L->get_cq_event(&own, cq, cq_context);
 }
 
 /* Is c still one of r's live CQs attached to ch? (r->lock held) */
@@ -175,7 +242,7 @@ static int snapshot(struct shift_chan *k)
 		}
 		pthread_mutex_unlock(&r->lock);
 		if (k->cap >= 2 && n == want) {
-			k->pf[0] = (struct pollfd){ .fd = k->ch->fd, .events = POLLIN };
+			k->pf[0] = (struct pollfd){ .fd = k->real_fd, .events = POLLIN };
 			k->pf[1] = (struct pollfd){ .fd = k->kick_fd, .events = POLLIN };
 			return (int)n;
 		}
@@ -202,7 +269,7 @@ static int wait_locked(struct shift_chan *k, bool nonblock, struct ibv_cq **cq,
 
 		if (nb < 0) {
 			/* no memory for the poll set: the plain wait, as without SHIFT */
-			return L->get_cq_event(k->ch, cq, cq_context);
+			return own_get_cq_event(k, cq, cq_context);
 		}
 		int pr = poll(k->pf, (nfds_t)(2 + nb), nonblock ? 0 : -1);
 
@@ -213,7 +280,7 @@ static int wait_locked(struct shift_chan *k, bool nonblock, struct ibv_cq **cq,
 			return -1;
 		}
 		if (k->pf[0].revents)
-			return L->get_cq_event(k->ch, cq, cq_context);
+			return own_get_cq_event(k, cq, cq_context);
 		for (int i = 0; i < nb; i++)
 			if (k->pf[2 + i].revents && take_backup(k, k->cs[i], cq, cq_context) == 0)
 				return 0;
@@ -258,7 +325,9 @@ int shift_chan_get_cq_event(struct ibv_comp_channel *channel, struct ibv_cq **cq
 	}
 	if (!k)
 		return L->get_cq_event(channel, cq, cq_context);
-	fl = fcntl(channel->fd, F_GETFL);
+	/* the application sets O_NONBLOCK on the fd it sees (k->ch->fd may
+	 * be the real one for the moment of a lower call) */
+	fl = fcntl(k->ep_fd >= 0 ? k->ep_fd : k->real_fd, F_GETFL);
 	nonblock = fl >= 0 && (fl & O_NONBLOCK);
 	if (nonblock) {
 		if (pthread_mutex_trylock(&k->wait_lock)) {
@@ -339,6 +408,13 @@ void shift_chan_backup_ready(struct shift_rnic *r, struct shift_cq *c)
 	struct shift_chan *k = lookup_locked(ch);
 	if (k) {
 		uint64_t one = 1;
+		struct epoll_event ev = { .events = EPOLLIN, .data.fd = c->bk_channel->fd };
+
+		/* the application's own waits on channel->fd include it (a
+		 * closed backup channel leaves the set by itself) */
+		if (k->ep_fd >= 0 && epoll_ctl(k->ep_fd, EPOLL_CTL_ADD, c->bk_channel->fd, &ev) &&
+		    errno != EEXIST)
+			shift_debug("completion channel: epoll add: %s", strerror(errno));
 
 		if (write(k->kick_fd, &one, sizeof(one)) < 0 && errno != EAGAIN)
 			shift_debug("completion channel: kick: %s", strerror(errno));

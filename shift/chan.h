@@ -25,6 +25,17 @@ struct shift_cq;
 void shift_chan_created(struct shift_ctx *s, struct ibv_comp_channel *channel);
 void shift_chan_destroyed(struct ibv_comp_channel *channel);
 
+/*
+ * Around a call of the real library that reads channel->fd (create_cq,
+ * create_cq_ex, destroy_comp_channel): the channel's own fd is in
+ * channel->fd from begin to end (the application's is an epoll set).
+ * end's channel is NULL when the call freed it. begin returns NULL (and
+ * end does nothing) for a channel SHIFT does not track.
+ */
+struct shift_chan;
+struct shift_chan *shift_chan_lower_begin(struct ibv_comp_channel *channel);
+void shift_chan_lower_end(struct shift_chan *k, struct ibv_comp_channel *channel);
+
 /* ibv_get_cq_event / ibv_ack_cq_events through SHIFT. */
 int shift_chan_get_cq_event(struct ibv_comp_channel *channel, struct ibv_cq **cq,
 			    void **cq_context);

@@ -422,8 +422,10 @@ static struct ibv_cq_ex *shift_vctx_create_cq_ex(struct ibv_context *context,
 		errno = EOPNOTSUPP;
 		return NULL;
 	}
+	struct shift_chan *k = shift_chan_lower_begin(attr->channel);
 	struct ibv_cq_ex *cq = s->create_cq_ex(context, attr);
 
+	shift_chan_lower_end(k, attr->channel);
 	if (cq && s->rnic)
 		shift_shadow_cq(s->rnic, ibv_cq_ex_to_cq(cq), (int)attr->cqe,
 				attr->channel, (int)attr->comp_vector);

@@ -221,8 +221,10 @@ struct ibv_comp_channel *shift_ibv_create_comp_channel(struct ibv_context *conte
 
 int shift_ibv_destroy_comp_channel(struct ibv_comp_channel *channel)
 {
+	struct shift_chan *k = shift_chan_lower_begin(channel);
 	int rc = L->destroy_comp_channel(channel);
 
+	shift_chan_lower_end(k, rc ? channel : NULL);
 	if (!rc)
 		shift_chan_destroyed(channel);
 	return rc;
@@ -233,8 +235,12 @@ struct ibv_cq *shift_ibv_create_cq(struct ibv_context *context, int cqe,
 				   struct ibv_comp_channel *channel,
 				   int comp_vector)
 {
+	struct shift_chan *k = shift_chan_lower_begin(channel);
 	struct ibv_cq *cq = L->create_cq(context, cqe, cq_context, channel, comp_vector);
-	struct shift_rnic *r = cq ? rnic_of(context) : NULL;
+	struct shift_rnic *r;
+
+	shift_chan_lower_end(k, channel);
+	r = cq ? rnic_of(context) : NULL;
 
 	if (r)
 		shift_shadow_cq(r, cq, cq->cqe, channel, comp_vector);

@@ -417,6 +417,77 @@ static void test_real_events_and_ack_check(void **state)
 	a.cq = NULL;
 }
 
+/*
+ * An application with its own event loop: it waits on channel->fd with
+ * poll() (or epoll) and calls ibv_get_cq_event only once the fd is
+ * readable. After the failover its completions arrive on the backup CQ,
+ * whose events go to the backup channel; the fd it waits on must become
+ * readable all the same, and the event must then be A's CQ's. Its own
+ * events (before the failover) make the fd readable as they always did.
+ */
+static void test_event_loop_on_channel_fd(void **state)
+{
+	struct ibv_cq *cq;
+	void *ctx;
+	struct ibv_wc wc;
+	struct pollfd pf = { .fd = a.ch->fd, .events = POLLIN };
+	int fl = fcntl(a.ch->fd, F_GETFL);
+	(void)state;
+
+	/* its own event first, as without a failover */
+	assert_int_equal(ibv_req_notify_cq(a.cq, 0), 0);
+	post_write(0);
+	int ready = 0;
+	for (int i = 0; i < 2000 && !ready; i++) {
+		sim_world_step(world);
+		shift_rnic_pass_all();
+		ready = poll(&pf, 1, 0);
+	}
+	assert_int_equal(ready, 1);
+	assert_int_equal(fcntl(a.ch->fd, F_SETFL, fl | O_NONBLOCK), 0); /* as event loops do */
+	assert_int_equal(shift_verbs.get_cq_event(a.ch, &cq, &ctx), 0);
+	assert_ptr_equal(cq, a.cq);
+	shift_verbs.ack_cq_events(cq, 1);
+	while (ibv_poll_cq(a.cq, 1, &wc) > 0)
+		;
+
+	fail_over();
+	drain_events();
+	assert_int_equal(fcntl(a.ch->fd, F_SETFL, fl | O_NONBLOCK), 0);
+	assert_int_equal(ibv_req_notify_cq(a.cq, 0), 0);
+	assert_int_equal(ibv_poll_cq(a.cq, 1, &wc), 0);
+	assert_int_equal(poll(&pf, 1, 0), 0);
+	/* nothing yet: non-blocking, as the application set it */
+	assert_int_equal(shift_verbs.get_cq_event(a.ch, &cq, &ctx), -1);
+	assert_int_equal(errno, EAGAIN);
+
+	post_write(8);
+	ready = 0;
+	for (int i = 0; i < 5000 && !ready; i++) {
+		sim_world_step(world);
+		shift_rnic_pass_all();
+		(void)ibv_poll_cq(b.cq, 1, &wc);
+		ready = poll(&pf, 1, 0);
+	}
+	assert_int_equal(ready, 1); /* the backup's event reached the fd it waits on */
+	assert_true(pf.revents & POLLIN);
+	assert_int_equal(shift_verbs.get_cq_event(a.ch, &cq, &ctx), 0);
+	assert_ptr_equal(cq, a.cq);
+	assert_ptr_equal(ctx, &a);
+	shift_verbs.ack_cq_events(cq, 1);
+	int n = 0;
+	for (int i = 0; i < 200 && n == 0; i++) {
+		n = ibv_poll_cq(a.cq, 1, &wc);
+		sim_world_step(world);
+		shift_rnic_pass_all();
+	}
+	assert_int_equal(n, 1);
+	assert_int_equal(wc.wr_id, 1008);
+	assert_int_equal(poll(&pf, 1, 0), 0); /* taken: not readable any more */
+	assert_acks_balance(a.cq);
+	assert_int_equal(fcntl(a.ch->fd, F_SETFL, fl), 0);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -425,6 +496,7 @@ int main(void)
 						teardown),
 		cmocka_unit_test_setup_teardown(test_nonblocking_channel, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_real_events_and_ack_check, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_event_loop_on_channel_fd, setup, teardown),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }
