@@ -73,6 +73,9 @@ enum shift_recv_state {
  * the failback notification (and CTRL_RECV, the notification's receive) */
 #define SHIFT_WRID_PROBE 0x7ff0000000000003ull
 #define SHIFT_WRID_NOTIFY 0x7ff0000000000004ull
+/* ... the empty RDMA READ that goes ahead of the notification when the
+ * default QP may have stopped inside a read response (dflt_rd_stale) */
+#define SHIFT_WRID_NOTIFY_READ 0x7ff0000000000005ull
 #define SHIFT_WRID_DATA (1ull << 63)      /* | RECV | mirror index */
 #define SHIFT_WRID_RECV (1ull << 62)
 #define SHIFT_WRID_INDEX(w) ((w) & ((1ull << 48) - 1))
@@ -182,6 +185,12 @@ struct shift_dqp {
 	uint32_t notify_count;
 	bool need_rearm;              /* the backup QP must be reset before reuse */
 	bool notify_inflight;         /* my failback notification has not completed */
+	/* the default (backup) QP went to ERR with an RDMA READ outstanding,
+	 * maybe inside its response: soft-RoCE keeps its completer's
+	 * read-response state across a reset, so the first ACK of any other
+	 * WR fails the QP silently (see failover.c, stale_read_state). The
+	 * QP's next WR is then an empty RDMA READ, whose response clears it. */
+	bool dflt_rd_stale, bk_rd_stale;
 	/* failover episodes: failover number k runs on backup QPs reset at
 	 * both ends for it (generation k - 1, the replay being 0); the KV
 	 * store carries each end's generation and latest episode */

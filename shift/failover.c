@@ -382,16 +382,56 @@ static void drain_default(struct shift_ctx *s, struct shift_cq *c, struct out *u
 	free(all);
 }
 
+/*
+ * Stale read-response state (soft-RoCE). rxe's completer remembers the
+ * opcode of the last read response packet it accepted (FIRST or MIDDLE
+ * while a multi-packet read response is coming in) and a QP reset does not
+ * clear it (rxe_qp_reset clears the requester's and responder's opcodes,
+ * not the completer's). A QP that went to ERR inside a read response and
+ * was reset therefore refuses the ACK of its next WRITE or SEND as out of
+ * sequence: it completes that WR with a success status (the WQE's status
+ * was never set: the kernel's WARN_ON_ONCE in rxe_completer) and moves the
+ * QP to ERR, so the WR after it completes flushed with no error before it.
+ * Only a read response packet is accepted in that state, and a
+ * RESPONSE_ONLY (an empty READ's) ends it. So after a failover with an
+ * RDMA READ outstanding (the only way into that state), the first WR SHIFT
+ * posts on the reset QP is an empty RDMA READ: the probe (prober), or one
+ * ahead of the notification (the other end), or ahead of the handshake
+ * message on a backup QP reset for a new episode. The application's own
+ * READs prove the peer grants remote reads and read resources on that QP.
+ */
+static void empty_read(struct ibv_send_wr *wr, uint64_t wr_id, unsigned flags)
+{
+	memset(wr, 0, sizeof(*wr));
+	wr->wr_id = wr_id;
+	wr->opcode = IBV_WR_RDMA_READ;
+	wr->send_flags = flags;
+}
+
+/* Is an RDMA READ among the outstanding send WRs (mirror synced)? */
+static bool reads_outstanding(struct shift_dqp *d)
+{
+	for (uint64_t i = d->sq_tail; i < d->sq_head; i++)
+		if (shift_dqp_swqe(d, i)->opcode == IBV_WR_RDMA_READ)
+			return true;
+	return false;
+}
+
 static int send_ctrl(struct shift_dqp *d, uint32_t imm)
 {
-	struct ibv_send_wr wr, *bad;
+	struct ibv_send_wr rd, wr, *bad;
 
 	memset(&wr, 0, sizeof(wr));
 	wr.wr_id = SHIFT_WRID_CTRL_SEND;
 	wr.opcode = IBV_WR_RDMA_WRITE_WITH_IMM;
 	wr.send_flags = IBV_SEND_SIGNALED;
 	wr.imm_data = htobe32(imm);
-	return ibv_post_send(d->bk, &wr, &bad);
+	if (!d->bk_rd_stale)
+		return ibv_post_send(d->bk, &wr, &bad);
+	/* (its completions, if any, are CTRL_SEND's: SHIFT's own) */
+	empty_read(&rd, SHIFT_WRID_CTRL_SEND, 0);
+	rd.next = &wr;
+	return ibv_post_send(d->bk, &rd, &bad);
 }
 
 /*
@@ -661,6 +701,12 @@ static int start(struct shift_ctx *s, struct shift_dqp *d, struct out *o,
 			return -2;
 		}
 	}
+	if (reads_outstanding(d)) {
+		/* either QP may have stopped inside a read response */
+		d->dflt_rd_stale = true;
+		if (again)
+			d->bk_rd_stale = true;
+	}
 	d->failovers++;
 	d->wait_since = fb_now();
 	if (again && !peer_old_dead(d) && (ep_read(s, d), !peer_old_dead(d))) {
@@ -916,6 +962,12 @@ static int post_probe(struct shift_dqp *d)
 {
 	struct ibv_send_wr wr, *bad;
 
+	if (d->dflt_rd_stale) {
+		/* an empty READ: its response is the only one a completer
+		 * left inside a read response accepts (stale_read_state) */
+		empty_read(&wr, SHIFT_WRID_PROBE, IBV_SEND_SIGNALED);
+		return d->prov_post_send(d->qp, &wr, &bad);
+	}
 	memset(&wr, 0, sizeof(wr));
 	wr.wr_id = SHIFT_WRID_PROBE;
 	wr.opcode = IBV_WR_RDMA_WRITE;
@@ -982,7 +1034,16 @@ static void switch_back(struct shift_dqp *d)
 	 * filtered out (an unsignaled one still completes if flushed) */
 	wr.send_flags = IBV_SEND_SIGNALED;
 	wr.imm_data = htobe32(CTRL_COUNT((uint32_t)(shift_dqp_consumers_posted(d) - held)));
-	if (d->prov_post_send(d->qp, &wr, &bad)) {
+	struct ibv_send_wr rd, *first_wr = &wr;
+	if (d->dflt_rd_stale) {
+		/* the notification's ACK would fail the QP (stale_read_state):
+		 * an empty READ goes first (unsignaled: only its failure
+		 * completes, as the notification's) */
+		empty_read(&rd, SHIFT_WRID_NOTIFY_READ, 0);
+		rd.next = &wr;
+		first_wr = &rd;
+	}
+	if (d->prov_post_send(d->qp, first_wr, &bad)) {
 		shift_info("%s QP %u: default QP refused the failback notification: staying on the backup",
 			   d->dev, d->qpn);
 		fallback_again(d);
@@ -1010,12 +1071,16 @@ static void notified(struct shift_dqp *d)
 	set_send_state(d, SHIFT_SEND_DEFAULT);
 	d->failbacks++;
 	d->failback_fails = 0;
+	bool rd = d->dflt_rd_stale;
+
+	d->dflt_rd_stale = false; /* an empty READ or the probe went first */
 	d->last_switch_s = (uint64_t)time(NULL);
 	/* a receive-only peer sends nothing, no notification either */
 	if (d->peer_nosend && d->recv_state == SHIFT_RECV_FALLBACK)
 		receives_back(d);
-	shift_info("%s QP %u: sends back on the default QP (%llu held WRs posted there; failback %lu)",
-		   d->dev, d->qpn, (unsigned long long)(d->sq_head - first), d->failbacks);
+	shift_info("%s QP %u: sends back on the default QP (%llu held WRs posted there; failback %lu%s)",
+		   d->dev, d->qpn, (unsigned long long)(d->sq_head - first), d->failbacks,
+		   rd ? "; an empty READ went ahead of the notification" : "");
 }
 
 /* The probe came back: the default path works in both directions. */
@@ -1071,7 +1136,10 @@ static void on_default_ctrl(struct shift_ctx *s, struct shift_dqp *d, struct ibv
 	switch (wc->wr_id) {
 	case SHIFT_WRID_PROBE:
 		if (wc->status == IBV_WC_SUCCESS) {
-			probe_ok(d, "probe");
+			bool rd = d->dflt_rd_stale;
+
+			d->dflt_rd_stale = false; /* (an empty READ, if it was) */
+			probe_ok(d, rd ? "probe, an empty READ" : "probe");
 		} else {
 			d->dflt = SHIFT_DFLT_ERR;
 			d->probe_fails++;
@@ -1096,6 +1164,10 @@ static void on_default_ctrl(struct shift_ctx *s, struct shift_dqp *d, struct ibv
 			poll_backup(s, d->rcq, o, false);
 		try_notify(d);
 		return;
+	case SHIFT_WRID_NOTIFY_READ:
+		if (wc->status == IBV_WC_SUCCESS)
+			return; /* (a QP that signals all WRs) */
+		/* fall through - its failure is the notification's */
 	default: /* the notification's own completion */
 		if (!d->notify_inflight)
 			return;
@@ -1247,7 +1319,7 @@ static void from_default(struct shift_ctx *s, struct ibv_wc *wc, struct out *o)
 	struct shift_dqp *d = shift_dqp_by_qpn(s, wc->qp_num);
 
 	if (d && d->failovers && (wc->wr_id & ~0xfull) == (SHIFT_WRID_CTRL_RECV & ~0xfull) &&
-	    (wc->wr_id & 0xf) - 1 < 4) {
+	    (wc->wr_id & 0xf) - 1 < 5) {
 		/* SHIFT's own (probe, notification) never reach the application */
 		if (d->send_state != SHIFT_SEND_UNPROTECTED)
 			on_default_ctrl(s, d, wc, o);
@@ -1309,6 +1381,8 @@ static void from_backup(struct shift_ctx *s, struct ibv_wc *wc, struct out *o, b
 		return;
 	}
 	if (wc->wr_id == SHIFT_WRID_CTRL_SEND || !d) {
+		if (d && wc->wr_id == SHIFT_WRID_CTRL_SEND && wc->status == IBV_WC_SUCCESS)
+			d->bk_rd_stale = false; /* its empty READ, if any, went first */
 		if (wc->status != IBV_WC_SUCCESS)
 			shift_debug("backup QP %u: SHIFT's WR %llx failed: %d", wc->qp_num,
 				    (unsigned long long)wc->wr_id, (int)wc->status);

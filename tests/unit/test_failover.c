@@ -307,6 +307,72 @@ static void test_disconnect_after_failback_hides_shift_wrs(void **state)
 		assert_int_equal(b.buf[256 * i], 'a' + i % 26);
 }
 
+static void post_reads(int from, int to)
+{
+	for (int i = from; i < to; i++) {
+		struct ibv_sge sge = { .addr = (uintptr_t)a.buf + 8192 + 64 * i, .length = 64,
+				       .lkey = a.mr->lkey };
+		struct ibv_send_wr wr = {
+			.wr_id = 900 + i, .sg_list = &sge, .num_sge = 1, .opcode = IBV_WR_RDMA_READ,
+			.send_flags = IBV_SEND_SIGNALED,
+			.wr.rdma = { .remote_addr = (uintptr_t)b.buf + 64 * i, .rkey = b.mr->rkey },
+		}, *bad;
+		memset(b.buf + 64 * i, 'r' + i % 8, 64);
+		assert_int_equal(ibv_post_send(a.qp, &wr, &bad), 0);
+	}
+}
+
+/*
+ * Read failback on soft-RoCE: A's default QP fails with READs outstanding
+ * and, as rxe does, its completer stays "inside a read response" across
+ * the reset (sim opts.rxe_stale_read): the first ACK it gets completes its
+ * WR with success and fails the QP. With a WRITE probe that was the probe,
+ * and the notification after it was flushed: a new failover every time,
+ * never back. SHIFT's empty READ first clears it: one failover, one
+ * failback, and later reads complete on the default NICs (backups dead).
+ */
+static void test_read_failback_after_stale_read_state(void **state)
+{
+	struct ibv_wc wa[64], wb[8];
+	int na = 0, nb = 0;
+	(void)state;
+
+	sim_world_set_rxe_stale_read(world, 1);
+	post_reads(0, 6);
+	sim_dev_kill(sim_host_dev(host[0], 0), 0);
+	post_reads(6, 10);
+	drive(wa, 64, &na, wb, 8, &nb);
+	assert_int_equal(na, 10);
+	struct shift_dqp *da = shift_dqp_of_qp(a.qp), *db = shift_dqp_of_qp(b.qp);
+	assert_non_null(da);
+	assert_non_null(db);
+	assert_int_equal(da->failovers, 1);
+	assert_true(da->dflt_rd_stale);
+
+	sim_dev_revive(sim_host_dev(host[0], 0));
+	drive_rounds(4000, wa, 64, &na, wb, 8, &nb);
+	assert_int_equal(da->send_state, SHIFT_SEND_DEFAULT);
+	assert_int_equal(db->send_state, SHIFT_SEND_DEFAULT);
+	assert_int_equal(da->failovers, 1);
+	assert_int_equal(da->failbacks, 1);
+	assert_false(da->dflt_rd_stale);
+	assert_false(da->need_rearm);
+
+	sim_dev_kill(sim_host_dev(host[0], 1), 0);
+	sim_dev_kill(sim_host_dev(host[1], 1), 0);
+	post_reads(10, 20);
+	drive(wa, 64, &na, wb, 8, &nb);
+	assert_int_equal(na, 20);
+	assert_int_equal(nb, 0);
+	for (int i = 0; i < 20; i++) {
+		assert_int_equal(wa[i].status, IBV_WC_SUCCESS);
+		assert_int_equal(wa[i].wr_id, 900 + i);
+		assert_int_equal(wa[i].qp_num, a.qp->qp_num);
+		assert_memory_equal(a.buf + 8192 + 64 * i, b.buf + 64 * i, 64);
+	}
+	assert_int_equal(da->failovers, 1);
+}
+
 /*
  * A port that goes DOWN with no error completion at all (soft-RoCE on a cut
  * link retries for ever): the background thread's port watch alone fails
@@ -743,6 +809,8 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_atomic_in_flight_surfaces, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_qp_fatal_hidden, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_failback_after_recovery, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_read_failback_after_stale_read_state, setup,
+						teardown),
 		cmocka_unit_test_setup_teardown(test_port_down_fails_over_without_error, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_disconnect_after_failback_hides_shift_wrs,
 						setup_b_rtr, teardown),

@@ -30,7 +30,7 @@ struct opts {
 	uint64_t schedules, seed;
 	int kind;		/* -1: rotate over all workloads */
 	bool shift, verbose, trace, check_determinism, expect_errors;
-	bool no_faults, reexec;
+	bool no_faults, reexec, rxe_stale_read;
 	double min_rate;
 };
 
@@ -55,7 +55,7 @@ static void usage(void)
 		"usage: shift-campaign [--schedules N] [--seed S] [--workload "
 		"nccl|sendrecv|read|mix|all]\n"
 		"                      [--shift] [--no-faults] [--verbose] [--trace]\n"
-		"                      [--selftest-reexecute]\n"
+		"                      [--selftest-reexecute] [--rxe-stale-read]\n"
 		"                      [--check-determinism] [--expect-app-errors]"
 		" [--min-rate SCHED_PER_MIN]\n");
 }
@@ -144,6 +144,7 @@ static int run_schedule(const struct opts *o, uint64_t seed,
 
 	splitmix(&rs);
 	wo.reexecute_duplicates = o->reexec;
+	wo.rxe_stale_read = o->rxe_stale_read;
 	if (!o->no_faults && splitmix(&rs) % 3 == 0) {
 		wo.drop_req_ppm = (uint32_t)(splitmix(&rs) % 5000);
 		wo.drop_resp_ppm = (uint32_t)(splitmix(&rs) % 5000);
@@ -268,9 +269,10 @@ static int run_all(const struct opts *o, struct totals *t, double *secs)
 			printf("VIOLATION seed=%" PRIu64 " workload=%s: %s\n", seed,
 			       wl_kind_name(k), rep.first);
 			printf("reproduce: tests/sim/campaign --schedules 1 --seed %"
-			       PRIu64 " --workload %s%s --verbose --trace\n", seed,
+			       PRIu64 " --workload %s%s%s --verbose --trace\n", seed,
 			       wl_kind_name(k), o->shift ? " --shift" :
-			       o->reexec ? " --selftest-reexecute" : "");
+			       o->reexec ? " --selftest-reexecute" : "",
+			       o->rxe_stale_read ? " --rxe-stale-read" : "");
 		}
 	}
 	clock_gettime(CLOCK_MONOTONIC, &b);
@@ -312,6 +314,8 @@ int main(int argc, char **argv)
 			i++;
 		} else if (!strcmp(a, "--shift")) {
 			o.shift = true;
+		} else if (!strcmp(a, "--rxe-stale-read")) {
+			o.rxe_stale_read = true; /* soft-RoCE's quirk, sim.h */
 		} else if (!strcmp(a, "--selftest-reexecute")) {
 			o.reexec = true;
 		} else if (!strcmp(a, "--no-faults")) {

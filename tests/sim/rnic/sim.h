@@ -48,6 +48,15 @@ struct sim_world_opts {
 	 * instead of re-ACKing them, as a NIC that lost its state would (what
 	 * naive retransmission on another NIC does). Breaks exactly-once. */
 	int reexecute_duplicates;
+	/* soft-RoCE's stale read-response state: a QP that goes to ERR with
+	 * an RDMA READ outstanding keeps its completer "inside a read
+	 * response" across a reset; until a read response arrives, the first
+	 * ACK (or NAK, atomic response) it gets completes the head WQE with
+	 * success and moves the QP to ERR, the rest flushed (rxe_comp.c
+	 * check_ack / COMPST_ERROR, and rxe_qp_reset not clearing comp.opcode).
+	 * Conservative: every outstanding READ counts, not only one whose
+	 * first response packet arrived. */
+	int rxe_stale_read;
 };
 
 /* Statistics of a world, for summaries. */
@@ -62,6 +71,8 @@ struct sim_stats {
 
 /* A new world; opts may be NULL (seed 0, no random loss). */
 struct sim_world *sim_world_create(const struct sim_world_opts *opts);
+/* Turns the rxe_stale_read quirk (sim_world_opts) on or off. */
+void sim_world_set_rxe_stale_read(struct sim_world *w, int on);
 /* Frees every object the world still holds (contexts, QPs, ...). */
 void sim_world_destroy(struct sim_world *w);
 

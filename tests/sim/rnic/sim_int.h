@@ -181,6 +181,7 @@ struct sim_qp {
 	uint32_t sq_hi;			/* highest tx ever reached */
 	uint32_t next_psn;
 	unsigned rd_out;		/* reads/atomics in [head, tx) */
+	bool comp_in_read;		/* opts.rxe_stale_read: see sim.h */
 
 	/* Receive queue. */
 	struct sim_rwqe *rq;

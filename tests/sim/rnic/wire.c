@@ -151,6 +151,10 @@ static void sim_recv_flush_wc(struct sim_qp *q, struct sim_rwqe *r,
  * signaled or not. The QP is in ERR. */
 void sim_qp_flush(struct sim_qp *q)
 {
+	/* (a reset does not clear it: only a read response does) */
+	for (uint32_t i = q->sq_head; qw(q)->opts.rxe_stale_read && i != q->sq_tail; i++)
+		if (swqe(q, i)->opcode == IBV_WR_RDMA_READ)
+			q->comp_in_read = true;
 	while (q->sq_head != q->sq_tail) {
 		sim_send_wc(q, swqe(q, q->sq_head), IBV_WC_WR_FLUSH_ERR);
 		q->sq_head++;
@@ -543,6 +547,25 @@ static void sim_requester_rx(struct sim_qp *q, struct sim_pkt *p)
 	    p->kind != SIM_PKT_ACK)
 		return;
 	e = swqe(q, idx);
+	if (q->comp_in_read && idx - q->sq_head < q->sq_tx - q->sq_head) {
+		if (p->kind == SIM_PKT_READ_RESP && e->opcode == IBV_WR_RDMA_READ) {
+			q->comp_in_read = false; /* a response: back in sequence */
+		} else {
+			/* rxe: out of sequence for a completer inside a read
+			 * response; the head WQE completes with its unset
+			 * status (success), the QP goes to ERR, no error CQE */
+			struct sim_swqe *h = swqe(q, q->sq_head);
+
+			sim_trace(qw(q), TAG("STAL"), q->qp.qp_num, p->psn);
+			if (h->flags & IBV_SEND_SIGNALED || q->sq_sig_all)
+				sim_send_wc(q, h, IBV_WC_SUCCESS);
+			q->sq_head++;
+			q->qp.state = IBV_QPS_ERR;
+			q->attr.qp_state = IBV_QPS_ERR;
+			sim_qp_flush(q);
+			return;
+		}
+	}
 	switch (p->kind) {
 	case SIM_PKT_ACK:
 		if (idx - q->sq_head >= q->sq_tx - q->sq_head)

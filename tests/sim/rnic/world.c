@@ -154,6 +154,11 @@ uint64_t sim_world_now(const struct sim_world *w) { return w->now; }
 
 /* --- world, hosts, devices ----------------------------------------------- */
 
+void sim_world_set_rxe_stale_read(struct sim_world *w, int on)
+{
+	w->opts.rxe_stale_read = on;
+}
+
 struct sim_world *sim_world_create(const struct sim_world_opts *opts)
 {
 	struct sim_world *w = calloc(1, sizeof(*w));
