@@ -1153,6 +1153,15 @@ static void on_default_ctrl(struct shift_ctx *s, struct shift_dqp *d, struct ibv
 				    d->dev, d->qpn, (int)wc->status, (int)wc->opcode);
 		if (wc->status != IBV_WC_SUCCESS || d->recv_state != SHIFT_RECV_FALLBACK)
 			return; /* flushed by a failed probe */
+		if (!d->handshake_done) {
+			/* the peer's failback of the previous failover, taken
+			 * from the default CQ after a new one started here: that
+			 * one's handshake moves my receives, not this */
+			shift_debug("%s QP %u: the peer's failback notification of failover %lu "
+				    "ignored: failover %lu has started", d->dev, d->qpn,
+				    d->failovers - 1, d->failovers);
+			return;
+		}
 		d->notify_count = CTRL_COUNT(be32toh(wc->imm_data));
 		d->notify_pending = true;
 		/* the prober's notification came over the default path: it
