@@ -202,6 +202,7 @@ struct shift_dqp {
 	bool bk_flushing;             /* its CQs drained after a reset: errors are SHIFT's */
 	bool recv_hold;               /* receives recorded only: start() reposts them */
 	bool bk_error;                /* my backup QP failed: a peer's new episode, or the end */
+	unsigned bk_restarts;         /* failovers I started on a backup failure, in a row */
 	uint64_t bk_error_at;
 	uint64_t kv_at;               /* next read of the peer's record (fb clock) */
 	bool peer_nosend;             /* the peer's application never sends (RTR only) */

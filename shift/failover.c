@@ -48,6 +48,10 @@
 /* how long a failover after the first waits for the peer's part (its record
  * in the KV store, its handshake message) before the connection fails */
 #define SHIFT_EPISODE_WAIT_MS 10000
+/* after a backup failure the peer did not follow up: my own new failover,
+ * after this long, at most this many times in a row */
+#define SHIFT_BK_RESTART_MS 500
+#define SHIFT_BK_RESTARTS 3
 
 /* The handshake message's immediate: the sender's receive counter (31 bits,
  * compared modulo 2^31), or ABORT: the sender cannot fail over (an atomic
@@ -1253,6 +1257,26 @@ static void failback_work(struct shift_ctx *s, struct shift_dqp *d, uint64_t now
 		if (d->send_state == SHIFT_SEND_UNPROTECTED)
 			return;
 	}
+	/* My backup failed and the peer started no new failover: it may be
+	 * waiting for one of mine just as well (a failure only one end saw
+	 * the cause of: rxe's stale read state after a lost first packet, a
+	 * backup link flap). It starts one after a grace, the other end
+	 * follows its record (two ends that both start one meet in it, as
+	 * when both see the default path fail); a few times in a row at most
+	 * without a backup completion in between, then the limit below ends
+	 * it. */
+	uint64_t grace = shift_shadow_sync ? 16 : SHIFT_BK_RESTART_MS;
+	if (d->bk_error && d->bk_restarts < SHIFT_BK_RESTARTS && now > d->bk_error_at &&
+	    now - d->bk_error_at >= grace && d->peer_started <= d->failovers) {
+		struct out o = { .wc = NULL, .n = 0, .max = 0, .c = d->scq };
+
+		d->bk_restarts++;
+		shift_info("%s QP %u: backup QP failed and the peer started no new failover: starting "
+			   "failover %lu (restart %u)", d->dev, d->qpn, d->failovers + 1, d->bk_restarts);
+		start(s, d, &o, NULL);
+		if (d->send_state == SHIFT_SEND_UNPROTECTED)
+			return;
+	}
 	uint64_t limit = shift_shadow_sync ? 256 : SHIFT_EPISODE_WAIT_MS;
 	/* (the marks may be set by an application thread after this pass
 	 * read the clock: later than now) */
@@ -1424,6 +1448,7 @@ static void from_backup(struct shift_ctx *s, struct ibv_wc *wc, struct out *o, b
 	wc->qp_num = d->qpn;
 	if (wc->status == IBV_WC_SUCCESS) {
 		shift_dqp_retire(d, wc);
+		d->bk_restarts = 0; /* the backup path works */
 		if (!d->fallback_us && d->t_error_us) {
 			d->fallback_us = mono_us() - d->t_error_us;
 			if (!d->fallback_us)

@@ -535,6 +535,60 @@ static void test_fails_again_during_failback(void **state)
 	}
 }
 
+/*
+ * While failed over, B's backup QP alone fails (a fatal error no packet
+ * explains, as rxe's stale read-response state produces after a lost
+ * first packet): B sees its backup fail, A only stops hearing from it.
+ * Waiting for the other to start a new failover, both would give up; B
+ * starts one itself after a grace, A follows it through the KV store, and
+ * every send arrives once and in order with no error for either
+ * application.
+ */
+static void test_backup_qp_fails_alone(void **state)
+{
+	struct ibv_wc wa[64], wb[64];
+	int na = 0, nb = 0;
+	struct ibv_recv_wr *bad_r;
+	struct shift_dqp *da = shift_dqp_of_qp(a.qp), *db = shift_dqp_of_qp(b.qp);
+	(void)state;
+
+	setenv("SHIFT_PROBE_MS", "0", 1); /* no failback: stay on the backups */
+	shift_config_load(NULL);
+	for (int i = 0; i < 40; i++) {
+		struct ibv_sge rs = { .addr = (uintptr_t)b.buf + 64 * i, .length = 64, .lkey = b.mr->lkey };
+		struct ibv_recv_wr rwr = { .wr_id = 500 + i, .sg_list = &rs, .num_sge = 1 };
+		assert_int_equal(ibv_post_recv(b.qp, &rwr, &bad_r), 0);
+	}
+	post_sends(0, 4);
+	sim_dev_kill(sim_host_dev(host[0], 0), 0);
+	post_sends(4, 8);
+	drive(wa, 64, &na, wb, 64, &nb);
+	assert_int_equal(na, 8);
+	assert_int_equal(nb, 8);
+	assert_int_equal(da->failovers, 1);
+	assert_int_equal(db->failovers, 1);
+	assert_non_null(db->bk);
+
+	sim_qp_inject_fatal(db->bk);
+	post_sends(8, 16);
+	drive_rounds(3000, wa, 64, &na, wb, 64, &nb);
+	unsetenv("SHIFT_PROBE_MS");
+	shift_config_load(NULL);
+	assert_int_equal(na, 16);
+	assert_int_equal(nb, 16);
+	assert_true(db->failovers >= 2);
+	assert_int_equal(da->failovers, db->failovers);
+	assert_int_not_equal(da->send_state, SHIFT_SEND_UNPROTECTED);
+	assert_int_not_equal(db->send_state, SHIFT_SEND_UNPROTECTED);
+	for (int i = 0; i < 16; i++) {
+		assert_int_equal(wa[i].status, IBV_WC_SUCCESS);
+		assert_int_equal(wa[i].wr_id, 700 + i);
+		assert_int_equal(wb[i].status, IBV_WC_SUCCESS);
+		assert_int_equal(wb[i].wr_id, 500 + i);
+		assert_int_equal(b.buf[64 * i], 'A' + i);
+	}
+}
+
 /* The status file shiftctl reads: per QP, the data path's send and
  * receive states, failover and failback counts, WRs retransmitted, the
  * backup generation and the time of the last switch. */
@@ -817,6 +871,7 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_destroy_failed_over_qp, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_failover_failback_twice, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_fails_again_during_failback, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_backup_qp_fails_alone, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_status_shows_failover, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_drain_takes_rest_of_batch_first, setup, teardown2),
 		cmocka_unit_test_setup_teardown(test_atomic_completed_in_cq_is_not_in_flight, setup,
