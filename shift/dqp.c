@@ -89,8 +89,7 @@ void shift_dqp_destroy(struct shift_dqp *d)
 
 static int mirror_full(struct shift_dqp *d, const char *q)
 {
-	d->send_state = SHIFT_SEND_UNPROTECTED;
-	shift_dqp_state_changed(d);
+	shift_dqp_set_send_state(d, SHIFT_SEND_UNPROTECTED);
 	shift_warn("%s QP %u: %s mirror overflow (more outstanding WRs than the QP's capacity): "
 		   "QP unprotected", d->dev, d->qpn, q);
 	return -1;

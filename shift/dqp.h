@@ -268,12 +268,16 @@ int shift_dqp_record_recv(struct shift_dqp *d, const struct ibv_recv_wr *wr);
 void shift_dqp_unrecord_recv(struct shift_dqp *d, const struct ibv_recv_wr *wr,
 			     const struct ibv_recv_wr *bad, uint64_t head_before);
 
-/* Send WRs posted so far that consume a receive at the peer (SEND*,
- * WRITE_WITH_IMM). post_lock held. */
+/* Send WRs posted so far that consume a receive at the peer
+ * (shift_wr_consumes_recv()). post_lock held; off the data path. */
 static inline uint64_t shift_dqp_consumers_posted(const struct shift_dqp *d)
 {
-	return d->posted_by_op[IBV_WR_RDMA_WRITE_WITH_IMM] + d->posted_by_op[IBV_WR_SEND] +
-	       d->posted_by_op[IBV_WR_SEND_WITH_IMM] + d->posted_by_op[IBV_WR_SEND_WITH_INV];
+	uint64_t n = 0;
+
+	for (unsigned op = 0; op < 16; op++)
+		if (shift_wr_consumes_recv(op))
+			n += d->posted_by_op[op];
+	return n;
 }
 
 /* The send or receive state changed (post_lock held): the fast paths'
@@ -282,6 +286,13 @@ static inline void shift_dqp_state_changed(struct shift_dqp *d)
 {
 	d->sq_limit = 0;
 	d->rq_limit = 0;
+}
+
+/* Every change of the send state under post_lock goes through here. */
+static inline void shift_dqp_set_send_state(struct shift_dqp *d, enum shift_send_state st)
+{
+	__atomic_store_n(&d->send_state, st, __ATOMIC_RELEASE);
+	shift_dqp_state_changed(d);
 }
 
 /* Apply the counted send completions: move sq_tail past the sig_tail-th

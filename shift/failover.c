@@ -664,9 +664,8 @@ static int start(struct shift_ctx *s, struct shift_dqp *d, struct out *o,
 	shift_dqp_lock(d);
 	d->handshake_done = false;
 	d->recv_hold = true;
-	d->send_state = SHIFT_SEND_FALLBACK;
+	shift_dqp_set_send_state(d, SHIFT_SEND_FALLBACK);
 	d->recv_state = SHIFT_RECV_FALLBACK;
-	shift_dqp_state_changed(d);
 	shift_dqp_unlock(d);
 	shift_lower->modify_qp(d->qp, &a, IBV_QP_STATE);
 	d->t_error_us = mono_us();
@@ -979,13 +978,6 @@ static int post_probe(struct shift_dqp *d)
 	return d->prov_post_send(d->qp, &wr, &bad);
 }
 
-/* post_lock held */
-static void set_send_state(struct shift_dqp *d, enum shift_send_state st)
-{
-	__atomic_store_n(&d->send_state, st, __ATOMIC_RELEASE);
-	shift_dqp_state_changed(d);
-}
-
 /* My outstanding receives go to the default QP, as the application posted
  * them: receive state Default. post_lock held. 0, or -1 (given up). */
 static int receives_back(struct shift_dqp *d)
@@ -1010,7 +1002,7 @@ static void fallback_again(struct shift_dqp *d)
 {
 	uint64_t first = d->send_state == SHIFT_SEND_WAIT_DRAINED ? d->fence + 1 : d->sq_head;
 
-	set_send_state(d, SHIFT_SEND_FALLBACK);
+	shift_dqp_set_send_state(d, SHIFT_SEND_FALLBACK);
 	d->dflt = SHIFT_DFLT_ERR;
 	d->probe_at = fb_now() + probe_wait(d);
 	for (uint64_t i = first; i < d->sq_head; i++) {
@@ -1057,7 +1049,7 @@ static void switch_back(struct shift_dqp *d)
 	 * (SHIFT paper 4.3.3): it is executed at the peer before any of them */
 	d->notify_inflight = true;
 	d->fence = first - 1;
-	set_send_state(d, SHIFT_SEND_WAIT_DRAINED);
+	shift_dqp_set_send_state(d, SHIFT_SEND_WAIT_DRAINED);
 }
 
 /* My notification completed: the held WRs go to the default QP, in order,
@@ -1072,7 +1064,7 @@ static void notified(struct shift_dqp *d)
 			return;
 		}
 	}
-	set_send_state(d, SHIFT_SEND_DEFAULT);
+	shift_dqp_set_send_state(d, SHIFT_SEND_DEFAULT);
 	d->failbacks++;
 	d->failback_fails = 0;
 	bool rd = d->dflt_rd_stale;
@@ -1102,9 +1094,9 @@ static void probe_ok(struct shift_dqp *d, const char *how)
 			   d->sig[(d->sig_head - 1) & d->sig_mask] == d->sq_head - 1) {
 			/* the last outstanding WR is signaled: it is the fence */
 			d->fence = d->sq_head - 1;
-			set_send_state(d, SHIFT_SEND_WAIT_DRAINED);
+			shift_dqp_set_send_state(d, SHIFT_SEND_WAIT_DRAINED);
 		} else {
-			set_send_state(d, SHIFT_SEND_WAIT_SIGNALED);
+			shift_dqp_set_send_state(d, SHIFT_SEND_WAIT_SIGNALED);
 		}
 	}
 	shift_dqp_unlock(d);
@@ -1293,8 +1285,7 @@ static void failback_work(struct shift_ctx *s, struct shift_dqp *d, uint64_t now
 		shift_lower->modify_qp(d->bk, &e, IBV_QP_STATE);
 		shift_lower->modify_qp(d->qp, &e, IBV_QP_STATE);
 		shift_dqp_lock(d);
-		d->send_state = SHIFT_SEND_FALLBACK;
-		shift_dqp_state_changed(d);
+		shift_dqp_set_send_state(d, SHIFT_SEND_FALLBACK);
 		shift_dqp_unlock(d);
 		drain_default(s, d->scq, NULL);
 		if (d->rcq != d->scq)
@@ -1315,7 +1306,7 @@ static void failback_work(struct shift_ctx *s, struct shift_dqp *d, uint64_t now
 				shift_dqp_lock(d);
 				shift_dqp_sync_locked(d);
 				if (d->sq_tail == d->sq_head) {
-					set_send_state(d, SHIFT_SEND_DEFAULT);
+					shift_dqp_set_send_state(d, SHIFT_SEND_DEFAULT);
 					d->failbacks++;
 				}
 				shift_dqp_unlock(d);
@@ -1770,11 +1761,11 @@ int shift_post_send_fallback(struct shift_dqp *d, struct ibv_send_wr *wr,
 		/* the fence: set before it can complete; what follows it is held */
 		if (fence) {
 			d->fence = i;
-			set_send_state(d, SHIFT_SEND_WAIT_DRAINED);
+			shift_dqp_set_send_state(d, SHIFT_SEND_WAIT_DRAINED);
 		}
 		if (post_bk_send(d, i)) {
 			if (fence)
-				set_send_state(d, SHIFT_SEND_WAIT_SIGNALED);
+				shift_dqp_set_send_state(d, SHIFT_SEND_WAIT_SIGNALED);
 			/* report the first WR that did not go out */
 			struct ibv_send_wr *w = wr;
 

@@ -325,10 +325,8 @@ int shift_ibv_modify_qp(struct ibv_qp *qp, struct ibv_qp_attr *attr,
 
 		if (d) {
 			shift_dqp_lock(d);
-			if (d->send_state == SHIFT_SEND_DEFAULT) {
-				d->send_state = SHIFT_SEND_UNPROTECTED;
-				shift_dqp_state_changed(d);
-			}
+			if (d->send_state == SHIFT_SEND_DEFAULT)
+				shift_dqp_set_send_state(d, SHIFT_SEND_UNPROTECTED);
 			shift_dqp_unlock(d);
 		}
 	}

@@ -95,6 +95,17 @@ static void post_fetch_add_42(void)
 	assert_int_equal(ibv_post_send(a.qp, &wr, &bad), 0);
 }
 
+/* B's application posts n receives of 64 bytes (wr_id 500 + i). */
+static void post_b_recvs(int n)
+{
+	for (int i = 0; i < n; i++) {
+		struct ibv_sge rs = { .addr = (uintptr_t)b.buf + 64 * i, .length = 64, .lkey = b.mr->lkey };
+		struct ibv_recv_wr rwr = { .wr_id = 500 + i, .sg_list = &rs, .num_sge = 1 }, *bad_r;
+
+		assert_int_equal(ibv_post_recv(b.qp, &rwr, &bad_r), 0);
+	}
+}
+
 static void test_writes_survive_nic_death(void **state)
 {
 	struct ibv_wc wa[128], wb[128];
@@ -126,15 +137,10 @@ static void test_sends_survive_with_receives_in_order(void **state)
 {
 	struct ibv_wc wa[128], wb[128];
 	int na = 0, nb = 0;
-	struct ibv_recv_wr *bad_r;
 	struct ibv_send_wr *bad_s;
 	(void)state;
 
-	for (int i = 0; i < 12; i++) {
-		struct ibv_sge rs = { .addr = (uintptr_t)b.buf + 64 * i, .length = 64, .lkey = b.mr->lkey };
-		struct ibv_recv_wr rwr = { .wr_id = 500 + i, .sg_list = &rs, .num_sge = 1 };
-		assert_int_equal(ibv_post_recv(b.qp, &rwr, &bad_r), 0);
-	}
+	post_b_recvs(12);
 	for (int i = 0; i < 12; i++) {
 		struct ibv_sge ss = { .addr = (uintptr_t)a.buf + 64 * i, .length = 64, .lkey = a.mr->lkey };
 		struct ibv_send_wr swr = { .wr_id = 700 + i, .sg_list = &ss, .num_sge = 1,
@@ -195,14 +201,9 @@ static void test_failback_after_recovery(void **state)
 {
 	struct ibv_wc wa[64], wb[64];
 	int na = 0, nb = 0;
-	struct ibv_recv_wr *bad_r;
 	(void)state;
 
-	for (int i = 0; i < 24; i++) {
-		struct ibv_sge rs = { .addr = (uintptr_t)b.buf + 64 * i, .length = 64, .lkey = b.mr->lkey };
-		struct ibv_recv_wr rwr = { .wr_id = 500 + i, .sg_list = &rs, .num_sge = 1 };
-		assert_int_equal(ibv_post_recv(b.qp, &rwr, &bad_r), 0);
-	}
+	post_b_recvs(24);
 	post_sends(0, 4);
 	sim_dev_kill(sim_host_dev(host[0], 0), 0);
 	post_sends(4, 8);
@@ -431,15 +432,10 @@ static void test_failover_failback_twice(void **state)
 {
 	struct ibv_wc wa[64], wb[64];
 	int na = 0, nb = 0;
-	struct ibv_recv_wr *bad_r;
 	struct shift_dqp *da = shift_dqp_of_qp(a.qp), *db = shift_dqp_of_qp(b.qp);
 	(void)state;
 
-	for (int i = 0; i < 32; i++) {
-		struct ibv_sge rs = { .addr = (uintptr_t)b.buf + 64 * i, .length = 64, .lkey = b.mr->lkey };
-		struct ibv_recv_wr rwr = { .wr_id = 500 + i, .sg_list = &rs, .num_sge = 1 };
-		assert_int_equal(ibv_post_recv(b.qp, &rwr, &bad_r), 0);
-	}
+	post_b_recvs(32);
 	for (int cycle = 0; cycle < 2; cycle++) {
 		int base = 16 * cycle;
 
@@ -481,15 +477,10 @@ static void test_fails_again_during_failback(void **state)
 {
 	struct ibv_wc wa[64], wb[64];
 	int na = 0, nb = 0, r;
-	struct ibv_recv_wr *bad_r;
 	struct shift_dqp *da = shift_dqp_of_qp(a.qp), *db = shift_dqp_of_qp(b.qp);
 	(void)state;
 
-	for (int i = 0; i < 40; i++) {
-		struct ibv_sge rs = { .addr = (uintptr_t)b.buf + 64 * i, .length = 64, .lkey = b.mr->lkey };
-		struct ibv_recv_wr rwr = { .wr_id = 500 + i, .sg_list = &rs, .num_sge = 1 };
-		assert_int_equal(ibv_post_recv(b.qp, &rwr, &bad_r), 0);
-	}
+	post_b_recvs(40);
 	post_sends(0, 4);
 	sim_dev_kill(sim_host_dev(host[0], 0), 0);
 	post_sends(4, 8);
@@ -548,17 +539,12 @@ static void test_backup_qp_fails_alone(void **state)
 {
 	struct ibv_wc wa[64], wb[64];
 	int na = 0, nb = 0;
-	struct ibv_recv_wr *bad_r;
 	struct shift_dqp *da = shift_dqp_of_qp(a.qp), *db = shift_dqp_of_qp(b.qp);
 	(void)state;
 
 	setenv("SHIFT_PROBE_MS", "0", 1); /* no failback: stay on the backups */
 	shift_config_load(NULL);
-	for (int i = 0; i < 40; i++) {
-		struct ibv_sge rs = { .addr = (uintptr_t)b.buf + 64 * i, .length = 64, .lkey = b.mr->lkey };
-		struct ibv_recv_wr rwr = { .wr_id = 500 + i, .sg_list = &rs, .num_sge = 1 };
-		assert_int_equal(ibv_post_recv(b.qp, &rwr, &bad_r), 0);
-	}
+	post_b_recvs(40);
 	post_sends(0, 4);
 	sim_dev_kill(sim_host_dev(host[0], 0), 0);
 	post_sends(4, 8);
