@@ -54,6 +54,38 @@ static int shift_post_send(struct ibv_qp *qp, struct ibv_send_wr *wr,
 static int shift_post_recv(struct ibv_qp *qp, struct ibv_recv_wr *wr,
 			   struct ibv_recv_wr **bad_wr) __attribute__((noinline));
 
+/*
+ * The provider refused WRs the mirror holds (from *bad_wr on; post_lock
+ * held): if the QP failed, SHIFT keeps them and the post succeeds
+ * (shift_failover_post_refused), else they are forgotten and the refusal
+ * is the application's.
+ */
+static __attribute__((noinline, cold)) int send_refused(struct shift_dqp *d, struct ibv_send_wr *wr,
+							 struct ibv_send_wr *bad, uint64_t head, int rc)
+{
+	uint64_t from = head;
+
+	for (struct ibv_send_wr *w = wr; w && w != bad; w = w->next)
+		from++;
+	if (shift_failover_post_refused(d, rc, from, d->rq_head))
+		return 0;
+	shift_dqp_unrecord_send(d, wr, bad, head);
+	return rc;
+}
+
+static __attribute__((noinline, cold)) int recv_refused(struct shift_dqp *d, struct ibv_recv_wr *wr,
+							 struct ibv_recv_wr *bad, uint64_t head, int rc)
+{
+	uint64_t from = head;
+
+	for (struct ibv_recv_wr *w = wr; w && w != bad; w = w->next)
+		from++;
+	if (shift_failover_post_refused(d, rc, d->sq_head, from))
+		return 0;
+	shift_dqp_unrecord_recv(d, wr, bad, head);
+	return rc;
+}
+
 static int shift_post_send(struct ibv_qp *qp, struct ibv_send_wr *wr,
 			   struct ibv_send_wr **bad_wr)
 {
@@ -69,7 +101,7 @@ static int shift_post_send(struct ibv_qp *qp, struct ibv_send_wr *wr,
 		shift_dqp_record_send(d, wr);
 		rc = d->prov_post_send(qp, wr, bad_wr);
 		if (shift_unlikely(rc))
-			shift_dqp_unrecord_send(d, wr, *bad_wr, head);
+			rc = send_refused(d, wr, *bad_wr, head, rc);
 	} else if (d->send_state == SHIFT_SEND_UNPROTECTED) {
 		rc = d->prov_post_send(qp, wr, bad_wr);
 	} else {
@@ -95,7 +127,7 @@ static int shift_post_recv(struct ibv_qp *qp, struct ibv_recv_wr *wr,
 		shift_dqp_record_recv(d, wr);
 		rc = d->prov_post_recv(qp, wr, bad_wr);
 		if (shift_unlikely(rc))
-			shift_dqp_unrecord_recv(d, wr, *bad_wr, head);
+			rc = recv_refused(d, wr, *bad_wr, head, rc);
 	} else if (d->send_state == SHIFT_SEND_UNPROTECTED) {
 		rc = d->prov_post_recv(qp, wr, bad_wr);
 	} else {
@@ -105,10 +137,24 @@ static int shift_post_recv(struct ibv_qp *qp, struct ibv_recv_wr *wr,
 	return rc;
 }
 
-/* The provider refused the WR the fast path just mirrored: forget it. */
+/* The provider refused the WR the fast path just mirrored: forget it,
+ * unless the QP failed (send_refused). */
 static __attribute__((noinline, cold)) int post_send_refused(struct shift_dqp *d, int rc)
 {
-	shift_dqp_unrecord_last_send(d);
+	if (shift_failover_post_refused(d, rc, d->sq_head - 1, d->rq_head))
+		rc = 0;
+	else
+		shift_dqp_unrecord_last_send(d);
+	shift_dqp_unlock(d);
+	return rc;
+}
+
+static __attribute__((noinline, cold)) int post_recv_refused(struct shift_dqp *d, int rc)
+{
+	if (shift_failover_post_refused(d, rc, d->sq_head, d->rq_head - 1))
+		rc = 0;
+	else
+		d->rq_head--;
 	shift_dqp_unlock(d);
 	return rc;
 }
@@ -167,7 +213,7 @@ static __attribute__((hot)) int shift_post_recv_fast(struct ibv_qp *qp, struct i
 			shift_dqp_record_recv_one(d, wr);
 			rc = d->prov_post_recv(qp, wr, bad_wr);
 			if (shift_unlikely(rc))
-				d->rq_head--;
+				return post_recv_refused(d, rc);
 			shift_dqp_unlock(d);
 			return rc;
 		}

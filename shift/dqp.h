@@ -205,6 +205,13 @@ struct shift_dqp {
 	unsigned bk_restarts;         /* failovers I started on a backup failure, in a row */
 	uint64_t bk_error_at;
 	uint64_t kv_at;               /* next read of the peer's record (fb clock) */
+	/* the provider refused a post because the QP failed (failed-post
+	 * detection, shift_failover_post_refused): the WRs from sq_taken
+	 * (rq_taken) on are SHIFT's to deliver; the background pass starts
+	 * the failover unless an error completion started it first */
+	bool post_failed;
+	uint64_t post_failed_ms;
+	uint64_t sq_taken, rq_taken;
 	bool peer_nosend;             /* the peer's application never sends (RTR only) */
 
 	/* statistics (shiftctl, logs) */

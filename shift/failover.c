@@ -320,6 +320,8 @@ static int post_bk_recv(struct shift_dqp *d, uint64_t idx)
 
 /* ---- failing over --------------------------------------------------------- */
 
+static bool take_refused(struct shift_dqp *d, int rc, uint64_t sq_from, uint64_t rq_from);
+
 static void give_up(struct shift_dqp *d, const char *why)
 {
 	if (d->send_state != SHIFT_SEND_UNPROTECTED)
@@ -444,12 +446,58 @@ static int send_ctrl(struct shift_dqp *d, uint32_t imm)
  * to ERR so its outstanding WRs flush to the application now, and WRs SHIFT
  * was holding for the backup complete with a flush error too.
  */
+/*
+ * The application's WRs SHIFT holds, from sq_from and rq_from to the heads
+ * (their provider flushes were dropped, or the provider never had them),
+ * complete with a flush error, each to the CQ of its queue (o is one of
+ * them); err, the error that started it, in its place with its status. The
+ * mirror retires them all.
+ */
+static void flush_held(struct shift_dqp *d, struct out *o, const struct ibv_wc *err,
+		       uint64_t sq_from, uint64_t rq_from)
+{
+	struct out so = { .wc = NULL, .n = 0, .max = 0, .c = d->scq };
+	struct out ro = { .wc = NULL, .n = 0, .max = 0, .c = d->rcq };
+	struct out *os = d->scq == o->c ? o : &so, *orq = d->rcq == o->c ? o : &ro;
+
+	for (uint64_t i = sq_from; i < d->sq_head; i++) {
+		struct ibv_wc wc = { .wr_id = shift_dqp_swqe(d, i)->wr_id,
+				     .status = IBV_WC_WR_FLUSH_ERR, .qp_num = d->qpn };
+		if (err && i == sq_from && err->wr_id == wc.wr_id) {
+			wc = *err;
+			err = NULL;
+		}
+		emit(os, &wc);
+	}
+	shift_dqp_retire_all_send(d);
+	for (uint64_t i = rq_from; i < d->rq_head; i++) {
+		struct ibv_wc wc = { .wr_id = shift_dqp_rwqe(d, i)->wr_id,
+				     .status = IBV_WC_WR_FLUSH_ERR, .qp_num = d->qpn,
+				     .opcode = IBV_WC_RECV };
+		if (err && i == rq_from && err->wr_id == wc.wr_id) {
+			wc = *err;
+			err = NULL;
+		}
+		emit(orq, &wc);
+	}
+	__atomic_store_n(&d->rq_tail, d->rq_head, __ATOMIC_RELAXED);
+	d->recv_state = SHIFT_RECV_DEFAULT;
+	d->post_failed = false;
+}
+
+/*
+ * The connection cannot be saved (an atomic in flight at either end): the
+ * application gets errors, as it would without SHIFT. The default QP goes
+ * to ERR so its outstanding WRs flush to the application now, and WRs SHIFT
+ * was holding for the backup complete with a flush error too.
+ */
 static void fail_connection(struct shift_ctx *s, struct shift_dqp *d, struct out *o,
 			    bool tell_peer, const struct ibv_wc *err)
 {
 	struct ibv_qp_attr a = { .qp_state = IBV_QPS_ERR };
 	bool held = d->send_state == SHIFT_SEND_FALLBACK;
 
+	(void)s;
 	if (tell_peer && d->shadow &&
 	    __atomic_load_n(&d->shadow->state, __ATOMIC_ACQUIRE) == SHIFT_SHADOW_READY) {
 		if (!d->bk)
@@ -461,36 +509,21 @@ static void fail_connection(struct shift_ctx *s, struct shift_dqp *d, struct out
 		shift_lower->modify_qp(d->qp, &a, IBV_QP_STATE);
 		return;
 	}
-	(void)s;
-	/* each flush to the CQ of its queue (o is one of them) */
-	struct out so = { .wc = NULL, .n = 0, .max = 0, .c = d->scq };
-	struct out ro = { .wc = NULL, .n = 0, .max = 0, .c = d->rcq };
-	struct out *os = d->scq == o->c ? o : &so, *orq = d->rcq == o->c ? o : &ro;
-
 	shift_dqp_sync(d);
-	for (uint64_t i = d->sq_tail; i < d->sq_head; i++) {
-		struct ibv_wc wc = { .wr_id = shift_dqp_swqe(d, i)->wr_id,
-				     .status = IBV_WC_WR_FLUSH_ERR, .qp_num = d->qpn };
-		/* the error that started it, in its place with its status */
-		if (err && i == d->sq_tail && err->wr_id == wc.wr_id) {
-			wc = *err;
-			err = NULL;
-		}
-		emit(os, &wc);
-	}
-	shift_dqp_retire_all_send(d);
-	for (uint64_t i = d->rq_tail; i < d->rq_head; i++) {
-		struct ibv_wc wc = { .wr_id = shift_dqp_rwqe(d, i)->wr_id,
-				     .status = IBV_WC_WR_FLUSH_ERR, .qp_num = d->qpn,
-				     .opcode = IBV_WC_RECV };
-		if (err && i == d->rq_tail && err->wr_id == wc.wr_id) {
-			wc = *err;
-			err = NULL;
-		}
-		emit(orq, &wc);
-	}
-	__atomic_store_n(&d->rq_tail, d->rq_head, __ATOMIC_RELAXED);
-	d->recv_state = SHIFT_RECV_DEFAULT;
+	flush_held(d, o, err, d->sq_tail, d->rq_tail);
+}
+
+/*
+ * A failover that cannot start after all on a QP whose refused posts SHIFT
+ * took (shift_failover_post_refused): the provider never had those WRs, so
+ * they complete with a flush error (after the ones it flushes itself, which
+ * reach the application unfiltered from now on).
+ */
+static void give_up_taken(struct shift_dqp *d, struct out *o)
+{
+	if (!d->post_failed)
+		return;
+	flush_held(d, o, NULL, d->sq_taken, d->rq_taken);
 }
 
 static void poll_backup(struct shift_ctx *s, struct shift_cq *c, struct out *o, bool app);
@@ -652,10 +685,12 @@ static int start(struct shift_ctx *s, struct shift_dqp *d, struct out *o,
 	if (!d->shadow || !d->scq || !d->rcq ||
 	    __atomic_load_n(&d->shadow->state, __ATOMIC_ACQUIRE) != SHIFT_SHADOW_READY) {
 		give_up(d, "its backup QP is not ready");
+		give_up_taken(d, o);
 		return -1;
 	}
 	if (fo_add(s, d)) {
 		give_up(d, "too many failed-over QPs in this context");
+		give_up_taken(d, o);
 		return -1;
 	}
 	d->bk = d->shadow->bk;
@@ -664,6 +699,7 @@ static int start(struct shift_ctx *s, struct shift_dqp *d, struct out *o,
 	shift_dqp_lock(d);
 	d->handshake_done = false;
 	d->recv_hold = true;
+	d->post_failed = false; /* (its WRs are in the mirror like the others) */
 	shift_dqp_set_send_state(d, SHIFT_SEND_FALLBACK);
 	d->recv_state = SHIFT_RECV_FALLBACK;
 	shift_dqp_unlock(d);
@@ -722,7 +758,14 @@ static int start(struct shift_ctx *s, struct shift_dqp *d, struct out *o,
 			   d->qpn, d->failovers);
 		return 0;
 	}
-	return finish_start(s, d, again);
+	if (finish_start(s, d, again) && d->send_state == SHIFT_SEND_UNPROTECTED) {
+		/* the default QP's flushes were dropped above: the
+		 * application gets its outstanding WRs back as flushes */
+		shift_dqp_sync(d);
+		flush_held(d, o, err, d->sq_tail, d->rq_tail);
+		return -2;
+	}
+	return 0;
 	shift_debug("%s QP %u: sq %llu..%llu, rq %llu..%llu, recv consumers posted %llu", d->dev, d->qpn,
 		    (unsigned long long)d->sq_tail, (unsigned long long)d->sq_head,
 		    (unsigned long long)d->rq_tail, (unsigned long long)d->rq_head,
@@ -987,7 +1030,15 @@ static int receives_back(struct shift_dqp *d)
 		struct ibv_recv_wr wr = { .wr_id = e->wr_id, .sg_list = e->sge,
 					  .num_sge = (int)e->num_sge }, *bad;
 
-		if (d->prov_post_recv(d->qp, &wr, &bad)) {
+		int rc = d->prov_post_recv(d->qp, &wr, &bad);
+
+		if (rc && take_refused(d, rc, d->sq_head, i)) {
+			/* it failed again: the next failover reposts them */
+			shift_info("%s QP %u: the default QP failed again while my receives moved back",
+				   d->dev, d->qpn);
+			break;
+		}
+		if (rc) {
 			give_up(d, "the default QP refused a receive while failing back");
 			return -1;
 		}
@@ -1059,7 +1110,15 @@ static void notified(struct shift_dqp *d)
 	uint64_t first = d->fence + 1;
 
 	for (uint64_t i = first; i < d->sq_head; i++) {
-		if (post_mirrored(d, i, true)) {
+		int rc = post_mirrored(d, i, true);
+
+		if (rc && take_refused(d, rc, i, d->rq_head)) {
+			/* it failed again: the next failover retransmits them */
+			shift_info("%s QP %u: the default QP failed again while my held WRs moved back",
+				   d->dev, d->qpn);
+			break;
+		}
+		if (rc) {
 			give_up(d, "the default QP refused a WR while failing back");
 			return;
 		}
@@ -1237,7 +1296,10 @@ static void failback_work(struct shift_ctx *s, struct shift_dqp *d, uint64_t now
 					d->need_rearm = true; /* a new failover from any state */
 				start(s, d, &o, NULL);
 			} else if (d->wait_reset && peer_old_dead(d)) {
-				finish_start(s, d, true);
+				if (finish_start(s, d, true) && d->send_state == SHIFT_SEND_UNPROTECTED) {
+					shift_dqp_sync(d);
+					flush_held(d, &o, NULL, d->sq_tail, d->rq_tail);
+				}
 				if (d->ctrl_pending && d->send_state != SHIFT_SEND_UNPROTECTED)
 					on_ctrl(s, d, &o);
 			} else if (d->wait_peer && peer_armed(d)) {
@@ -1699,6 +1761,29 @@ static void background(struct shift_ctx *s)
 		}
 	}
 
+	/* QPs whose provider refused a post because they failed, with no error
+	 * completion to start their failover */
+	for (int i = 0; i < SHIFT_DQP_BUCKETS; i++) {
+		for (struct shift_dqp *d = __atomic_load_n(&s->dqp[i], __ATOMIC_ACQUIRE); d;
+		     d = d->next_in_bucket) {
+			if (!__atomic_load_n(&d->post_failed, __ATOMIC_ACQUIRE) || !d->scq)
+				continue;
+			/* (as for a port that went down: a poll that entered the
+			 * fast path before the context went slow finishes first) */
+			if (!shift_shadow_sync && now - d->post_failed_ms < SHIFT_BG_GRACE_MS)
+				continue;
+			lock_cqs(d);
+			if (d->post_failed && (d->send_state == SHIFT_SEND_DEFAULT || d->need_rearm)) {
+				struct out o = { .wc = NULL, .n = 0, .max = 0, .c = d->scq };
+
+				shift_info("%s QP %u: failing over on a refused post", d->dev, d->qpn);
+				start(s, d, &o, NULL);
+			}
+			d->post_failed = false; /* (a failover holds its WRs now) */
+			unlock_cqs(d);
+		}
+	}
+
 	/* failback: probes, switching back, re-arming the backup */
 	if (shift_shadow_sync)
 		sync_passes++;
@@ -1738,6 +1823,55 @@ static void background(struct shift_ctx *s)
 		if (quiet)
 			__atomic_store_n(&s->slow, false, __ATOMIC_RELEASE);
 	}
+}
+
+/* ---- failed posts ----------------------------------------------------------
+ *
+ * A provider may refuse WRs on a QP that failed: some refuse every post in
+ * ERR, and a device that is gone fails the system call of the doorbell. To
+ * the application that is the same failure as an error completion, and
+ * SHIFT hides it the same way: the refused WRs stay in the mirror behind
+ * those the provider took (and flushes), the post succeeds, and the QP
+ * fails over, in the application's next poll if an error completion comes
+ * first, else in the next background pass (after the grace that lets a poll
+ * inside the fast path finish, as for a port gone down). The QP's own state
+ * tells the two apart: a refusal while the QP is not in ERR (a bad WR, a
+ * full queue) is the application's, as without SHIFT, and so is every
+ * refusal on a QP SHIFT could not fail over anyway. If the failover cannot
+ * start after all, the taken WRs complete with a flush error.
+ */
+/* The default QP refused WRs (post_lock held): has it failed? Then the
+ * WRs from sq_from and rq_from on are SHIFT's (see above). */
+static bool take_refused(struct shift_dqp *d, int rc, uint64_t sq_from, uint64_t rq_from)
+{
+	struct ibv_qp_attr attr;
+	struct ibv_qp_init_attr init;
+	struct shift_ctx *s = shift_ctx_of(d->qp->context);
+	int q;
+
+	if (!s || !s->rnic || !d->shadow || !d->scq || !d->rcq ||
+	    __atomic_load_n(&d->shadow->state, __ATOMIC_ACQUIRE) != SHIFT_SHADOW_READY)
+		return false;
+	memset(&attr, 0, sizeof(attr));
+	q = shift_lower->query_qp(d->qp, &attr, IBV_QP_STATE, &init);
+	if (!q && attr.qp_state != IBV_QPS_ERR && attr.qp_state != IBV_QPS_SQE)
+		return false;
+	if (!d->post_failed) {
+		d->sq_taken = sq_from;
+		d->rq_taken = rq_from;
+		d->post_failed_ms = mono_us() / 1000u;
+		shift_info("%s QP %u: the provider refused a post (%s) on a failed QP (%s): "
+			   "SHIFT keeps the WRs for its backup QP", d->dev, d->qpn, strerror(rc),
+			   q ? "cannot query it" : "ERR");
+		__atomic_store_n(&d->post_failed, true, __ATOMIC_RELEASE);
+	}
+	__atomic_store_n(&s->slow, true, __ATOMIC_RELEASE);
+	return true;
+}
+
+bool shift_failover_post_refused(struct shift_dqp *d, int rc, uint64_t sq_from, uint64_t rq_from)
+{
+	return d->send_state == SHIFT_SEND_DEFAULT && take_refused(d, rc, sq_from, rq_from);
 }
 
 /* ---- posting while failed over --------------------------------------------- */

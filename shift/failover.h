@@ -30,6 +30,13 @@ bool shift_failover_waiting(void);
  * once the provider destroyed the QP. NULL if qp has none.
  */
 struct shift_dqp *shift_failover_forget(struct shift_ctx *s, struct ibv_qp *qp);
+/*
+ * The provider refused a post on d's QP in the Default state (post_lock
+ * held; the refused WRs, from sq index sq_from or rq index rq_from on, are
+ * still in the mirror). true: the QP failed, SHIFT keeps those WRs for the
+ * backup QP and the post succeeds; false: the refusal is the application's.
+ */
+bool shift_failover_post_refused(struct shift_dqp *d, int rc, uint64_t sq_from, uint64_t rq_from);
 /* Posting on a QP that is not in the Default state (post_lock held). */
 int shift_post_send_fallback(struct shift_dqp *d, struct ibv_send_wr *wr,
 			     struct ibv_send_wr **bad_wr);

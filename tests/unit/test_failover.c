@@ -163,6 +163,101 @@ static void test_sends_survive_with_receives_in_order(void **state)
 	}
 }
 
+/*
+ * Failed-post detection. With a provider that refuses posts on a QP in ERR,
+ * A's QP fails (QP_FATAL, nothing outstanding, so no error completion) and
+ * the application posts more writes: the posts succeed, the QP fails over
+ * on the refusal, and every write lands and completes once.
+ */
+static void test_refused_post_on_failed_qp_fails_over(void **state)
+{
+	struct ibv_wc wa[128], wb[128];
+	int na = 0, nb = 0;
+	(void)state;
+
+	sim_world_set_refuse_posts_in_err(world, 1);
+	for (int i = 0; i < 4; i++)
+		post_write(i, i == 3);
+	drive(wa, 128, &na, wb, 128, &nb);
+	assert_int_equal(na, 1);
+	sim_qp_inject_fatal(a.qp);
+	for (int i = 4; i < 12; i++)
+		post_write(i, i % 4 == 3); /* (asserts the post succeeds) */
+	drive(wa, 128, &na, wb, 128, &nb);
+	assert_int_equal(na, 3);
+	for (int k = 0; k < na; k++) {
+		assert_int_equal(wa[k].status, IBV_WC_SUCCESS);
+		assert_int_equal(wa[k].wr_id, 1000 + 4 * k + 3);
+		assert_int_equal(wa[k].qp_num, a.qp->qp_num);
+	}
+	for (int i = 0; i < 12; i++)
+		for (int j = 0; j < 256; j++)
+			assert_int_equal(b.buf[256 * i + j], 'a' + i % 26);
+	assert_int_equal(nb, 0);
+}
+
+/* The same for receives: B's QP fails with nothing posted; B's receives
+ * are refused, kept, and consumed on the backup by A's sends, in order. */
+static void test_refused_recv_on_failed_qp_fails_over(void **state)
+{
+	struct ibv_wc wa[128], wb[128];
+	int na = 0, nb = 0;
+	struct ibv_send_wr *bad_s;
+	(void)state;
+
+	sim_world_set_refuse_posts_in_err(world, 1);
+	sim_qp_inject_fatal(b.qp);
+	post_b_recvs(6); /* (asserts the posts succeed) */
+	for (int i = 0; i < 6; i++) {
+		struct ibv_sge ss = { .addr = (uintptr_t)a.buf + 64 * i, .length = 64, .lkey = a.mr->lkey };
+		struct ibv_send_wr swr = { .wr_id = 700 + i, .sg_list = &ss, .num_sge = 1,
+					   .opcode = IBV_WR_SEND, .send_flags = IBV_SEND_SIGNALED };
+		memset(a.buf + 64 * i, 'A' + i, 64);
+		assert_int_equal(ibv_post_send(a.qp, &swr, &bad_s), 0);
+	}
+	drive(wa, 128, &na, wb, 128, &nb);
+	assert_int_equal(na, 6);
+	assert_int_equal(nb, 6);
+	for (int i = 0; i < 6; i++) {
+		assert_int_equal(wa[i].status, IBV_WC_SUCCESS);
+		assert_int_equal(wa[i].wr_id, 700 + i);
+		assert_int_equal(wb[i].status, IBV_WC_SUCCESS);
+		assert_int_equal(wb[i].wr_id, 500 + i);
+		assert_int_equal(b.buf[64 * i], 'A' + i);
+	}
+}
+
+/* A refusal on a QP that has not failed (here an opcode the provider does
+ * not support) is the application's: the error as without SHIFT, the
+ * mirror unchanged (the next WRs and a later failover are unaffected). */
+static void test_refused_post_on_healthy_qp_is_the_apps(void **state)
+{
+	struct ibv_wc wa[128], wb[128];
+	int na = 0, nb = 0;
+	struct ibv_sge sge = { .addr = (uintptr_t)a.buf, .length = 8, .lkey = a.mr->lkey };
+	struct ibv_send_wr wr = { .wr_id = 99, .sg_list = &sge, .num_sge = 1,
+				  .opcode = IBV_WR_LOCAL_INV, .send_flags = IBV_SEND_SIGNALED },
+			   *bad = NULL;
+	(void)state;
+
+	sim_world_set_refuse_posts_in_err(world, 1);
+	assert_int_equal(ibv_post_send(a.qp, &wr, &bad), EINVAL);
+	assert_ptr_equal(bad, &wr);
+	for (int i = 0; i < 4; i++)
+		post_write(i, i == 3);
+	sim_dev_kill(sim_host_dev(host[0], 0), 0);
+	for (int i = 4; i < 8; i++)
+		post_write(i, i == 7);
+	drive(wa, 128, &na, wb, 128, &nb);
+	assert_int_equal(na, 2);
+	assert_int_equal(wa[0].wr_id, 1003);
+	assert_int_equal(wa[1].wr_id, 1007);
+	assert_int_equal(wa[0].status, IBV_WC_SUCCESS);
+	assert_int_equal(wa[1].status, IBV_WC_SUCCESS);
+	for (int i = 0; i < 8; i++)
+		assert_int_equal(b.buf[256 * i], 'a' + i % 26);
+}
+
 /* Network, background passes and both applications' polls for a fixed
  * number of rounds: the recovery probe runs every few passes, so waiting
  * for "idle" is not enough here. */
@@ -848,6 +943,12 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_sends_survive_with_receives_in_order, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_atomic_in_flight_surfaces, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_qp_fatal_hidden, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_refused_post_on_failed_qp_fails_over, setup,
+						teardown),
+		cmocka_unit_test_setup_teardown(test_refused_recv_on_failed_qp_fails_over, setup,
+						teardown),
+		cmocka_unit_test_setup_teardown(test_refused_post_on_healthy_qp_is_the_apps, setup,
+						teardown),
 		cmocka_unit_test_setup_teardown(test_failback_after_recovery, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_read_failback_after_stale_read_state, setup,
 						teardown),

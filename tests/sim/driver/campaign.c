@@ -30,7 +30,7 @@ struct opts {
 	uint64_t schedules, seed;
 	int kind;		/* -1: rotate over all workloads */
 	bool shift, verbose, trace, check_determinism, expect_errors;
-	bool no_faults, reexec, rxe_stale_read;
+	bool no_faults, reexec, rxe_stale_read, refuse_err;
 	double min_rate;
 };
 
@@ -56,6 +56,7 @@ static void usage(void)
 		"nccl|sendrecv|read|mix|all]\n"
 		"                      [--shift] [--no-faults] [--verbose] [--trace]\n"
 		"                      [--selftest-reexecute] [--rxe-stale-read]\n"
+		"                      [--refuse-err-posts]\n"
 		"                      [--check-determinism] [--expect-app-errors]"
 		" [--min-rate SCHED_PER_MIN]\n");
 }
@@ -145,6 +146,7 @@ static int run_schedule(const struct opts *o, uint64_t seed,
 	splitmix(&rs);
 	wo.reexecute_duplicates = o->reexec;
 	wo.rxe_stale_read = o->rxe_stale_read;
+	wo.refuse_posts_in_err = o->refuse_err;
 	if (!o->no_faults && splitmix(&rs) % 3 == 0) {
 		wo.drop_req_ppm = (uint32_t)(splitmix(&rs) % 5000);
 		wo.drop_resp_ppm = (uint32_t)(splitmix(&rs) % 5000);
@@ -269,10 +271,11 @@ static int run_all(const struct opts *o, struct totals *t, double *secs)
 			printf("VIOLATION seed=%" PRIu64 " workload=%s: %s\n", seed,
 			       wl_kind_name(k), rep.first);
 			printf("reproduce: tests/sim/campaign --schedules 1 --seed %"
-			       PRIu64 " --workload %s%s%s --verbose --trace\n", seed,
+			       PRIu64 " --workload %s%s%s%s --verbose --trace\n", seed,
 			       wl_kind_name(k), o->shift ? " --shift" :
 			       o->reexec ? " --selftest-reexecute" : "",
-			       o->rxe_stale_read ? " --rxe-stale-read" : "");
+			       o->rxe_stale_read ? " --rxe-stale-read" : "",
+			       o->refuse_err ? " --refuse-err-posts" : "");
 		}
 	}
 	clock_gettime(CLOCK_MONOTONIC, &b);
@@ -314,6 +317,8 @@ int main(int argc, char **argv)
 			i++;
 		} else if (!strcmp(a, "--shift")) {
 			o.shift = true;
+		} else if (!strcmp(a, "--refuse-err-posts")) {
+			o.refuse_err = true; /* providers that refuse posts in ERR, sim.h */
 		} else if (!strcmp(a, "--rxe-stale-read")) {
 			o.rxe_stale_read = true; /* soft-RoCE's quirk, sim.h */
 		} else if (!strcmp(a, "--selftest-reexecute")) {

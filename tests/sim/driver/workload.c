@@ -201,6 +201,8 @@ static uint32_t ring_room(const struct wl_ep *e)
 	return SQ_DEPTH - (e->r_tail - e->r_head);
 }
 
+static void first_error(struct wl_ep *e, const char *what, uint64_t wr_id);
+
 /* Posts a chain; records each WR in the ring. A failed post is an
  * app-visible error. */
 static bool post(struct wl_ep *e, struct ibv_send_wr *wr)
@@ -220,11 +222,7 @@ static bool post(struct wl_ep *e, struct ibv_send_wr *wr)
 		for (struct ibv_send_wr *x = bad; x; x = x->next)
 			e->r_tail--;
 		e->wl->rep.app_errors++;
-		if (!e->errored) {
-			e->errored = true;
-			if (!e->wl->conn[e->conn].dead)
-				e->wl->rep.conns_failed++;
-		}
+		first_error(e, "failed post", bad ? bad->wr_id : wr->wr_id);
 		e->wl->conn[e->conn].dead = true;
 		return false;
 	}
@@ -248,6 +246,7 @@ static void post_recv(struct wl_ep *e)
 	}
 	if (ibv_post_recv(e->qp, &wr, &bad)) {
 		e->wl->rep.app_errors++;
+		first_error(e, "failed post", wr.wr_id);
 		e->wl->conn[e->conn].dead = true;
 		return;
 	}
@@ -380,7 +379,7 @@ static bool post_read(struct wl_ep *e)
 
 static bool post_atomic(struct wl_ep *e, bool cas)
 {
-	uint32_t s = cas ? e->cas_next++ : e->fa_next++;
+	uint32_t s = cas ? e->cas_next : e->fa_next;
 	struct ibv_sge sge = { (uintptr_t)e->buf + O_ARES + (cas ? 8 : 0), 8,
 			       e->mr->lkey };
 	struct ibv_send_wr wr;
@@ -395,7 +394,15 @@ static bool post_atomic(struct wl_ep *e, bool cas)
 	wr.wr.atomic.rkey = e->rkey;
 	wr.wr.atomic.compare_add = cas ? e->cas_expect : 1;
 	wr.wr.atomic.swap = e->cas_expect + 1;
-	return post(e, &wr);
+	/* counted as issued only once posted: a provider that refuses posts on
+	 * a failed QP never issues it */
+	if (!post(e, &wr))
+		return false;
+	if (cas)
+		e->cas_next++;
+	else
+		e->fa_next++;
+	return true;
 }
 
 /* Posts one unit of work on e if the traffic allows it. */
@@ -467,28 +474,34 @@ static bool ring_retire(struct wl_ep *e, uint64_t wr_id)
 	return true;
 }
 
+/* The first error an endpoint sees (an error completion or a failed
+ * post): SHIFT may surface an error only on a connection with an atomic in
+ * flight; anything else must be hidden (judged at the end, see wl_finish). */
+static void first_error(struct wl_ep *e, const char *what, uint64_t wr_id)
+{
+	struct wl *wl = e->wl;
+	struct wl_conn *cn = &wl->conn[e->conn];
+
+	if (e->errored)
+		return;
+	e->errored = true;
+	if (!cn->dead)
+		wl->rep.conns_failed++;
+	if (e->fa_next != e->fa_ok + e->fa_err || e->cas_next != e->cas_ok + e->cas_err)
+		cn->atomic_error = true;
+	else if (!cn->unexplained[0])
+		snprintf(cn->unexplained, sizeof(cn->unexplained),
+			 "conn %u side %u: app-visible %s on idempotent traffic (wr %#llx)",
+			 e->conn, e->side, what, (unsigned long long)wr_id);
+}
+
 static void on_error(struct wl_ep *e, const struct ibv_wc *wc)
 {
 	struct wl *wl = e->wl;
 	unsigned k = WR_K(wc->wr_id);
 
 	wl->rep.app_errors++;
-	if (!e->errored) {
-		e->errored = true;
-		if (!wl->conn[e->conn].dead)
-			wl->rep.conns_failed++;
-		/* SHIFT may surface an error only on a connection with an
-		 * atomic in flight; anything else must be hidden (judged at
-		 * the end, see wl_finish) */
-		struct wl_conn *cn = &wl->conn[e->conn];
-		if (e->fa_next != e->fa_ok + e->fa_err || e->cas_next != e->cas_ok + e->cas_err)
-			cn->atomic_error = true;
-		else if (!cn->unexplained[0])
-			snprintf(cn->unexplained, sizeof(cn->unexplained),
-				 "conn %u side %u: app-visible %s on idempotent traffic (wr %#llx)",
-				 e->conn, e->side, wc_status_name(wc->status),
-				 (unsigned long long)wc->wr_id);
-	}
+	first_error(e, wc_status_name(wc->status), wc->wr_id);
 	wl->conn[e->conn].dead = true;
 	if (k == K_RECV) {
 		e->recv_done++;

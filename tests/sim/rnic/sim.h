@@ -57,6 +57,9 @@ struct sim_world_opts {
 	 * Conservative: every outstanding READ counts, not only one whose
 	 * first response packet arrived. */
 	int rxe_stale_read;
+	/* Providers that refuse posts on a QP in ERR (EINVAL) instead of
+	 * taking and flushing them as rxe and mlx5 do. */
+	int refuse_posts_in_err;
 };
 
 /* Statistics of a world, for summaries. */
@@ -73,6 +76,8 @@ struct sim_stats {
 struct sim_world *sim_world_create(const struct sim_world_opts *opts);
 /* Turns the rxe_stale_read quirk (sim_world_opts) on or off. */
 void sim_world_set_rxe_stale_read(struct sim_world *w, int on);
+/* Turns refuse_posts_in_err (sim_world_opts) on or off. */
+void sim_world_set_refuse_posts_in_err(struct sim_world *w, int on);
 /* Frees every object the world still holds (contexts, QPs, ...). */
 void sim_world_destroy(struct sim_world *w);
 

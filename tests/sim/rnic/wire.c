@@ -228,7 +228,8 @@ int sim_post_send(struct ibv_qp *qp, struct ibv_send_wr *wr,
 		uint64_t len = 0;
 
 		if (st == IBV_QPS_RESET || st == IBV_QPS_INIT ||
-		    st == IBV_QPS_RTR) {
+		    st == IBV_QPS_RTR ||
+		    (st == IBV_QPS_ERR && q->dev->w->opts.refuse_posts_in_err)) {
 			rc = EINVAL;
 			break;
 		}
@@ -312,7 +313,8 @@ int sim_post_recv(struct ibv_qp *qp, struct ibv_recv_wr *wr,
 	for (; wr; wr = wr->next) {
 		struct sim_rwqe *r;
 
-		if (qp->state == IBV_QPS_RESET) {
+		if (qp->state == IBV_QPS_RESET ||
+		    (qp->state == IBV_QPS_ERR && q->dev->w->opts.refuse_posts_in_err)) {
 			rc = EINVAL;
 			break;
 		}

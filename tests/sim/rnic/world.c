@@ -159,6 +159,11 @@ void sim_world_set_rxe_stale_read(struct sim_world *w, int on)
 	w->opts.rxe_stale_read = on;
 }
 
+void sim_world_set_refuse_posts_in_err(struct sim_world *w, int on)
+{
+	w->opts.refuse_posts_in_err = on;
+}
+
 struct sim_world *sim_world_create(const struct sim_world_opts *opts)
 {
 	struct sim_world *w = calloc(1, sizeof(*w));
