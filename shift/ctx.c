@@ -124,6 +124,7 @@ static int shift_post_recv(struct ibv_qp *qp, struct ibv_recv_wr *wr,
 	head = d->rq_head;
 	if (shift_likely(d->recv_state == SHIFT_RECV_DEFAULT &&
 			 d->send_state != SHIFT_SEND_UNPROTECTED)) {
+		(void)shift_dqp_rq_room(d); /* (the fast path's bound again) */
 		shift_dqp_record_recv(d, wr);
 		rc = d->prov_post_recv(qp, wr, bad_wr);
 		if (shift_unlikely(rc))
@@ -177,8 +178,9 @@ static __attribute__((hot)) int shift_post_send_fast(struct ibv_qp *qp, struct i
 	}
 	if (shift_likely(shift_dqp_send_is_common(wr))) {
 		shift_dqp_lock(d);
-		/* (sq_room fails in any other state than Default) */
-		if (shift_likely(shift_dqp_sq_room(d))) {
+		/* (the bound is 0 in any other state than Default; a mirror
+		 * that looks full goes to shift_post_send(), which syncs) */
+		if (shift_likely(d->sq_head < d->sq_limit)) {
 			int rc;
 
 			shift_dqp_record_one(d, wr);
@@ -244,19 +246,18 @@ static struct shift_dqp *shift_poll_last[SHIFT_MAX_CTX] = {
 };
 
 /*
- * The poll path's view of shift_ctx_tab: a slot without a context holds
- * shift_ctx_closed, whose slow flag is set, instead of NULL, so the common
- * case tests one flag. Written under ctx_lock with shift_ctx_tab.
+ * The provider's poll_cq of each slot's context: the fast poll calls it
+ * straight from here. A context with a failed-over QP (slow) has
+ * shift_poll_cq_slow in its ops instead of its slot's fast poll
+ * (shift_ctx_set_slow), so the fast path tests nothing for it.
  */
-static struct shift_ctx shift_ctx_closed = { .slot = -1, .slow = true };
-static struct shift_ctx *shift_poll_ctx[SHIFT_MAX_CTX] = {
-	[0 ... SHIFT_MAX_CTX - 1] = &shift_ctx_closed,
-};
+static int (*shift_prov_poll[SHIFT_MAX_CTX])(struct ibv_cq *, int, struct ibv_wc *);
 
-static __attribute__((noinline)) int poll_enter_slow(struct shift_ctx *s, struct ibv_cq *cq,
-						     int num_entries, struct ibv_wc *wc)
+static int shift_poll_cq_slow(struct ibv_cq *cq, int num_entries, struct ibv_wc *wc)
 {
-	if (s == &shift_ctx_closed)
+	struct shift_ctx *s = shift_ctx_of(cq->context);
+
+	if (shift_unlikely(!s))
 		return -1; /* the context is being closed */
 	return shift_poll_slow(s, cq, num_entries, wc, 0, 0);
 }
@@ -297,12 +298,8 @@ static __attribute__((noinline)) int poll_retire(int slot, struct ibv_cq *cq, st
 static inline __attribute__((always_inline)) int poll_fast(int slot, struct ibv_cq *cq,
 							   int num_entries, struct ibv_wc *wc)
 {
-	struct shift_ctx *s = __atomic_load_n(&shift_poll_ctx[slot], __ATOMIC_ACQUIRE);
-	int n;
+	int n = shift_prov_poll[slot](cq, num_entries, wc);
 
-	if (shift_unlikely(__atomic_load_n(&s->slow, __ATOMIC_ACQUIRE)))
-		return poll_enter_slow(s, cq, num_entries, wc);
-	n = s->poll_cq(cq, num_entries, wc);
 	if (shift_likely(n == 1)) {
 		struct shift_dqp *d = __atomic_load_n(&shift_poll_last[slot], __ATOMIC_RELAXED);
 
@@ -403,6 +400,19 @@ struct shift_dqp *shift_ctx_remove_dqp(struct shift_ctx *s, struct ibv_qp *qp)
 	}
 	pthread_mutex_unlock(&ctx_lock);
 	return d;
+}
+
+void shift_ctx_set_slow(struct shift_ctx *s, bool slow)
+{
+	if (__atomic_load_n(&s->slow, __ATOMIC_ACQUIRE) == slow)
+		return;
+	pthread_mutex_lock(&ctx_lock);
+	__atomic_store_n(&s->slow, slow, __ATOMIC_RELEASE);
+	if (!s->detached && s->poll_cq)
+		__atomic_store_n(&s->ibctx->ops.poll_cq,
+				 slow ? shift_poll_cq_slow : shift_poll_cq_of_slot[s->slot],
+				 __ATOMIC_RELEASE);
+	pthread_mutex_unlock(&ctx_lock);
 }
 
 /* ---- extended verbs (struct verbs_context slots) ------------------------- */
@@ -547,7 +557,7 @@ struct shift_ctx *shift_ctx_attach(struct ibv_context *ibctx)
 	s->req_notify_cq = ibctx->ops.req_notify_cq;
 	__atomic_store_n(&shift_poll_last[slot], &shift_dqp_none, __ATOMIC_RELAXED);
 	__atomic_store_n(&shift_ctx_tab[slot], s, __ATOMIC_RELEASE);
-	__atomic_store_n(&shift_poll_ctx[slot], s, __ATOMIC_RELEASE);
+	__atomic_store_n(&shift_prov_poll[slot], s->poll_cq, __ATOMIC_RELEASE);
 
 	if (s->post_send)
 		ibctx->ops.post_send = shift_post_send_fast;
@@ -599,7 +609,7 @@ void shift_ctx_detach(struct ibv_context *ibctx)
 		VCTX_GIVE_BACK(s, vctx, create_cq_ex);
 	}
 	__atomic_store_n(&shift_ctx_tab[s->slot], NULL, __ATOMIC_RELEASE);
-	__atomic_store_n(&shift_poll_ctx[s->slot], &shift_ctx_closed, __ATOMIC_RELEASE);
+	s->detached = true;
 	pthread_mutex_unlock(&ctx_lock);
 	for (int i = 0; i < SHIFT_DQP_BUCKETS; i++) {
 		while (s->dqp[i]) {

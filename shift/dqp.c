@@ -50,7 +50,8 @@ struct shift_dqp *shift_dqp_create(struct ibv_qp *qp, const struct ibv_qp_cap *c
 	d->max_send_sge = cap->max_send_sge ? cap->max_send_sge : 1;
 	d->max_recv_sge = cap->max_recv_sge ? cap->max_recv_sge : 1;
 	d->max_inline = cap->max_inline_data;
-	d->sq_size = pow2_at_least(cap->max_send_wr ? cap->max_send_wr : 1);
+	/* twice the capacity: see dqp.h on syncs */
+	d->sq_size = pow2_at_least(2 * (cap->max_send_wr ? cap->max_send_wr : 1));
 	d->rq_size = pow2_at_least(cap->max_recv_wr ? cap->max_recv_wr : 1);
 	/* power-of-two strides (8-byte aligned entries): an entry's offset is
 	 * a multiply and a mask */
@@ -61,15 +62,12 @@ struct shift_dqp *shift_dqp_create(struct ibv_qp *qp, const struct ibv_qp_cap *c
 						d->max_recv_sge * sizeof(struct ibv_sge)));
 	d->sq_bmask = d->sq_size * d->sq_stride - 1;
 	d->rq_bmask = d->rq_size * d->rq_stride - 1;
-	d->sig_mask = 2 * (uint64_t)d->sq_size - 1;
 	d->sq_limit = d->sq_size;
 	d->rq_limit = d->rq_size;
 	d->sq = calloc(d->sq_size, d->sq_stride);
-	d->sig = calloc(2 * (size_t)d->sq_size, sizeof(*d->sig));
 	d->rq = calloc(d->rq_size, d->rq_stride);
-	if (!d->sq || !d->sig || !d->rq) {
+	if (!d->sq || !d->rq) {
 		free(d->sq);
-		free(d->sig);
 		free(d->rq);
 		free(d);
 		return NULL;
@@ -82,7 +80,6 @@ void shift_dqp_destroy(struct shift_dqp *d)
 	if (!d)
 		return;
 	free(d->sq);
-	free(d->sig);
 	free(d->rq);
 	free(d);
 }
@@ -93,6 +90,28 @@ static int mirror_full(struct shift_dqp *d, const char *q)
 	shift_warn("%s QP %u: %s mirror overflow (more outstanding WRs than the QP's capacity): "
 		   "QP unprotected", d->dev, d->qpn, q);
 	return -1;
+}
+
+void shift_dqp_sync_locked(struct shift_dqp *d)
+{
+	uint64_t st = __atomic_load_n(&d->sig_tail, __ATOMIC_RELAXED);
+
+	if (shift_unlikely(st > d->sig_head))
+		st = d->sig_head; /* counted on an unprotected QP: nothing to find */
+	if (st != d->sig_synced) {
+		uint64_t after = d->sig_head - st; /* signaled WRs still outstanding */
+
+		for (uint64_t i = d->sq_head; i-- > d->sq_tail;) {
+			if (!shift_dqp_signaled(d, i))
+				continue;
+			if (!after--) {
+				d->sq_tail = i + 1;
+				break;
+			}
+		}
+		d->sig_synced = st;
+	}
+	d->sq_limit = d->send_state == SHIFT_SEND_DEFAULT ? d->sq_tail + d->sq_size : 0;
 }
 
 void shift_dqp_sync(struct shift_dqp *d)
@@ -107,6 +126,7 @@ void shift_dqp_retire_all_send(struct shift_dqp *d)
 	shift_dqp_lock(d);
 	/* as if each signaled WR had completed */
 	__atomic_store_n(&d->sig_tail, d->sig_head, __ATOMIC_RELAXED);
+	d->sig_synced = d->sig_head;
 	d->sq_tail = d->sq_head;
 	shift_dqp_sync_locked(d);
 	shift_dqp_unlock(d);
@@ -117,8 +137,8 @@ static void unrecord_last(struct shift_dqp *d)
 	struct shift_swqe *e = shift_dqp_swqe(d, --d->sq_head);
 
 	d->posted_by_op[shift_dqp_opslot(e->opcode)]--;
-	/* the newest signaled WR, if it was this one (it cannot have completed) */
-	if (d->sig_head != 0 && d->sig[(d->sig_head - 1) & d->sig_mask] == d->sq_head)
+	/* (a signaled one cannot have completed: it was never posted) */
+	if (shift_dqp_signaled(d, d->sq_head))
 		d->sig_head--;
 }
 
@@ -170,7 +190,7 @@ int shift_dqp_record_send(struct shift_dqp *d, const struct ibv_send_wr *wr)
 			e->inline_len = len;
 		}
 		if ((wr->send_flags & IBV_SEND_SIGNALED) || d->sq_sig_all)
-			d->sig[d->sig_head++ & d->sig_mask] = d->sq_head;
+			d->sig_head++;
 		d->posted_by_op[shift_dqp_opslot(wr->opcode)]++;
 		d->sq_head++;
 	}

@@ -13,11 +13,15 @@
  * receive completion adds one to rq_tail (it retires the oldest receive), a
  * successful send completion adds one to sig_tail, the number of signaled
  * WRs completed. RC completes in order, so the sig_tail-th signaled WR and
- * every WR before it are retired: shift_dqp_sync_locked() sets sq_tail past
- * sig[sig_tail - 1] (O(1); the ring has 2 x sq_size slots, so that slot is
- * never overwritten while the mirror holds at most sq_size WRs). sq_tail is
- * therefore exact only right after a sync: the poster syncs when the mirror
- * looks full, failover code calls shift_dqp_sync() before reading it.
+ * every WR before it are retired. The poster only counts the signaled WRs
+ * it mirrors (sig_head); shift_dqp_sync_locked() finds the sig_tail-th one
+ * by walking back from sq_head over the (sig_head - sig_tail) signaled WRs
+ * still outstanding, and sets sq_tail past it. The send mirror holds twice
+ * the QP's capacity, so a sync from the post path comes at most once per
+ * sq_size / 2 posts and walks at most max_send_wr entries: at most one
+ * entry per post, usually none. sq_tail is therefore exact only right after
+ * a sync: the poster syncs when the mirror looks full, failover code calls
+ * shift_dqp_sync() before reading it.
  *
  * The fast paths test one bound each: sq_limit (rq_limit) is above sq_head
  * (rq_head) only while the mirror has room and the QP is in the Default
@@ -136,13 +140,12 @@ struct shift_dqp {
 	uint8_t *sq;          /* sq_size entries of sq_stride bytes */
 	uint64_t sq_stride;   /* a power of two */
 	uint64_t sq_bmask;    /* sq_size * sq_stride - 1 */
-	uint32_t sq_size;     /* power of two >= the QP's max_send_wr */
+	uint32_t sq_size;     /* power of two >= 2 x the QP's max_send_wr */
 	uint64_t sq_head;     /* posted */
 	uint64_t sq_limit;    /* sq_tail + sq_size in Default, else 0 (see above) */
 	uint64_t sq_tail;     /* retired, as of the last sync */
-	uint64_t *sig;        /* sq indices of signaled WRs, 2 x sq_size of them */
-	uint64_t sig_mask;
-	uint64_t sig_head;
+	uint64_t sig_head;    /* signaled WRs mirrored */
+	uint64_t sig_synced;  /* sig_tail as of the last sync */
 	/* send WRs posted, by opcode (shift_dqp_opslot()): the receive
 	 * consumers among them are shift_dqp_consumers_posted() */
 	uint64_t posted_by_op[16];
@@ -302,23 +305,17 @@ static inline void shift_dqp_set_send_state(struct shift_dqp *d, enum shift_send
 	shift_dqp_state_changed(d);
 }
 
-/* Apply the counted send completions: move sq_tail past the sig_tail-th
- * signaled WR, and sq_limit with it. O(1). Called with post_lock held. */
-static inline void shift_dqp_sync_locked(struct shift_dqp *d)
+/* Was mirrored send WR i signaled? */
+static inline bool shift_dqp_signaled(const struct shift_dqp *d, uint64_t i)
 {
-	uint64_t st = __atomic_load_n(&d->sig_tail, __ATOMIC_RELAXED);
-
-	if (shift_unlikely(st > d->sig_head))
-		st = d->sig_head; /* counted on an unprotected QP: nothing to find */
-	if (st) {
-		uint64_t t = d->sig[(st - 1) & d->sig_mask] + 1;
-
-		if (t > d->sq_tail)
-			d->sq_tail = t;
-	}
-	d->sq_limit = d->send_state == SHIFT_SEND_DEFAULT ? d->sq_tail + d->sq_size : 0;
+	return d->sq_sig_all || (shift_dqp_swqe((struct shift_dqp *)d, i)->send_flags & IBV_SEND_SIGNALED);
 }
 
+/* Apply the counted send completions: move sq_tail past the sig_tail-th
+ * signaled WR (found walking back from sq_head, see above), and sq_limit
+ * with it. Called with post_lock held; out of line (the post path calls
+ * it only when the mirror looks full). */
+void shift_dqp_sync_locked(struct shift_dqp *d);
 /* The same, taking post_lock: before reading sq_tail outside the post path. */
 void shift_dqp_sync(struct shift_dqp *d);
 /* Retire every outstanding send WR (they were completed some other way). */
@@ -381,7 +378,7 @@ static inline void shift_dqp_record_one(struct shift_dqp *d, const struct ibv_se
 	__builtin_memcpy(&e->num_sge, &wr->num_sge, 32);
 	e->sge[0] = wr->sg_list[0];
 	if ((wr->send_flags & IBV_SEND_SIGNALED) || d->sq_sig_all)
-		d->sig[d->sig_head++ & d->sig_mask] = h;
+		d->sig_head++;
 	d->posted_by_op[wr->opcode]++; /* opcode <= IBV_WR_RDMA_READ here */
 	d->sq_head = h + 1;
 }

@@ -713,7 +713,7 @@ static int start(struct shift_ctx *s, struct shift_dqp *d, struct out *o,
 	d->notify_inflight = false; /* (its flush, if any, is SHIFT's) */
 	d->wait_peer = false;
 	d->last_switch_s = (uint64_t)time(NULL);
-	__atomic_store_n(&s->slow, true, __ATOMIC_RELEASE);
+	shift_ctx_set_slow(s, true);
 	if (again) {
 		/* completions of the old backup first: older than the default
 		 * QP's in each queue (a direction left it only once drained) */
@@ -1149,8 +1149,7 @@ static void probe_ok(struct shift_dqp *d, const char *how)
 		shift_dqp_sync_locked(d);
 		if (d->sq_tail == d->sq_head) {
 			switch_back(d);
-		} else if (d->sig_head != __atomic_load_n(&d->sig_tail, __ATOMIC_RELAXED) &&
-			   d->sig[(d->sig_head - 1) & d->sig_mask] == d->sq_head - 1) {
+		} else if (shift_dqp_signaled(d, d->sq_head - 1)) {
 			/* the last outstanding WR is signaled: it is the fence */
 			d->fence = d->sq_head - 1;
 			shift_dqp_set_send_state(d, SHIFT_SEND_WAIT_DRAINED);
@@ -1461,7 +1460,7 @@ static void from_backup(struct shift_ctx *s, struct ibv_wc *wc, struct out *o, b
 		d->peer_nosend = !!(d->peer_recv_count & CTRL_NOSEND);
 		d->peer_recv_count &= ~CTRL_NOSEND;
 		d->ctrl_pending = true;
-		__atomic_store_n(&s->slow, true, __ATOMIC_RELEASE);
+		shift_ctx_set_slow(s, true);
 		if (app || d->send_state == SHIFT_SEND_UNPROTECTED)
 			on_ctrl(s, d, o); /* the latter only answers ABORT */
 		return;
@@ -1658,7 +1657,7 @@ static void watch_ports(struct shift_ctx *s, uint64_t now_ms)
 			if (st[port] == 1)
 				continue;
 			down = true;
-			__atomic_store_n(&s->slow, true, __ATOMIC_RELEASE);
+			shift_ctx_set_slow(s, true);
 			if (t - s->port_down_since[port] < limit)
 				continue;
 			lock_cqs(d);
@@ -1821,7 +1820,7 @@ static void background(struct shift_ctx *s)
 				if (d->ctrl_pending)
 					quiet = false;
 		if (quiet)
-			__atomic_store_n(&s->slow, false, __ATOMIC_RELEASE);
+			shift_ctx_set_slow(s, false);
 	}
 }
 
@@ -1865,7 +1864,7 @@ static bool take_refused(struct shift_dqp *d, int rc, uint64_t sq_from, uint64_t
 			   q ? "cannot query it" : "ERR");
 		__atomic_store_n(&d->post_failed, true, __ATOMIC_RELEASE);
 	}
-	__atomic_store_n(&s->slow, true, __ATOMIC_RELEASE);
+	shift_ctx_set_slow(s, true);
 	return true;
 }
 

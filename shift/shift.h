@@ -53,8 +53,10 @@ struct shift_ctx {
 	/* data-path state of the app's protected QPs, by QPN (chained);
 	 * written under the context lock, read lock-free */
 	struct shift_dqp *dqp[SHIFT_DQP_BUCKETS];
-	/* set once a QP of this context failed over: polls take the slow path */
+	/* set once a QP of this context failed over: polls take the slow path
+	 * (written through shift_ctx_set_slow(), which swaps ops.poll_cq) */
 	bool slow;
+	bool detached; /* (under the context lock) */
 	struct shift_dqp *fo[SHIFT_MAX_FO]; /* the failed-over QPs (slow path) */
 	int nfo;
 	struct shift_rnic *rnic; /* shadow verbs of this RNIC, NULL if unprotected */
@@ -91,6 +93,9 @@ static inline struct shift_ctx *shift_ctx_of(const struct ibv_context *ibctx)
 struct shift_ctx *shift_ctx_attach(struct ibv_context *ibctx);
 /* Give the context back its own ops and forget it; call before closing it. */
 void shift_ctx_detach(struct ibv_context *ibctx);
+/* Polls of s's context take the slow path (shift_poll_slow) or the fast
+ * one again: sets s->slow and the context's ops.poll_cq. */
+void shift_ctx_set_slow(struct shift_ctx *s, bool slow);
 
 /* The data-path state of an application QP, or NULL (unprotected). */
 static inline struct shift_dqp *shift_dqp_by_qpn(struct shift_ctx *s, uint32_t qpn)

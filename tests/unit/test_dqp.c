@@ -78,7 +78,7 @@ static void test_geometry(void **state)
 	struct fixture *f = *state;
 	struct shift_dqp *d = f->d;
 
-	assert_int_equal(d->sq_size, 8);
+	assert_int_equal(d->sq_size, 16); /* twice max_send_wr: see dqp.h on syncs */
 	assert_int_equal(d->rq_size, 8);
 	/* power-of-two strides holding the header, the SGEs and inline bytes */
 	assert_int_equal(d->sq_stride & (d->sq_stride - 1), 0);
@@ -132,20 +132,66 @@ static void test_records_and_retires(void **state)
 	complete_send(d);
 	shift_dqp_sync(d);
 	assert_int_equal(d->sq_tail, 4);
-	/* and the ring wraps: 8 more fit, the 9th does not until one retires */
-	for (uint64_t id = 5; id < 13; id++) {
+	/* a sync with nothing new completed changes nothing */
+	shift_dqp_sync(d);
+	assert_int_equal(d->sq_tail, 4);
+	/* and the ring wraps: 16 more fit, the 17th does not until one retires */
+	for (uint64_t id = 5; id < 21; id++) {
 		struct ibv_send_wr wr = wr_of(&sge, IBV_WR_RDMA_WRITE, IBV_SEND_SIGNALED, id);
 
 		assert_true(fast_post(d, &wr));
 	}
-	struct ibv_send_wr wr = wr_of(&sge, IBV_WR_RDMA_WRITE, IBV_SEND_SIGNALED, 13);
+	struct ibv_send_wr wr = wr_of(&sge, IBV_WR_RDMA_WRITE, IBV_SEND_SIGNALED, 21);
 
 	assert_false(fast_post(d, &wr));
 	complete_send(d);
 	assert_true(fast_post(d, &wr));
-	assert_int_equal(shift_dqp_swqe(d, 12)->wr_id, 13);
+	assert_int_equal(shift_dqp_swqe(d, 20)->wr_id, 21);
 	assert_int_equal(shift_dqp_swqe(d, 5)->wr_id, 6);
 	assert_int_equal(d->send_state, SHIFT_SEND_DEFAULT);
+}
+
+/* Retirement walks back over the signaled WRs still outstanding: several
+ * completions counted between syncs, unsignaled runs, unsignaled WRs after
+ * the last signaled one (retired only by a later signaled completion). */
+static void test_retire_walk(void **state)
+{
+	struct fixture *f = *state;
+	struct shift_dqp *d = f->d;
+	struct ibv_sge sge = { .addr = (uintptr_t)f->buf, .length = 8, .lkey = 9 };
+	/* s u u s s u s u u: signaled at 0, 3, 4, 6 */
+	static const bool sig[] = { 1, 0, 0, 1, 1, 0, 1, 0, 0 };
+	/* sq_tail after the k-th signaled completion */
+	static const uint64_t tail_after[] = { 0, 1, 4, 5, 7 };
+
+	for (uint64_t i = 0; i < 9; i++) {
+		struct ibv_send_wr wr = wr_of(&sge, IBV_WR_RDMA_WRITE,
+					      sig[i] ? IBV_SEND_SIGNALED : 0, i);
+
+		assert_true(fast_post(d, &wr));
+	}
+	assert_int_equal(d->sig_head, 4);
+	complete_send(d);
+	complete_send(d); /* two counted before one sync */
+	shift_dqp_sync(d);
+	assert_int_equal(d->sq_tail, tail_after[2]);
+	complete_send(d);
+	shift_dqp_sync(d);
+	assert_int_equal(d->sq_tail, tail_after[3]);
+	complete_send(d);
+	shift_dqp_sync(d);
+	assert_int_equal(d->sq_tail, tail_after[4]); /* WRs 7 and 8 stay outstanding */
+	assert_int_equal(d->sq_head, 9);
+	/* a refused signaled WR is forgotten, its count with it */
+	struct ibv_send_wr wr = wr_of(&sge, IBV_WR_RDMA_WRITE, IBV_SEND_SIGNALED, 9);
+
+	assert_true(fast_post(d, &wr));
+	assert_int_equal(d->sig_head, 5);
+	shift_dqp_lock(d);
+	shift_dqp_unrecord_last_send(d);
+	shift_dqp_unlock(d);
+	assert_int_equal(d->sig_head, 4);
+	assert_int_equal(d->sq_head, 9);
 }
 
 static void test_uncommon_wrs(void **state)
@@ -305,6 +351,7 @@ int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test_setup_teardown(test_geometry, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_retire_walk, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_records_and_retires, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_uncommon_wrs, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_consumers_posted, setup, teardown),
