@@ -187,6 +187,8 @@ static __attribute__((hot)) int shift_post_send_fast(struct ibv_qp *qp, struct i
 			rc = d->prov_post_send(qp, wr, bad_wr);
 			if (shift_unlikely(rc))
 				return post_send_refused(d, rc);
+			/* (rc is 0 here: returned as is, not made again) */
+			__asm__("" : "+r"(rc));
 			shift_dqp_unlock(d);
 			return rc;
 		}
@@ -216,6 +218,8 @@ static __attribute__((hot)) int shift_post_recv_fast(struct ibv_qp *qp, struct i
 			rc = d->prov_post_recv(qp, wr, bad_wr);
 			if (shift_unlikely(rc))
 				return post_recv_refused(d, rc);
+			/* (rc is 0 here: returned as is, not made again) */
+			__asm__("" : "+r"(rc));
 			shift_dqp_unlock(d);
 			return rc;
 		}
@@ -263,10 +267,36 @@ static int shift_poll_cq_slow(struct ibv_cq *cq, int num_entries, struct ibv_wc 
 }
 
 /*
+ * The CQ a completion of protected QP d came from, for a lean poll (which
+ * does not keep its cq across the provider's call): d's only CQ. A lean poll
+ * runs only on contexts whose protected QPs each use one CQ for both queues
+ * (shift_dqp_link() moves the context to the full poll otherwise), so two
+ * CQs here mean a poll that started before such a QP was created and
+ * returned one of its first completions: the error is then the oldest
+ * outstanding WR of the queue it came from, told apart by its wr_id (if
+ * both queues' oldest share it, the send CQ, the likelier). NULL if d has
+ * no shadow CQs (it cannot fail over anyway).
+ */
+static struct ibv_cq *cq_of(struct shift_dqp *d, const struct ibv_wc *wc)
+{
+	if (!d->scq || !d->rcq)
+		return NULL;
+	if (shift_likely(d->scq == d->rcq))
+		return d->scq->app;
+	shift_dqp_sync(d);
+	if (d->sq_tail < d->sq_head && shift_dqp_swqe(d, d->sq_tail)->wr_id == wc->wr_id)
+		return d->scq->app;
+	if (d->rq_tail < d->rq_head && shift_dqp_rwqe(d, d->rq_tail)->wr_id == wc->wr_id)
+		return d->rcq->app;
+	return d->scq->app;
+}
+
+/*
  * Retire the n completions the provider returned, or hand them to the slow
  * path from the first error of a protected QP on. The slow path then fills
  * at most those n entries (the application asked for at least as many):
  * so the fast path need not keep num_entries across the provider's call.
+ * cq is NULL for a lean poll (cq_of()).
  */
 static __attribute__((noinline)) int poll_retire(int slot, struct ibv_cq *cq, struct ibv_wc *wc,
 						 int n)
@@ -284,18 +314,27 @@ static __attribute__((noinline)) int poll_retire(int slot, struct ibv_cq *cq, st
 				continue; /* not protected: as it is */
 			__atomic_store_n(&shift_poll_last[slot], d, __ATOMIC_RELAXED);
 		}
-		if (shift_likely(wc[i].status == IBV_WC_SUCCESS))
+		if (shift_likely(wc[i].status == IBV_WC_SUCCESS)) {
 			shift_dqp_retire(d, &wc[i]);
-		else if (d->send_state != SHIFT_SEND_UNPROTECTED || d->failovers)
+		} else if (d->send_state != SHIFT_SEND_UNPROTECTED || d->failovers) {
 			/* (an unprotected QP that failed over may still flush
 			 * SHIFT's own WRs: the slow path drops those) */
-			return shift_poll_slow(s, cq, n, wc, i, n);
+			struct ibv_cq *c = cq ? cq : cq_of(d, &wc[i]);
+
+			if (c)
+				return shift_poll_slow(s, c, n, wc, i, n);
+		}
 	}
 	return n;
 }
 
-/* Default state: the provider's poll, then count what completed. */
-static inline __attribute__((always_inline)) int poll_fast(int slot, struct ibv_cq *cq,
+/*
+ * Default state: the provider's poll, then count what completed. A lean
+ * poll keeps only wc across the provider's call (one saved register, no
+ * stack adjustment); the full one keeps cq too, for contexts with a
+ * protected QP whose send and receive CQs differ.
+ */
+static inline __attribute__((always_inline)) int poll_fast(int slot, bool lean, struct ibv_cq *cq,
 							   int num_entries, struct ibv_wc *wc)
 {
 	int n = shift_prov_poll[slot](cq, num_entries, wc);
@@ -311,29 +350,34 @@ static inline __attribute__((always_inline)) int poll_fast(int slot, struct ibv_
 	} else if (n <= 0) {
 		return n;
 	}
-	return poll_retire(slot, cq, wc, n);
+	return poll_retire(slot, lean ? NULL : cq, wc, n);
 }
 
-#define POLL_SLOT(k)                                                            \
-	static __attribute__((hot)) int shift_poll_cq_##k(struct ibv_cq *cq, int num_entries, \
-							  struct ibv_wc *wc)    \
-	{                                                                       \
-		return poll_fast(k, cq, num_entries, wc);                       \
-	}
-#define POLL_SLOT8(b)                                                           \
-	POLL_SLOT(0##b##0) POLL_SLOT(0##b##1) POLL_SLOT(0##b##2) POLL_SLOT(0##b##3) \
-	POLL_SLOT(0##b##4) POLL_SLOT(0##b##5) POLL_SLOT(0##b##6) POLL_SLOT(0##b##7)
+#define POLL_SLOT(k)                                                            	static __attribute__((hot)) int shift_poll_cq_##k(struct ibv_cq *cq, int num_entries, 							  struct ibv_wc *wc)    	{                                                                       		return poll_fast(k, false, cq, num_entries, wc);                	}                                                                       	static __attribute__((hot)) int shift_poll_cq_lean_##k(struct ibv_cq *cq, int num_entries, 							       struct ibv_wc *wc) \
+	{                                                                       		return poll_fast(k, true, cq, num_entries, wc);                 	}
+#define POLL_SLOT8(b)                                                           	POLL_SLOT(0##b##0) POLL_SLOT(0##b##1) POLL_SLOT(0##b##2) POLL_SLOT(0##b##3) 	POLL_SLOT(0##b##4) POLL_SLOT(0##b##5) POLL_SLOT(0##b##6) POLL_SLOT(0##b##7)
 POLL_SLOT8(0) POLL_SLOT8(1) POLL_SLOT8(2) POLL_SLOT8(3)
 POLL_SLOT8(4) POLL_SLOT8(5) POLL_SLOT8(6) POLL_SLOT8(7)
-#define POLL_FN8(b)                                                             \
-	shift_poll_cq_0##b##0, shift_poll_cq_0##b##1, shift_poll_cq_0##b##2,    \
-	shift_poll_cq_0##b##3, shift_poll_cq_0##b##4, shift_poll_cq_0##b##5,    \
-	shift_poll_cq_0##b##6, shift_poll_cq_0##b##7
+#define POLL_FN8(p, b)                                                          	p##0##b##0, p##0##b##1, p##0##b##2, p##0##b##3,                         	p##0##b##4, p##0##b##5, p##0##b##6, p##0##b##7
 _Static_assert(SHIFT_MAX_CTX == 64, "one poll_cq per context slot: 8 x POLL_SLOT8");
 static int (*const shift_poll_cq_of_slot[SHIFT_MAX_CTX])(struct ibv_cq *, int, struct ibv_wc *) = {
-	POLL_FN8(0), POLL_FN8(1), POLL_FN8(2), POLL_FN8(3),
-	POLL_FN8(4), POLL_FN8(5), POLL_FN8(6), POLL_FN8(7),
+	POLL_FN8(shift_poll_cq_, 0), POLL_FN8(shift_poll_cq_, 1), POLL_FN8(shift_poll_cq_, 2),
+	POLL_FN8(shift_poll_cq_, 3), POLL_FN8(shift_poll_cq_, 4), POLL_FN8(shift_poll_cq_, 5),
+	POLL_FN8(shift_poll_cq_, 6), POLL_FN8(shift_poll_cq_, 7),
 };
+static int (*const shift_poll_cq_lean_of_slot[SHIFT_MAX_CTX])(struct ibv_cq *, int,
+							       struct ibv_wc *) = {
+	POLL_FN8(shift_poll_cq_lean_, 0), POLL_FN8(shift_poll_cq_lean_, 1),
+	POLL_FN8(shift_poll_cq_lean_, 2), POLL_FN8(shift_poll_cq_lean_, 3),
+	POLL_FN8(shift_poll_cq_lean_, 4), POLL_FN8(shift_poll_cq_lean_, 5),
+	POLL_FN8(shift_poll_cq_lean_, 6), POLL_FN8(shift_poll_cq_lean_, 7),
+};
+
+/* The fast poll a context gets when not slow. */
+static int (*fast_poll_of(const struct shift_ctx *s))(struct ibv_cq *, int, struct ibv_wc *)
+{
+	return s->split_cqs ? shift_poll_cq_of_slot[s->slot] : shift_poll_cq_lean_of_slot[s->slot];
+}
 
 static int shift_req_notify_cq(struct ibv_cq *cq, int solicited_only)
 {
@@ -358,6 +402,14 @@ void shift_dqp_link(struct shift_ctx *s, struct ibv_qp *qp, struct ibv_cq *send_
 	d->shadow = shift_shadow_qp_of(s->rnic, qp);
 	d->scq = shift_shadow_cq_of(s->rnic, send_cq);
 	d->rcq = shift_shadow_cq_of(s->rnic, recv_cq);
+	if (send_cq != recv_cq && !__atomic_load_n(&s->split_cqs, __ATOMIC_ACQUIRE)) {
+		/* the lean poll cannot tell its CQs apart: the full one */
+		pthread_mutex_lock(&ctx_lock);
+		__atomic_store_n(&s->split_cqs, true, __ATOMIC_RELEASE);
+		if (!s->detached && !s->slow && s->poll_cq)
+			__atomic_store_n(&s->ibctx->ops.poll_cq, fast_poll_of(s), __ATOMIC_RELEASE);
+		pthread_mutex_unlock(&ctx_lock);
+	}
 }
 
 struct shift_dqp shift_dqp_none = { .qpn = UINT32_MAX }; /* QPNs have 24 bits */
@@ -410,7 +462,7 @@ void shift_ctx_set_slow(struct shift_ctx *s, bool slow)
 	__atomic_store_n(&s->slow, slow, __ATOMIC_RELEASE);
 	if (!s->detached && s->poll_cq)
 		__atomic_store_n(&s->ibctx->ops.poll_cq,
-				 slow ? shift_poll_cq_slow : shift_poll_cq_of_slot[s->slot],
+				 slow ? shift_poll_cq_slow : fast_poll_of(s),
 				 __ATOMIC_RELEASE);
 	pthread_mutex_unlock(&ctx_lock);
 }
@@ -530,6 +582,7 @@ struct shift_ctx *shift_ctx_attach(struct ibv_context *ibctx)
 		return NULL;
 	}
 	s->ibctx = ibctx;
+	pthread_mutex_init(&s->slow_lock, NULL);
 
 	pthread_mutex_lock(&ctx_lock);
 	for (int i = 0; i < SHIFT_MAX_CTX; i++) {
@@ -540,6 +593,7 @@ struct shift_ctx *shift_ctx_attach(struct ibv_context *ibctx)
 	}
 	if (slot < 0) {
 		pthread_mutex_unlock(&ctx_lock);
+		pthread_mutex_destroy(&s->slow_lock);
 		free(s);
 		shift_warn("more than %d contexts open: %s left unprotected",
 			   SHIFT_MAX_CTX, ibctx->device ? ibctx->device->name : "?");
@@ -566,7 +620,7 @@ struct shift_ctx *shift_ctx_attach(struct ibv_context *ibctx)
 	if (s->post_srq_recv)
 		ibctx->ops.post_srq_recv = shift_post_srq_recv;
 	if (s->poll_cq)
-		ibctx->ops.poll_cq = shift_poll_cq_of_slot[slot];
+		ibctx->ops.poll_cq = fast_poll_of(s);
 	if (s->req_notify_cq)
 		ibctx->ops.req_notify_cq = shift_req_notify_cq;
 	VCTX_TAKE(s, vctx, query_port);
@@ -627,5 +681,6 @@ void shift_ctx_detach(struct ibv_context *ibctx)
 			shift_dqp_destroy(d);
 		}
 	}
+	pthread_mutex_destroy(&s->slow_lock);
 	free(s);
 }

@@ -325,9 +325,24 @@ void shift_dqp_unrecord_last_send(struct shift_dqp *d);
 
 /* post_lock, inline: an uncontended lock is one locked bit-test-and-set
  * and a store */
+/* One attempt at post_lock: true if taken (an acquire barrier). */
+static inline bool shift_dqp_trylock(struct shift_dqp *d)
+{
+#if defined(__x86_64__) && defined(__GCC_ASM_FLAG_OUTPUTS__)
+	bool held;
+
+	/* what __atomic_fetch_or(.., 1) & 1 compiles to, minus the copy of
+	 * the address GCC makes for it */
+	__asm__ volatile("lock btsl $0, %0" : "+m"(d->post_lock), "=@ccc"(held) : : "memory");
+	return !held;
+#else
+	return !(__atomic_fetch_or(&d->post_lock, 1, __ATOMIC_ACQUIRE) & 1);
+#endif
+}
+
 static inline void shift_dqp_lock(struct shift_dqp *d)
 {
-	while (shift_unlikely(__atomic_fetch_or(&d->post_lock, 1, __ATOMIC_ACQUIRE) & 1))
+	while (shift_unlikely(!shift_dqp_trylock(d)))
 		while (__atomic_load_n(&d->post_lock, __ATOMIC_RELAXED))
 			__builtin_ia32_pause();
 }

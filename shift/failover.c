@@ -843,7 +843,11 @@ static void retransmit(struct shift_dqp *d, struct out *o)
 			   "retransmitting everything", d->dev, d->qpn, d->peer_recv_count);
 		skip = 0;
 	}
-	/* executed at the peer, ACK lost: complete them, do not send again */
+	/* executed at the peer, ACK lost: complete them, do not send again
+	 * (on the send CQ: o may be the receive CQ's, when they differ) */
+	struct out so = { .wc = NULL, .n = 0, .max = 0, .c = d->scq };
+	struct out *os = o->c == d->scq ? o : &so;
+
 	for (i = d->sq_tail; skip && i < d->sq_head; i++) {
 		struct shift_swqe *e = shift_dqp_swqe(d, i);
 
@@ -858,7 +862,7 @@ static void retransmit(struct shift_dqp *d, struct out *o)
 				.qp_num = d->qpn,
 			};
 			shift_dqp_retire(d, &wc); /* sq_tail follows at the next sync */
-			emit(o, &wc);
+			emit(os, &wc);
 		}
 	}
 	unsigned long before = d->retransmitted;
@@ -1550,6 +1554,7 @@ int shift_poll_slow(struct shift_ctx *s, struct ibv_cq *cq, int num_entries,
 			return have;
 		return s->poll_cq(cq, num_entries, wc);
 	}
+	pthread_mutex_lock(&s->slow_lock);
 	pthread_mutex_lock(&c->dp_lock);
 	/* completions the fast path already took from the provider */
 	if (have > done) {
@@ -1558,6 +1563,7 @@ int shift_poll_slow(struct shift_ctx *s, struct ibv_cq *cq, int num_entries,
 
 		if (!src) {
 			pthread_mutex_unlock(&c->dp_lock);
+			pthread_mutex_unlock(&s->slow_lock);
 			return have; /* cannot look: the application gets them as they are */
 		}
 		memcpy(src, wc + done, sizeof(*wc) * (size_t)m);
@@ -1578,6 +1584,7 @@ int shift_poll_slow(struct shift_ctx *s, struct ibv_cq *cq, int num_entries,
 		from_default_batch(s, tmp, (size_t)n, &o);
 	poll_backup(s, c, &o, true);
 	pthread_mutex_unlock(&c->dp_lock);
+	pthread_mutex_unlock(&s->slow_lock);
 	return o.n;
 }
 
@@ -1712,7 +1719,9 @@ void shift_failover_background(struct shift_ctx *s)
 	if (!s->rnic)
 		return;
 	pthread_mutex_lock(&bg_lock);
+	pthread_mutex_lock(&s->slow_lock);
 	background(s);
+	pthread_mutex_unlock(&s->slow_lock);
 	pthread_mutex_unlock(&bg_lock);
 }
 

@@ -57,6 +57,13 @@ struct shift_ctx {
 	 * (written through shift_ctx_set_slow(), which swaps ops.poll_cq) */
 	bool slow;
 	bool detached; /* (under the context lock) */
+	/* serializes the slow path (polls of a slow context, the background
+	 * pass): it may complete WRs on any CQ of a QP, the one polled or
+	 * not; taken before any CQ's dp_lock */
+	pthread_mutex_t slow_lock;
+	/* a protected QP has different send and receive CQs: the full fast
+	 * poll, which keeps its cq (shift/ctx.c, cq_of) */
+	bool split_cqs;
 	struct shift_dqp *fo[SHIFT_MAX_FO]; /* the failed-over QPs (slow path) */
 	int nfo;
 	struct shift_rnic *rnic; /* shadow verbs of this RNIC, NULL if unprotected */

@@ -14,7 +14,7 @@ n=2000
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 budget_send=40 budget_recv=25 budget_poll=15
-ceiling_send=53 ceiling_recv=39 ceiling_poll=22
+ceiling_send=51 ceiling_recv=38 ceiling_poll=17
 status=0
 printf '%-6s %12s %12s %10s %8s %8s\n' verb plain/call shift/call added budget ceiling
 for op in send recv poll; do

@@ -30,7 +30,7 @@ struct opts {
 	uint64_t schedules, seed;
 	int kind;		/* -1: rotate over all workloads */
 	bool shift, verbose, trace, check_determinism, expect_errors;
-	bool no_faults, reexec, rxe_stale_read, refuse_err;
+	bool no_faults, reexec, rxe_stale_read, refuse_err, split_cq;
 	double min_rate;
 };
 
@@ -56,7 +56,7 @@ static void usage(void)
 		"nccl|sendrecv|read|mix|all]\n"
 		"                      [--shift] [--no-faults] [--verbose] [--trace]\n"
 		"                      [--selftest-reexecute] [--rxe-stale-read]\n"
-		"                      [--refuse-err-posts]\n"
+		"                      [--refuse-err-posts] [--split-cq]\n"
 		"                      [--check-determinism] [--expect-app-errors]"
 		" [--min-rate SCHED_PER_MIN]\n");
 }
@@ -156,6 +156,7 @@ static int run_schedule(const struct opts *o, uint64_t seed,
 	p.nconn = 1 + (unsigned)(splitmix(&rs) % 3);
 	p.msgs = 16 + (unsigned)(splitmix(&rs) % 48);
 	p.strict = o->shift;
+	p.split_cq = o->split_cq;
 	*kind_out = p.kind;
 
 	w = sim_world_create(&wo);
@@ -271,11 +272,12 @@ static int run_all(const struct opts *o, struct totals *t, double *secs)
 			printf("VIOLATION seed=%" PRIu64 " workload=%s: %s\n", seed,
 			       wl_kind_name(k), rep.first);
 			printf("reproduce: tests/sim/campaign --schedules 1 --seed %"
-			       PRIu64 " --workload %s%s%s%s --verbose --trace\n", seed,
+			       PRIu64 " --workload %s%s%s%s%s --verbose --trace\n", seed,
 			       wl_kind_name(k), o->shift ? " --shift" :
 			       o->reexec ? " --selftest-reexecute" : "",
 			       o->rxe_stale_read ? " --rxe-stale-read" : "",
-			       o->refuse_err ? " --refuse-err-posts" : "");
+			       o->refuse_err ? " --refuse-err-posts" : "",
+			       o->split_cq ? " --split-cq" : "");
 		}
 	}
 	clock_gettime(CLOCK_MONOTONIC, &b);
@@ -317,6 +319,8 @@ int main(int argc, char **argv)
 			i++;
 		} else if (!strcmp(a, "--shift")) {
 			o.shift = true;
+		} else if (!strcmp(a, "--split-cq")) {
+			o.split_cq = true; /* receives on CQs of their own */
 		} else if (!strcmp(a, "--refuse-err-posts")) {
 			o.refuse_err = true; /* providers that refuse posts in ERR, sim.h */
 		} else if (!strcmp(a, "--rxe-stale-read")) {

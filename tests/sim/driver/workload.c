@@ -83,6 +83,7 @@ struct wl_side {
 	struct ibv_context *ctx;
 	struct ibv_pd *pd;
 	struct ibv_cq *cq;
+	struct ibv_cq *rcq; /* receives: cq, or its own (wl_params.split_cq) */
 };
 
 struct wl_conn {
@@ -655,10 +656,22 @@ static struct wl_ep *ep_of(struct wl *wl, unsigned side, uint32_t qpn)
 	return NULL;
 }
 
+static bool poll_cq_of(struct wl *wl, unsigned side, struct ibv_cq *cq);
+
 static bool poll_side(struct wl *wl, unsigned side)
 {
+	struct wl_side *sd = &wl->side[side];
+	bool moved = poll_cq_of(wl, side, sd->cq);
+
+	if (sd->rcq != sd->cq)
+		moved |= poll_cq_of(wl, side, sd->rcq);
+	return moved;
+}
+
+static bool poll_cq_of(struct wl *wl, unsigned side, struct ibv_cq *cq)
+{
 	struct ibv_wc wc[16];
-	int n = ibv_poll_cq(wl->side[side].cq, 16, wc);
+	int n = ibv_poll_cq(cq, 16, wc);
 
 	if (n < 0) {
 		violation(wl, "side %u: poll_cq failed", side);
@@ -759,7 +772,7 @@ void wl_finish(struct wl *wl, struct wl_report *r)
 /* --- setup and teardown -------------------------------------------------- */
 
 static int open_side(struct wl_side *sd, const struct shift_lower *v,
-		     const char *dev)
+		     const char *dev, bool split_cq)
 {
 	struct ibv_device **list;
 	int n = 0;
@@ -778,7 +791,10 @@ static int open_side(struct wl_side *sd, const struct shift_lower *v,
 	if (!sd->pd)
 		return -1;
 	sd->cq = v->create_cq(sd->ctx, 2048, NULL, NULL, 0);
-	return sd->cq ? 0 : -1;
+	if (!sd->cq)
+		return -1;
+	sd->rcq = split_cq ? v->create_cq(sd->ctx, 2048, NULL, NULL, 0) : sd->cq;
+	return sd->rcq ? 0 : -1;
 }
 
 static int open_ep(struct wl *wl, struct wl_ep *e, unsigned conn,
@@ -792,7 +808,7 @@ static int open_ep(struct wl *wl, struct wl_ep *e, unsigned conn,
 	e->side = side;
 	memset(&ia, 0, sizeof(ia));
 	ia.send_cq = sd->cq;
-	ia.recv_cq = sd->cq;
+	ia.recv_cq = sd->rcq;
 	ia.cap.max_send_wr = SQ_DEPTH;
 	ia.cap.max_recv_wr = NRECV * 2;
 	ia.cap.max_send_sge = 1;
@@ -849,8 +865,8 @@ struct wl *wl_create(struct sim_world *w, const struct wl_params *p,
 	wl->w = w;
 	wl->p = *p;
 	wl->rng = seed;
-	if (open_side(&wl->side[0], va, deva) ||
-	    open_side(&wl->side[1], vb, devb))
+	if (open_side(&wl->side[0], va, deva, p->split_cq) ||
+	    open_side(&wl->side[1], vb, devb, p->split_cq))
 		goto fail;
 	for (unsigned c = 0; c < p->nconn; c++)
 		for (unsigned s = 0; s < 2; s++)
@@ -904,6 +920,8 @@ void wl_destroy(struct wl *wl)
 	for (unsigned s = 0; s < 2; s++) {
 		struct wl_side *sd = &wl->side[s];
 
+		if (sd->rcq && sd->rcq != sd->cq)
+			sd->v->destroy_cq(sd->rcq);
 		if (sd->cq)
 			sd->v->destroy_cq(sd->cq);
 		if (sd->pd)

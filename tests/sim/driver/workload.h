@@ -39,6 +39,9 @@ struct wl_params {
 	/* SHIFT mode: an app-visible error on idempotent traffic (no atomic
 	 * in flight on that QP) or an unfinished connection is a violation. */
 	bool strict;
+	/* each QP completes its receives on a CQ of their own (one per side)
+	 * instead of sharing the side's CQ with its sends */
+	bool split_cq;
 };
 
 struct wl_report {
