@@ -240,6 +240,7 @@ int shift_kv_put(shift_kv *h, const char *key, const void *val, size_t len,
 		return kv_err(-EINVAL, "kv put: ttl_ms %llu out of range",
 			      (unsigned long long)ttl_ms);
 	pthread_mutex_lock(&h->lock);
+	h->commands++;
 	rc = h->be->put(h, fk, (size_t)klen, val ? val : "", len, ttl_ms,
 			kv_op_deadline(h));
 	/* Only keys the store accepted are owned.  ENOMEM while remembering
@@ -263,9 +264,68 @@ int shift_kv_get(shift_kv *h, const char *key, void **val, size_t *len)
 	*val = NULL;
 	*len = 0;
 	pthread_mutex_lock(&h->lock);
+	h->commands++;
 	rc = h->be->get(h, fk, (size_t)klen, val, len, kv_op_deadline(h));
 	pthread_mutex_unlock(&h->lock);
 	return rc;
+}
+
+int shift_kv_mget(shift_kv *h, const char *const *keys, size_t n, void **vals,
+		  size_t *lens)
+{
+	char (*fk)[KV_FULLKEY_CAP];
+	const char *k[SHIFT_KV_MGET_MAX];
+	size_t kl[SHIFT_KV_MGET_MAX];
+	int rc;
+
+	if (!h || (n && (!keys || !vals || !lens)))
+		return kv_err(-EINVAL, "kv mget: NULL argument");
+	if (n > SHIFT_KV_MGET_MAX)
+		return kv_err(-EINVAL, "kv mget: %zu keys (at most %d)", n,
+			      SHIFT_KV_MGET_MAX);
+	for (size_t i = 0; i < n; i++) {
+		vals[i] = NULL;
+		lens[i] = 0;
+	}
+	if (!n)
+		return 0;
+	fk = malloc(n * sizeof(*fk));
+	if (!fk)
+		return kv_err(-ENOMEM, "kv mget: out of memory");
+	for (size_t i = 0; i < n; i++) {
+		int klen = kv_build_key(h, keys[i], fk[i], sizeof(fk[i]));
+
+		if (klen < 0) {
+			free(fk);
+			return klen;
+		}
+		k[i] = fk[i];
+		kl[i] = (size_t)klen;
+	}
+	pthread_mutex_lock(&h->lock);
+	h->commands++;
+	rc = h->be->mget(h, k, kl, n, vals, lens, kv_op_deadline(h));
+	pthread_mutex_unlock(&h->lock);
+	free(fk);
+	if (rc)
+		for (size_t i = 0; i < n; i++) {
+			free(vals[i]);
+			vals[i] = NULL;
+			lens[i] = 0;
+		}
+	return rc;
+}
+
+uint64_t shift_kv_commands(shift_kv *h)
+{
+	uint64_t n;
+
+	if (!h)
+		return 0;
+	pthread_mutex_lock(&h->lock);
+	n = h->commands;
+	pthread_mutex_unlock(&h->lock);
+	return n;
 }
 
 int shift_kv_get_buf(shift_kv *h, const char *key, void *buf, size_t cap,
@@ -302,6 +362,7 @@ int shift_kv_delete(shift_kv *h, const char *key)
 	if (klen < 0)
 		return klen;
 	pthread_mutex_lock(&h->lock);
+	h->commands++;
 	rc = h->be->del(h, fk, (size_t)klen, kv_op_deadline(h));
 	if (rc == 0 || rc == -ENOENT)
 		kv_map_remove(&h->own, fk, (size_t)klen);
@@ -328,6 +389,7 @@ static int kv_poll_wait(shift_kv *h, const char *fk, size_t klen, void **val,
 		if (deadline > now && deadline < d)
 			d = deadline;
 		pthread_mutex_lock(&h->lock);
+		h->commands++;
 		rc = h->be->get(h, fk, klen, val, len, d);
 		pthread_mutex_unlock(&h->lock);
 		if (rc != -ENOENT)

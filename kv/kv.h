@@ -115,6 +115,18 @@ int shift_kv_get(shift_kv *h, const char *key, void **val, size_t *len);
 
 /* Fetch key into buf (capacity cap).  *len receives the value length; if it
  * exceeds cap nothing is copied and -EMSGSIZE is returned. */
+/* The values of n keys (n <= SHIFT_KV_MGET_MAX) in one round trip (redis
+ * MGET): vals[i] and lens[i] as shift_kv_get() returns them, vals[i] NULL
+ * for an absent key.  0, or a negative errno for the whole call (then every
+ * vals[i] is NULL).  The caller frees each vals[i]. */
+#define SHIFT_KV_MGET_MAX 256
+int shift_kv_mget(shift_kv *h, const char *const *keys, size_t n, void **vals,
+		  size_t *lens);
+
+/* Backend commands (round trips) this handle has issued: put, get, del,
+ * mget, and each poll of a wait.  For tests and statistics. */
+uint64_t shift_kv_commands(shift_kv *h);
+
 int shift_kv_get_buf(shift_kv *h, const char *key, void *buf, size_t cap,
 		     size_t *len);
 

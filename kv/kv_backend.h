@@ -60,6 +60,10 @@ struct kv_backend {
 		   size_t *vlen, uint64_t deadline_ns);
 	int (*del)(shift_kv *h, const char *k, size_t klen,
 		   uint64_t deadline_ns);
+	/* n keys in one round trip (n <= SHIFT_KV_MGET_MAX): v[i] stays
+	 * NULL for an absent key; an error is the whole call's. */
+	int (*mget)(shift_kv *h, const char *const *k, const size_t *klen,
+		    size_t n, void **v, size_t *vlen, uint64_t deadline_ns);
 	/* Optional native wait, called WITHOUT h->lock.  When NULL, kv.c polls
 	 * get() with bounded sleeps. */
 	int (*wait)(shift_kv *h, const char *k, size_t klen, void **v,
@@ -78,6 +82,7 @@ struct shift_kv {
 	pthread_mutex_t lock;
 	struct kv_map own; /* full keys this handle put; guarded by lock */
 	void *priv;        /* backend state */
+	uint64_t commands; /* backend commands issued; guarded by lock */
 };
 
 extern const struct kv_backend kv_backend_redis;

@@ -200,6 +200,25 @@ static int kv_mem_get(shift_kv *h, const char *k, size_t klen, void **v,
 	return rc;
 }
 
+static int kv_mem_mget(shift_kv *h, const char *const *k, const size_t *klen,
+		       size_t n, void **v, size_t *vlen, uint64_t deadline_ns)
+{
+	struct kv_mem_store *s = h->priv;
+	int rc = 0;
+
+	(void)deadline_ns;
+	pthread_mutex_lock(&s->lock);
+	if (s->down)
+		rc = kv_mem_down_err(s);
+	for (size_t i = 0; i < n && !rc; i++) {
+		rc = kv_mem_get_locked(s, k[i], klen[i], &v[i], &vlen[i]);
+		if (rc == -ENOENT)
+			rc = 0; /* absent: NULL */
+	}
+	pthread_mutex_unlock(&s->lock);
+	return rc;
+}
+
 static int kv_mem_del(shift_kv *h, const char *k, size_t klen,
 		      uint64_t deadline_ns)
 {
@@ -251,6 +270,7 @@ const struct kv_backend kv_backend_mem = {
 	.close = kv_mem_close,
 	.put = kv_mem_put,
 	.get = kv_mem_get,
+	.mget = kv_mem_mget,
 	.del = kv_mem_del,
 	.wait = kv_mem_wait,
 };

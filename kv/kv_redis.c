@@ -105,17 +105,19 @@ static void kv_redis_fail(shift_kv *h, struct kv_redis *r, const char *why)
 	}
 }
 
-/* Run one command bounded by min(command timeout, deadline).  Returns the
- * reply (caller frees) or NULL with *rc set and the context dropped. */
-static redisReply *kv_redis_cmd(shift_kv *h, struct kv_redis *r,
-				uint64_t deadline, int *rc, const char *fmt,
-				...)
+/* Run one command bounded by min(command timeout, deadline): a printf-style
+ * format (fmt, ap), or an argument vector (argc, argv, argvlen) when fmt is
+ * NULL.  Returns the reply (caller frees) or NULL with *rc set and the
+ * context dropped. */
+static redisReply *kv_redis_cmd_v(shift_kv *h, struct kv_redis *r,
+				  uint64_t deadline, int *rc, const char *fmt,
+				  va_list *ap, int argc, const char **argv,
+				  const size_t *argvlen)
 {
 	int left = kv_ms_left(deadline);
 	int to = h->opts.command_timeout_ms;
 	struct kv_sigpipe g;
 	redisReply *rep;
-	va_list ap;
 
 	if (left <= 0) {
 		*rc = kv_err(-ENOTCONN, "%s: deadline passed before the command",
@@ -134,9 +136,10 @@ static redisReply *kv_redis_cmd(shift_kv *h, struct kv_redis *r,
 		r->cur_timeout_ms = to;
 	}
 	kv_sigpipe_block(&g);
-	va_start(ap, fmt);
-	rep = redisvCommand(r->c, fmt, ap);
-	va_end(ap);
+	if (fmt)
+		rep = redisvCommand(r->c, fmt, *ap);
+	else
+		rep = redisCommandArgv(r->c, argc, argv, argvlen);
 	kv_sigpipe_restore(&g);
 	if (!rep) {
 		char why[160];
@@ -153,6 +156,27 @@ static redisReply *kv_redis_cmd(shift_kv *h, struct kv_redis *r,
 		return NULL;
 	}
 	return rep;
+}
+
+static redisReply *kv_redis_cmd(shift_kv *h, struct kv_redis *r,
+				uint64_t deadline, int *rc, const char *fmt,
+				...)
+{
+	redisReply *rep;
+	va_list ap;
+
+	va_start(ap, fmt);
+	rep = kv_redis_cmd_v(h, r, deadline, rc, fmt, &ap, 0, NULL, NULL);
+	va_end(ap);
+	return rep;
+}
+
+static redisReply *kv_redis_cmd_argv(shift_kv *h, struct kv_redis *r,
+				     uint64_t deadline, int *rc, int argc,
+				     const char **argv, const size_t *argvlen)
+{
+	return kv_redis_cmd_v(h, r, deadline, rc, NULL, NULL, argc, argv,
+			      argvlen);
 }
 
 /* Map a REDIS_REPLY_ERROR to an errno code with a message.  Frees rep. */
@@ -354,6 +378,49 @@ static int kv_redis_get(shift_kv *h, const char *k, size_t klen, void **v,
 	return rc;
 }
 
+static int kv_redis_mget(shift_kv *h, const char *const *k,
+			 const size_t *klen, size_t n, void **v, size_t *vlen,
+			 uint64_t deadline_ns)
+{
+	struct kv_redis *r = h->priv;
+	const char *argv[SHIFT_KV_MGET_MAX + 1];
+	size_t argvlen[SHIFT_KV_MGET_MAX + 1];
+	redisReply *rep;
+	int rc = kv_redis_connect(h, r, deadline_ns);
+
+	if (rc)
+		return rc;
+	argv[0] = "MGET";
+	argvlen[0] = 4;
+	for (size_t i = 0; i < n; i++) {
+		argv[i + 1] = k[i];
+		argvlen[i + 1] = klen[i];
+	}
+	rep = kv_redis_cmd_argv(h, r, deadline_ns, &rc, (int)n + 1, argv,
+				argvlen);
+	if (!rep)
+		return rc;
+	kv_redis_ok(r);
+	if (rep->type != REDIS_REPLY_ARRAY || rep->elements != n)
+		return kv_redis_reply_err(r, rep, "MGET");
+	for (size_t i = 0; i < n && !rc; i++) {
+		redisReply *e = rep->element[i];
+
+		if (e->type == REDIS_REPLY_NIL)
+			continue;
+		if (e->type != REDIS_REPLY_STRING) {
+			rc = kv_err(-EPROTO, "%s: MGET: unexpected reply type %d",
+				    r->where, e->type);
+		} else if (!(v[i] = kv_dup_value(e->str, (size_t)e->len))) {
+			rc = kv_err(-ENOMEM, "kv redis mget: out of memory");
+		} else {
+			vlen[i] = (size_t)e->len;
+		}
+	}
+	freeReplyObject(rep);
+	return rc;
+}
+
 static int kv_redis_del(shift_kv *h, const char *k, size_t klen,
 			uint64_t deadline_ns)
 {
@@ -380,6 +447,7 @@ const struct kv_backend kv_backend_redis = {
 	.close = kv_redis_close,
 	.put = kv_redis_put,
 	.get = kv_redis_get,
+	.mget = kv_redis_mget,
 	.del = kv_redis_del,
 	.wait = NULL, /* kv.c polls GET with bounded sleeps */
 };

@@ -208,6 +208,7 @@ struct shift_dqp {
 	unsigned bk_restarts;         /* failovers I started on a backup failure, in a row */
 	uint64_t bk_error_at;
 	uint64_t kv_at;               /* next read of the peer's record (fb clock) */
+	int8_t kv_pref;               /* this pass's batched read: 1 read, -1 none, 0 not made */
 	/* the provider refused a post because the QP failed (failed-post
 	 * detection, shift_failover_post_refused): the WRs from sq_taken
 	 * (rq_taken) on are SHIFT's to deliver; the background pass starts

@@ -572,6 +572,9 @@ static int ep_read(struct shift_ctx *s, struct shift_dqp *d)
 	if (!r || !r->kv || shift_exchange_ep_key(&d->shadow->peer_key, key, sizeof(key)) < 0)
 		return -1;
 	int rc = shift_kv_get(r->kv, key, &v, &len);
+
+	__atomic_fetch_add(&shift_stats.ep_read_commands, 1, __ATOMIC_RELAXED);
+	__atomic_fetch_add(&shift_stats.ep_records_read, 1, __ATOMIC_RELAXED);
 	if (rc) {
 		shift_debug("%s QP %u: no peer record %s (%d)", d->dev, d->qpn, key, rc);
 		return -1;
@@ -585,6 +588,87 @@ static int ep_read(struct shift_ctx *s, struct shift_dqp *d)
 	d->peer_gen = g;
 	d->peer_started = st;
 	return 0;
+}
+
+/* Does d read the peer's record at this pass (failback_work)? */
+static bool ep_due(const struct shift_dqp *d, uint64_t now)
+{
+	return (d->need_rearm || d->wait_peer || d->wait_reset || d->bk_error) && now >= d->kv_at;
+}
+
+/*
+ * The peer records of every failed-over QP of s that reads it at this pass,
+ * in one KV command per SHIFT_KV_MGET_MAX QPs instead of one each (after a
+ * NIC failure every QP on it reads its record at each probe period):
+ * failback_work() then takes d->kv_pref (1 read, -1 none or unreadable)
+ * instead of reading. Background pass, slow_lock held.
+ */
+static void ep_prefetch(struct shift_ctx *s, int nfo, uint64_t now)
+{
+	struct shift_rnic *r = s->rnic;
+	struct shift_dqp *ds[SHIFT_KV_MGET_MAX];
+	char keys[SHIFT_KV_MGET_MAX][SHIFT_EXCHANGE_KEY_MAX];
+	const char *kp[SHIFT_KV_MGET_MAX];
+	void *v[SHIFT_KV_MGET_MAX];
+	size_t len[SHIFT_KV_MGET_MAX];
+	int i = 0;
+
+	bool any = false;
+
+	if (!r || !r->kv)
+		return;
+	for (int k = 0; k < nfo && !any; k++) {
+		struct shift_dqp *d = __atomic_load_n(&s->fo[k], __ATOMIC_ACQUIRE);
+
+		any = d && ep_due(d, now);
+	}
+	if (!any)
+		return;
+	while (i < nfo) {
+		size_t n = 0;
+
+		for (; i < nfo && n < SHIFT_KV_MGET_MAX; i++) {
+			struct shift_dqp *d = __atomic_load_n(&s->fo[i], __ATOMIC_ACQUIRE);
+
+			/* due, or due within half its period: read with the
+			 * others (the schedules of QPs that failed over
+			 * together line up after one batch) */
+			if (!d || !d->scq || !d->shadow || d->send_state == SHIFT_SEND_UNPROTECTED ||
+			    !ep_due(d, now + probe_wait(d) / 2) ||
+			    shift_exchange_ep_key(&d->shadow->peer_key, keys[n], sizeof(keys[n])) < 0)
+				continue;
+			kp[n] = keys[n];
+			ds[n++] = d;
+		}
+		if (n < 2)
+			continue; /* (one alone reads its own) */
+		int rc = shift_kv_mget(r->kv, kp, n, v, len);
+
+		__atomic_fetch_add(&shift_stats.ep_read_commands, 1, __ATOMIC_RELAXED);
+		__atomic_fetch_add(&shift_stats.ep_records_read, n, __ATOMIC_RELAXED);
+
+		for (size_t k = 0; k < n; k++) {
+			unsigned g, st;
+
+			ds[k]->kv_pref = -1;
+			if (!rc && v[k] && !shift_exchange_ep_decode(v[k], len[k], &g, &st)) {
+				ds[k]->peer_gen = g;
+				ds[k]->peer_started = st;
+				ds[k]->kv_pref = 1;
+			}
+			free(v[k]);
+		}
+		shift_debug("%s: %zu peer records in one KV read (%d)", ds[0]->dev, n, rc);
+	}
+}
+
+/* ep_read(), or what ep_prefetch() read for d at this pass. */
+static int ep_read_pass(struct shift_ctx *s, struct shift_dqp *d)
+{
+	int8_t p = d->kv_pref;
+
+	d->kv_pref = 0;
+	return p ? (p > 0 ? 0 : -1) : ep_read(s, d);
 }
 
 /* Is the peer's backup reset for my current episode? */
@@ -1285,11 +1369,11 @@ static void failback_work(struct shift_ctx *s, struct shift_dqp *d, uint64_t now
 	/* Episodes: while my backup is used (the peer's message cannot reach
 	 * it), read the peer's record at the probe period; waiting for the
 	 * peer, or after a backup failure, at every pass. */
-	if ((d->need_rearm || d->wait_peer || d->wait_reset || d->bk_error) && now >= d->kv_at) {
+	if (ep_due(d, now) || d->kv_pref) {
 		bool urgent = d->wait_peer || d->wait_reset || d->bk_error;
 
 		d->kv_at = now + (urgent ? 1 : probe_wait(d));
-		if (ep_read(s, d) == 0) {
+		if (ep_read_pass(s, d) == 0) {
 			struct out o = { .wc = NULL, .n = 0, .max = 0, .c = d->scq };
 
 			if (d->peer_started > d->failovers) {
@@ -1797,6 +1881,7 @@ static void background(struct shift_ctx *s)
 		sync_passes++;
 	uint64_t fbt = fb_now();
 	int nfo = __atomic_load_n(&s->nfo, __ATOMIC_ACQUIRE);
+	ep_prefetch(s, nfo, fbt);
 	for (int i = 0; i < nfo; i++) {
 		struct shift_dqp *d = __atomic_load_n(&s->fo[i], __ATOMIC_ACQUIRE);
 
@@ -1812,6 +1897,13 @@ static void background(struct shift_ctx *s)
 		if (d->wait_reset || d->wait_peer || d->bk_error)
 			__atomic_store_n(&waiting_seen, true, __ATOMIC_RELEASE);
 		unlock_cqs(d);
+	}
+	/* (a batched read the pass did not use is stale by the next one) */
+	for (int i = 0; i < nfo; i++) {
+		struct shift_dqp *d = __atomic_load_n(&s->fo[i], __ATOMIC_ACQUIRE);
+
+		if (d)
+			d->kv_pref = 0;
 	}
 	/* nothing failed over any more: polls take the fast path again once
 	 * every completion SHIFT kept has been handed out */

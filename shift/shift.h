@@ -155,6 +155,9 @@ struct shift_stats {
 	unsigned long contexts_attached;
 	unsigned long contexts_unprotected;
 	unsigned long compat_1_0_calls;
+	/* peers' failover records read while failed over, and the KV
+	 * commands that read them (batched: fewer commands than records) */
+	unsigned long ep_records_read, ep_read_commands;
 };
 extern struct shift_stats shift_stats;
 

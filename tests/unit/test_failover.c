@@ -832,6 +832,66 @@ static void post_send_on(struct sim_ep *e, struct ibv_qp *qp, uint64_t wr_id, in
 }
 
 /*
+ * Batched reads of the peers' failover records: A's NIC dies under two
+ * connections; while both are failed over, each pass reads both peer
+ * records in one KV command (ep_prefetch). Both connections still deliver
+ * every send once and come back to the default NIC.
+ */
+static void test_peer_records_read_in_batches(void **state)
+{
+	struct ibv_wc wa[64], wb[64];
+	int na = 0, nb = 0;
+	(void)state;
+
+	open_second_conn();
+	for (int i = 0; i < 4; i++) {
+		post_recv_on(&b, b.qp, 500 + i, i);
+		post_recv_on(&b2, b2.qp, 600 + i, 8 + i);
+	}
+	unsigned long cmds = shift_stats.ep_read_commands, recs = shift_stats.ep_records_read;
+
+	for (int i = 0; i < 2; i++) {
+		post_send_on(&a, a.qp, 700 + i, i);
+		post_send_on(&a2, a2.qp, 800 + i, 8 + i);
+	}
+	sim_dev_kill(sim_host_dev(host[0], 0), 0);
+	for (int i = 2; i < 4; i++) {
+		post_send_on(&a, a.qp, 700 + i, i);
+		post_send_on(&a2, a2.qp, 800 + i, 8 + i);
+	}
+	drive(wa, 64, &na, wb, 64, &nb);
+	assert_int_equal(na, 8);
+	assert_int_equal(nb, 8);
+	struct shift_dqp *d1 = shift_dqp_of_qp(a.qp), *d2 = shift_dqp_of_qp(a2.qp);
+	assert_int_equal(d1->failovers, 1);
+	assert_int_equal(d2->failovers, 1);
+	sim_dev_revive(sim_host_dev(host[0], 0));
+	drive_rounds(4000, wa, 64, &na, wb, 64, &nb);
+	assert_int_equal(d1->send_state, SHIFT_SEND_DEFAULT);
+	assert_int_equal(d2->send_state, SHIFT_SEND_DEFAULT);
+	assert_false(d1->need_rearm);
+	assert_false(d2->need_rearm);
+	/* each send once, in order, on each connection */
+	uint64_t next1 = 500, next2 = 600;
+	for (int k = 0; k < nb; k++) {
+		assert_int_equal(wb[k].status, IBV_WC_SUCCESS);
+		if (wb[k].qp_num == b.qp->qp_num)
+			assert_int_equal(wb[k].wr_id, next1++);
+		else
+			assert_int_equal(wb[k].wr_id, next2++);
+	}
+	assert_int_equal(next1, 504);
+	assert_int_equal(next2, 604);
+	/* the QPs of a context read their peers' records together (a QP
+	 * alone, or one starting an episode, reads its own): fewer commands */
+	cmds = shift_stats.ep_read_commands - cmds;
+	recs = shift_stats.ep_records_read - recs;
+	print_message("peer records read: %lu in %lu KV commands\n", recs, cmds);
+	assert_true(recs >= 8);
+	assert_true(3 * cmds <= 2 * recs); /* one each: cmds == recs */
+}
+
+/*
  * The rest of a polled batch. B's CQ holds, in order: the flushes of QP 1
  * (its failure), two receive completions of QP 2, then QP 2's flushes. The
  * application polls 5: the batch is QP 1's flushes and QP 2's first receive.
@@ -961,6 +1021,7 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_backup_qp_fails_alone, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_status_shows_failover, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_drain_takes_rest_of_batch_first, setup, teardown2),
+		cmocka_unit_test_setup_teardown(test_peer_records_read_in_batches, setup, teardown2),
 		cmocka_unit_test_setup_teardown(test_atomic_completed_in_cq_is_not_in_flight, setup,
 						teardown),
 	};

@@ -284,6 +284,42 @@ static void test_mem_basic(void **state)
 	shift_kv_close(b);
 }
 
+/* mget: values of several keys in one command, NULL for absent ones */
+static void test_mem_mget(void **state)
+{
+	const char *keys[3] = { "k0", "absent", "k2" };
+	void *v[3];
+	size_t n[3];
+	shift_kv *a;
+
+	(void)state;
+	assert_int_equal(shift_kv_mem_clear("mget"), 0);
+	a = open_mem("mget", "ns");
+	assert_int_equal(shift_kv_put(a, "k0", "zero", 4, 0), 0);
+	assert_int_equal(shift_kv_put(a, "k2", "two!!", 5, 0), 0);
+	uint64_t before = shift_kv_commands(a);
+
+	assert_int_equal(shift_kv_mget(a, keys, 3, v, n), 0);
+	assert_int_equal(shift_kv_commands(a), before + 1); /* one round trip */
+	assert_int_equal(n[0], 4);
+	assert_memory_equal(v[0], "zero", 4);
+	assert_null(v[1]);
+	assert_int_equal(n[1], 0);
+	assert_int_equal(n[2], 5);
+	assert_memory_equal(v[2], "two!!", 5);
+	free(v[0]);
+	free(v[2]);
+	assert_int_equal(shift_kv_mget(a, keys, 0, v, n), 0);
+	assert_int_equal(shift_kv_mget(a, keys, SHIFT_KV_MGET_MAX + 1, v, n), -EINVAL);
+	/* store down: the whole call fails, nothing returned */
+	assert_int_equal(shift_kv_mem_set_down("mget", true), 0);
+	assert_int_equal(shift_kv_mget(a, keys, 3, v, n), -ENOTCONN);
+	assert_null(v[0]);
+	assert_null(v[2]);
+	assert_int_equal(shift_kv_mem_set_down("mget", false), 0);
+	shift_kv_close(a);
+}
+
 static void test_mem_ttl(void **state)
 {
 	shift_kv *h;
@@ -592,6 +628,7 @@ int main(void)
 		cmocka_unit_test(test_url_bad),
 		cmocka_unit_test(test_namespace),
 		cmocka_unit_test(test_mem_basic),
+		cmocka_unit_test(test_mem_mget),
 		cmocka_unit_test(test_mem_ttl),
 		cmocka_unit_test(test_mem_wait),
 		cmocka_unit_test(test_mem_outage),

@@ -306,6 +306,32 @@ static void *putter_main(void *arg)
 	return NULL;
 }
 
+/* mget: one MGET for several keys, NULL for absent ones, binary-safe */
+static void test_redis_mget(void **state)
+{
+	const unsigned char bin[] = { 'a', 0, 'b', 0xff, '\r', '\n' };
+	const char *keys[3] = { "m/1", "m/absent", "m/2" };
+	shift_kv *h = open_ok("redis://:" PASSWORD "@127.0.0.1:%d", "job1", NULL);
+	void *v[3];
+	size_t n[3];
+
+	(void)state;
+	assert_int_equal(shift_kv_put(h, "m/1", bin, sizeof(bin), 0), 0);
+	assert_int_equal(shift_kv_put(h, "m/2", "x", 1, 0), 0);
+	uint64_t before = shift_kv_commands(h);
+
+	assert_int_equal(shift_kv_mget(h, keys, 3, v, n), 0);
+	assert_int_equal(shift_kv_commands(h), before + 1);
+	assert_int_equal(n[0], sizeof(bin));
+	assert_memory_equal(v[0], bin, sizeof(bin));
+	assert_null(v[1]);
+	assert_int_equal(n[2], 1);
+	assert_memory_equal(v[2], "x", 1);
+	free(v[0]);
+	free(v[2]);
+	shift_kv_close(h);
+}
+
 static void test_redis_wait(void **state)
 {
 	shift_kv *h = open_ok("redis://:" PASSWORD "@127.0.0.1:%d", "job1", NULL);
@@ -613,6 +639,7 @@ int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_redis_basic),
+		cmocka_unit_test(test_redis_mget),
 		cmocka_unit_test(test_redis_wait),
 		cmocka_unit_test(test_redis_threads),
 		cmocka_unit_test(test_redis_auth),
