@@ -209,6 +209,20 @@ struct shift_dqp {
 	uint64_t bk_error_at;
 	uint64_t kv_at;               /* next read of the peer's record (fb clock) */
 	int8_t kv_pref;               /* this pass's batched read: 1 read, -1 none, 0 not made */
+	/* return episodes (failover.c): the backup failed while the default
+	 * path works; both ends go back to the default QPs, handshaking
+	 * through the KV store */
+	bool ret_wait;                /* mine started: waiting for the peer's counter */
+	unsigned long ret_ep;         /* the failover number of my last return ... */
+	uint32_t ret_count;           /* ... and my receive counter then (its record
+				       * keeps them for the rest of that episode) */
+	bool peer_ret;                /* the peer's record is a return episode's ... */
+	uint32_t peer_ret_count;      /* ... with its receive counter */
+	bool ctrl_recv_out;           /* my control receive on the default QP is posted
+				       * and not completed yet */
+	bool notify_sent;             /* my failback notification went out since the
+				       * peer's last default reset (consumed its
+				       * control receive) */
 	/* the provider refused a post because the QP failed (failed-post
 	 * detection, shift_failover_post_refused): the WRs from sq_taken
 	 * (rq_taken) on are SHIFT's to deliver; the background pass starts

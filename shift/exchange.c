@@ -153,16 +153,39 @@ int shift_exchange_ep_encode(unsigned gen, unsigned started, char *buf, size_t c
 		   cap);
 }
 
-int shift_exchange_ep_decode(const char *s, size_t len, unsigned *gen, unsigned *started)
+int shift_exchange_ep_encode_ret(unsigned gen, unsigned started, uint32_t count, char *buf,
+				 size_t cap)
+{
+	return fit(snprintf(buf, cap, SHIFT_EXCHANGE_VERSION " ep gen=%u started=%u ret=%u", gen,
+			    started, count), cap);
+}
+
+int shift_exchange_ep_decode_ret(const char *s, size_t len, unsigned *gen, unsigned *started,
+				 bool *ret, uint32_t *count)
 {
 	const char *p = s, *end = s + len;
-	uint32_t g, st;
+	uint32_t g, st, c = 0;
+	bool r = false;
 
 	if (prefix(&p, end, SHIFT_EXCHANGE_VERSION " ep ") ||
 	    field_u32(&p, end, "gen", 0x3fff, &g) ||
-	    field_u32(&p, end, "started", 0xffffffu, &st) || p != end)
+	    field_u32(&p, end, "started", 0xffffffu, &st))
 		return -EINVAL;
+	if (p != end) {
+		if (field_u32(&p, end, "ret", 0xffffffffu, &c) || p != end)
+			return -EINVAL;
+		r = true;
+	}
 	*gen = g;
 	*started = st;
+	if (ret)
+		*ret = r;
+	if (count)
+		*count = c;
 	return 0;
+}
+
+int shift_exchange_ep_decode(const char *s, size_t len, unsigned *gen, unsigned *started)
+{
+	return shift_exchange_ep_decode_ret(s, len, gen, started, NULL, NULL);
 }

@@ -10,6 +10,7 @@
 #ifndef SHIFT_EXCHANGE_H
 #define SHIFT_EXCHANGE_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <infiniband/verbs.h>
@@ -35,6 +36,12 @@ int shift_exchange_qp_key(const struct shift_qp_key *k, char *buf, size_t cap);
 int shift_exchange_ep_key(const struct shift_qp_key *k, char *buf, size_t cap);
 int shift_exchange_ep_encode(unsigned gen, unsigned started, char *buf, size_t cap);
 int shift_exchange_ep_decode(const char *s, size_t len, unsigned *gen, unsigned *started);
+/* ... of a return episode (the backup failed, both ends back on the default
+ * QPs): with the end's receive counter once its receives are there */
+int shift_exchange_ep_encode_ret(unsigned gen, unsigned started, uint32_t count, char *buf,
+				 size_t cap);
+int shift_exchange_ep_decode_ret(const char *s, size_t len, unsigned *gen, unsigned *started,
+				 bool *ret, uint32_t *count);
 int shift_exchange_mr_key(const union ibv_gid *gid, uint32_t rkey, char *buf,
 			  size_t cap);
 /* Encoders return the length written, or -EMSGSIZE. */

@@ -551,7 +551,10 @@ static void ep_publish(struct shift_ctx *s, struct shift_dqp *d)
 
 	if (!r || !r->kv || shift_exchange_ep_key(&d->shadow->my_key, key, sizeof(key)) < 0)
 		return;
-	n = shift_exchange_ep_encode(d->bk_gen, (unsigned)d->failovers, val, sizeof(val));
+	n = d->ret_ep && d->ret_ep == d->failovers
+		    ? shift_exchange_ep_encode_ret(d->bk_gen, (unsigned)d->failovers, d->ret_count, val,
+						   sizeof(val))
+		    : shift_exchange_ep_encode(d->bk_gen, (unsigned)d->failovers, val, sizeof(val));
 	if (n < 0 || shift_kv_put(r->kv, key, val, (size_t)n, 0))
 		shift_warn("%s QP %u: cannot publish failover %lu in the KV store: the peer may not "
 			   "follow it", d->dev, d->qpn, d->failovers);
@@ -579,7 +582,10 @@ static int ep_read(struct shift_ctx *s, struct shift_dqp *d)
 		shift_debug("%s QP %u: no peer record %s (%d)", d->dev, d->qpn, key, rc);
 		return -1;
 	}
-	rc = shift_exchange_ep_decode(v, len, &g, &st);
+	bool ret;
+	uint32_t cnt;
+
+	rc = shift_exchange_ep_decode_ret(v, len, &g, &st, &ret, &cnt);
 	free(v);
 	if (rc) {
 		shift_debug("%s QP %u: peer record %s malformed", d->dev, d->qpn, key);
@@ -587,13 +593,16 @@ static int ep_read(struct shift_ctx *s, struct shift_dqp *d)
 	}
 	d->peer_gen = g;
 	d->peer_started = st;
+	d->peer_ret = ret;
+	d->peer_ret_count = cnt;
 	return 0;
 }
 
 /* Does d read the peer's record at this pass (failback_work)? */
 static bool ep_due(const struct shift_dqp *d, uint64_t now)
 {
-	return (d->need_rearm || d->wait_peer || d->wait_reset || d->bk_error) && now >= d->kv_at;
+	return (d->need_rearm || d->wait_peer || d->wait_reset || d->bk_error || d->ret_wait) &&
+	       now >= d->kv_at;
 }
 
 /*
@@ -649,11 +658,16 @@ static void ep_prefetch(struct shift_ctx *s, int nfo, uint64_t now)
 
 		for (size_t k = 0; k < n; k++) {
 			unsigned g, st;
+			bool ret;
+			uint32_t cnt;
 
 			ds[k]->kv_pref = -1;
-			if (!rc && v[k] && !shift_exchange_ep_decode(v[k], len[k], &g, &st)) {
+			if (!rc && v[k] &&
+			    !shift_exchange_ep_decode_ret(v[k], len[k], &g, &st, &ret, &cnt)) {
 				ds[k]->peer_gen = g;
 				ds[k]->peer_started = st;
+				ds[k]->peer_ret = ret;
+				ds[k]->peer_ret_count = cnt;
 				ds[k]->kv_pref = 1;
 			}
 			free(v[k]);
@@ -795,6 +809,8 @@ static int start(struct shift_ctx *s, struct shift_dqp *d, struct out *o,
 	d->probe_at = fb_now() + probe_wait(d);
 	d->notify_pending = false;
 	d->notify_inflight = false; /* (its flush, if any, is SHIFT's) */
+	d->notify_sent = false;     /* (the peer resets its default QP again) */
+	d->ret_wait = false;
 	d->wait_peer = false;
 	d->last_switch_s = (uint64_t)time(NULL);
 	shift_ctx_set_slow(s, true);
@@ -1062,6 +1078,7 @@ static int reset_default(struct shift_ctx *s, struct shift_dqp *d)
 	 * application's receives reposted after it */
 	if (d->prov_post_recv(d->qp, &rwr, &rbad))
 		return -1;
+	d->ctrl_recv_out = true;
 	if (shift_qp_to_rtr(d->qp, &app, mask, &app.ah_attr, app.path_mtu, app.dest_qp_num,
 			    app.rq_psn + off))
 		return -1;
@@ -1187,6 +1204,7 @@ static void switch_back(struct shift_dqp *d)
 	/* the held WRs (and those posted meanwhile) wait for its completion
 	 * (SHIFT paper 4.3.3): it is executed at the peer before any of them */
 	d->notify_inflight = true;
+	d->notify_sent = true;
 	d->fence = first - 1;
 	shift_dqp_set_send_state(d, SHIFT_SEND_WAIT_DRAINED);
 }
@@ -1290,6 +1308,7 @@ static void on_default_ctrl(struct shift_ctx *s, struct shift_dqp *d, struct ibv
 		}
 		return;
 	case SHIFT_WRID_CTRL_RECV:
+		d->ctrl_recv_out = false;
 		if (wc->status != IBV_WC_SUCCESS && wc->status != IBV_WC_WR_FLUSH_ERR)
 			shift_debug("%s QP %u: SHIFT's receive on the default QP failed: %d (opcode %d)",
 				    d->dev, d->qpn, (int)wc->status, (int)wc->opcode);
@@ -1343,6 +1362,179 @@ static void on_default_ctrl(struct shift_ctx *s, struct shift_dqp *d, struct ibv
 	}
 }
 
+/* ---- return episodes ----------------------------------------------------------
+ *
+ * The backup path fails while the default path works again (the backup NIC
+ * dies during a failback): WRs on the backup QP (up to the fence, behind
+ * which the rest is held) would never complete, and a new failover onto
+ * the dead backup cannot help. Both ends go back to their default QPs
+ * instead, with the failover's handshake carried by the KV store (the
+ * backup path is gone, and a message on the default path could land in an
+ * application receive):
+ *
+ * - ret_start(): the end that sees its backup fail with its default path
+ *   proven (its probe answered), or that reads the peer's return record,
+ *   stops its backup QP (its successful completions kept), reposts its
+ *   outstanding receives on the default QP, and publishes failover k+1 as
+ *   a return, with its receive counter.
+ * - ret_finish(): once the peer's return record for k+1 is read, its
+ *   receives are on its default QP: my sends that were on the backup or
+ *   held go to the default QP, those the peer's counter shows executed
+ *   completed instead, as in retransmit(). If my failback notification has
+ *   not consumed the peer's control receive (posted at its default reset,
+ *   at the head of its receive queue), an empty WRITE_WITH_IMM goes first
+ *   to consume it.
+ *
+ * The backup is re-armed later as after a failback. An atomic among the WRs
+ * to move fails the connection, as in a failover.
+ */
+static int ret_start(struct shift_ctx *s, struct shift_dqp *d, struct out *o)
+{
+	if (d->dflt == SHIFT_DFLT_ERR) {
+		/* (the follower: its default QP must take the WRs) */
+		int rc = reset_default(s, d);
+
+		if (rc < 0)
+			return -1;
+		d->dflt = SHIFT_DFLT_READY;
+	}
+	shift_dqp_lock(d);
+	d->handshake_done = false; /* sends held until ret_finish() */
+	d->recv_hold = true;
+	if (d->send_state != SHIFT_SEND_DEFAULT)
+		shift_dqp_set_send_state(d, SHIFT_SEND_FALLBACK);
+	shift_dqp_unlock(d);
+	/* the backup's successful completions first, its errors dropped */
+	flush_backup(s, d, true);
+	d->bk_error = false;
+	d->wait_peer = d->wait_reset = false;
+	d->notify_pending = false;
+	shift_dqp_sync(d);
+	for (uint64_t i = d->sq_tail; i < d->sq_head && d->send_state != SHIFT_SEND_DEFAULT; i++) {
+		if (shift_wr_is_atomic(shift_dqp_swqe(d, i)->opcode)) {
+			d->atomic_boundary_hit = true;
+			shift_warn("%s QP %u: cannot go back to the default QP (an atomic was in flight "
+				   "on the failed backup): the error goes to the application", d->dev,
+				   d->qpn);
+			d->recv_hold = false;
+			fail_connection(s, d, o, false, NULL);
+			return -2;
+		}
+	}
+	shift_dqp_lock(d);
+	if (d->recv_state == SHIFT_RECV_FALLBACK) {
+		for (uint64_t i = d->rq_tail; i < d->rq_head; i++) {
+			struct shift_rwqe *e = shift_dqp_rwqe(d, i);
+			struct ibv_recv_wr wr = { .wr_id = e->wr_id, .sg_list = e->sge,
+						  .num_sge = (int)e->num_sge }, *bad;
+
+			if (d->prov_post_recv(d->qp, &wr, &bad)) {
+				d->recv_hold = false;
+				shift_dqp_unlock(d);
+				give_up(d, "the default QP refused a receive");
+				return -1;
+			}
+		}
+		__atomic_store_n(&d->recv_state, SHIFT_RECV_DEFAULT, __ATOMIC_RELEASE);
+		shift_dqp_state_changed(d);
+	}
+	d->recv_hold = false;
+	shift_dqp_unlock(d);
+	d->failovers++;
+	d->ret_wait = true;
+	d->ret_ep = d->failovers;
+	d->ret_count = (uint32_t)d->rq_tail;
+	d->wait_since = fb_now();
+	d->kv_at = 0;
+	d->last_switch_s = (uint64_t)time(NULL);
+	ep_publish(s, d);
+	shift_info("%s QP %u: the backup path failed, the default path works: back to the default "
+		   "QP (failover %lu, receive counter %u)", d->dev, d->qpn, d->failovers,
+		   (uint32_t)d->rq_tail);
+	return 0;
+}
+
+static void ret_finish(struct shift_ctx *s, struct shift_dqp *d, struct out *o)
+{
+	uint64_t moved = 0, done_n = 0;
+
+	(void)s;
+	d->ret_wait = false;
+	shift_dqp_lock(d);
+	if (d->send_state != SHIFT_SEND_DEFAULT) {
+		uint64_t outstanding_consumers = 0, skip, i;
+		struct out so = { .wc = NULL, .n = 0, .max = 0, .c = d->scq };
+		struct out *os = o->c == d->scq ? o : &so;
+
+		shift_dqp_sync_locked(d);
+		for (i = d->sq_tail; i < d->sq_head; i++)
+			outstanding_consumers += shift_wr_consumes_recv(shift_dqp_swqe(d, i)->opcode);
+		uint32_t done = (uint32_t)(shift_dqp_consumers_posted(d) - outstanding_consumers);
+		skip = (uint32_t)(d->peer_ret_count - done);
+		if (skip > outstanding_consumers) {
+			shift_warn("%s QP %u: the peer's receive counter (%u) is ahead of what was sent; "
+				   "resending everything", d->dev, d->qpn, d->peer_ret_count);
+			skip = 0;
+		}
+		if (!d->notify_sent) {
+			/* the peer's control receive heads its queue: consume it */
+			struct ibv_send_wr wr, *bad;
+
+			memset(&wr, 0, sizeof(wr));
+			wr.wr_id = SHIFT_WRID_NOTIFY;
+			wr.opcode = IBV_WR_RDMA_WRITE_WITH_IMM;
+			wr.imm_data = htobe32(CTRL_COUNT((uint32_t)done));
+			if (d->prov_post_send(d->qp, &wr, &bad))
+				shift_warn("%s QP %u: cannot post the marker on the default QP", d->dev,
+					   d->qpn);
+			d->notify_sent = true;
+		}
+		for (i = d->sq_tail; skip && i < d->sq_head; i++) {
+			struct shift_swqe *e = shift_dqp_swqe(d, i);
+
+			if (shift_wr_consumes_recv(e->opcode))
+				skip--;
+			if ((e->send_flags & IBV_SEND_SIGNALED) || d->sq_sig_all) {
+				struct ibv_wc wc = {
+					.wr_id = e->wr_id, .status = IBV_WC_SUCCESS,
+					.opcode = e->opcode == IBV_WR_RDMA_READ ? IBV_WC_RDMA_READ :
+						  e->opcode == IBV_WR_SEND ||
+								  e->opcode == IBV_WR_SEND_WITH_IMM ?
+						  IBV_WC_SEND : IBV_WC_RDMA_WRITE,
+					.qp_num = d->qpn,
+				};
+				shift_dqp_retire(d, &wc);
+				emit(os, &wc);
+			}
+			done_n++;
+		}
+		for (; i < d->sq_head; i++) {
+			int rc = post_mirrored(d, i, true);
+
+			if (rc && take_refused(d, rc, i, d->rq_head))
+				break; /* it failed again: the next failover */
+			if (rc) {
+				shift_dqp_unlock(d);
+				give_up(d, "the default QP refused a WR");
+				return;
+			}
+			moved++;
+		}
+		d->handshake_done = true;
+		d->fence = 0;
+		shift_dqp_set_send_state(d, SHIFT_SEND_DEFAULT);
+	}
+	shift_dqp_unlock(d);
+	d->dflt = SHIFT_DFLT_OK;
+	d->failbacks++;
+	d->failback_fails = 0;
+	d->switch_us = d->t_error_us ? mono_us() - d->t_error_us : 0;
+	d->last_switch_s = (uint64_t)time(NULL);
+	shift_info("%s QP %u: back on the default QP after the backup failed (failover %lu): %llu "
+		   "WRs moved there, %llu already executed at the peer completed", d->dev, d->qpn,
+		   d->failovers, (unsigned long long)moved, (unsigned long long)done_n);
+}
+
 /* The background thread's failback work for one failed-over QP (its CQs
  * locked). */
 static void failback_work(struct shift_ctx *s, struct shift_dqp *d, uint64_t now)
@@ -1376,11 +1568,20 @@ static void failback_work(struct shift_ctx *s, struct shift_dqp *d, uint64_t now
 		if (ep_read_pass(s, d) == 0) {
 			struct out o = { .wc = NULL, .n = 0, .max = 0, .c = d->scq };
 
-			if (d->peer_started > d->failovers) {
+			if (d->peer_started > d->failovers && d->peer_ret &&
+			    d->peer_started == d->failovers + 1) {
+				shift_info("%s QP %u: the peer goes back to the default QP (failover %u): "
+					   "following it", d->dev, d->qpn, d->peer_started);
+				if (ret_start(s, d, &o) == 0 && d->peer_started == d->failovers)
+					ret_finish(s, d, &o);
+			} else if (d->ret_wait && d->peer_ret && d->peer_started == d->failovers) {
+				ret_finish(s, d, &o);
+			} else if (d->peer_started > d->failovers) {
 				shift_info("%s QP %u: the peer started failover %u: following it", d->dev,
 					   d->qpn, d->peer_started);
 				if (d->send_state != SHIFT_SEND_DEFAULT)
 					d->need_rearm = true; /* a new failover from any state */
+				d->ret_wait = false;
 				start(s, d, &o, NULL);
 			} else if (d->wait_reset && peer_old_dead(d)) {
 				if (finish_start(s, d, true) && d->send_state == SHIFT_SEND_UNPROTECTED) {
@@ -1412,17 +1613,26 @@ static void failback_work(struct shift_ctx *s, struct shift_dqp *d, uint64_t now
 		struct out o = { .wc = NULL, .n = 0, .max = 0, .c = d->scq };
 
 		d->bk_restarts++;
+		if (d->dflt == SHIFT_DFLT_OK) {
+			/* the default path answered since: back there */
+			ret_start(s, d, &o);
+			if (d->send_state == SHIFT_SEND_UNPROTECTED)
+				return;
+			goto after_restart;
+		}
 		shift_info("%s QP %u: backup QP failed and the peer started no new failover: starting "
 			   "failover %lu (restart %u)", d->dev, d->qpn, d->failovers + 1, d->bk_restarts);
 		start(s, d, &o, NULL);
 		if (d->send_state == SHIFT_SEND_UNPROTECTED)
 			return;
 	}
+after_restart:;
 	uint64_t limit = shift_shadow_sync ? 256 : SHIFT_EPISODE_WAIT_MS;
 	/* (the marks may be set by an application thread after this pass
 	 * read the clock: later than now) */
 	if ((d->bk_error && now > d->bk_error_at && now - d->bk_error_at >= limit) ||
-	    ((d->wait_reset || d->wait_peer) && now > d->wait_since && now - d->wait_since >= limit)) {
+	    ((d->wait_reset || d->wait_peer || d->ret_wait) && now > d->wait_since &&
+	     now - d->wait_since >= limit)) {
 		struct out o = { .wc = NULL, .n = 0, .max = 0, .c = d->scq };
 		struct ibv_qp_attr e = { .qp_state = IBV_QPS_ERR };
 
@@ -1477,8 +1687,11 @@ static void failback_work(struct shift_ctx *s, struct shift_dqp *d, uint64_t now
 				d->probe_at = now + probe_wait(d);
 		}
 	}
+	/* (after a return episode the peer's marker is still to consume my
+	 * control receive: its completion must not reach the fast path) */
 	if (d->need_rearm && d->send_state == SHIFT_SEND_DEFAULT &&
-	    d->recv_state == SHIFT_RECV_DEFAULT && !d->notify_inflight && rearm_backup(s, d) == 0)
+	    d->recv_state == SHIFT_RECV_DEFAULT && !d->notify_inflight &&
+	    !(d->ctrl_recv_out && !d->peer_nosend) && rearm_backup(s, d) == 0)
 		shift_info("%s QP %u: back on the default QP in both directions, backup QP %u re-armed "
 			   "(failovers %lu, failbacks %lu)", d->dev, d->qpn, d->bk->qp_num, d->failovers,
 			   d->failbacks);

@@ -25,6 +25,9 @@ Noise controls (all off by default):
                     CPU 1 for the whole benchmark (new threads are pinned before
                     each run), restoring each thread's previous affinity after
                     it, also on an error or ^C; the JSON records it ("pinning").
+  --io-fifo         run each QEMU's main-loop thread (network, 9p) as SCHED_FIFO
+                    1 for the benchmark, restoring its policy after it; the
+                    JSON records it ("io_fifo").
   --wait-idle CORES before each pair wait (at most 120 s) until the host's CPU
                     use outside the two QEMUs, over one second, is below CORES.
   --verdict-stat S  judge on S (t_typical, p10, p25, t_min) instead of t_typical.
@@ -35,7 +38,7 @@ be told apart from host contention afterwards.
 Usage (host, as root, testbed up):
   SHIFT_TESTBED_DIR=... SHIFT_BUILD_DIR=... tests/bench/write_lat.py \
       [--pairs 7] [--iters 5000] [--size 2] [--port 18690] [--out FILE] \
-      [--pin] [--wait-idle CORES] [--verdict-stat t_typical]
+      [--pin] [--io-fifo] [--wait-idle CORES] [--verdict-stat t_typical]
   tests/bench/write_lat.py --analyze FILE [--verdict-stat S]   (statistics of a saved result again)
 Exit status 1 if any run failed (no verdict then), else 0 whatever the ratio.
 It takes the testbed's run lock for its whole duration. Python 3 stdlib only.
@@ -171,6 +174,41 @@ class Pinning:
                for h, pid in self.pids.items()}
         rec["threads_pinned_late"] = self.late
         return rec
+
+
+class IoThreadFifo:
+    """Runs each QEMU's main-loop thread (tid == pid: the socket netdev, the
+    virtio-net bottom halves, 9p) as SCHED_FIFO 1 while active, so a packet
+    that arrives while the host CPU runs a busy-polling TCG vCPU is handled at
+    once rather than when the vCPU thread's slice ends; threads it creates
+    meanwhile start as SCHED_OTHER (SCHED_RESET_ON_FORK). Restores each
+    thread's policy on exit (error and ^C included)."""
+
+    def __init__(self, pids):
+        self.pids, self.saved = pids, {}
+
+    def __enter__(self):
+        try:
+            for pid in self.pids.values():
+                self.saved[pid] = (os.sched_getscheduler(pid), os.sched_getparam(pid))
+                os.sched_setscheduler(pid, os.SCHED_FIFO | os.SCHED_RESET_ON_FORK, os.sched_param(1))
+        except BaseException:
+            self.__exit__()
+            raise
+        return self
+
+    def __exit__(self, *exc):
+        for pid, (policy, param) in self.saved.items():
+            try:
+                os.sched_setscheduler(pid, policy, param)
+            except ProcessLookupError:
+                pass
+            except OSError as e:
+                sys.stderr.write("write_lat: could not restore the policy of thread %d: %s\n" % (pid, e))
+
+    def record(self):
+        return {h: {"tid": pid, "policy": "SCHED_FIFO", "priority": 1,
+                    "previous_policy": self.saved[pid][0]} for h, pid in self.pids.items()}
 
 
 def cpu_snapshot(pids):
@@ -326,6 +364,8 @@ def main():
     ap.add_argument("--analyze", metavar="FILE", help="recompute the statistics of a saved result; no runs")
     ap.add_argument("--pin", action="store_true",
                     help="pin all threads of A's QEMU to host CPU 0 and B's to CPU 1 during the benchmark")
+    ap.add_argument("--io-fifo", action="store_true",
+                    help="run each QEMU's main-loop thread as SCHED_FIFO 1 during the benchmark")
     ap.add_argument("--wait-idle", type=float, metavar="CORES",
                     help="before each pair, wait (<= 120 s) until host CPU use outside the QEMUs is < CORES")
     ap.add_argument("--verdict-stat", choices=VERDICT_STATS, default="t_typical",
@@ -339,7 +379,7 @@ def main():
     out = args.out or os.path.join(tb.RESULTS, "bench_write_lat.json")
     runs = []
     t_start = time.time()
-    pinning = None
+    pinning = io_fifo = None
     with tb.Lock(600):
         g = tb.guests()
         tb.dropin_check(g, "shift-ldpath")
@@ -347,10 +387,15 @@ def main():
         try:
             pids = guest_qemu_pids(tb)
         except tb.TestbedError:
-            if args.pin or args.wait_idle is not None:
+            if args.pin or args.io_fifo or args.wait_idle is not None:
                 raise
             pids = {}  # no host CPU accounting then
-        with Pinning(pids, PIN_CPUS) if args.pin else contextlib.nullcontext() as pin:
+        with Pinning(pids, PIN_CPUS) if args.pin else contextlib.nullcontext() as pin, \
+                IoThreadFifo(pids) if args.io_fifo else contextlib.nullcontext() as fifo:
+            if fifo:
+                io_fifo = fifo.record()
+                print("SCHED_FIFO 1: main-loop threads %s" % ", ".join(
+                    "%s %d" % (h, pid) for h, pid in pids.items()), flush=True)
             if pin:
                 pinning = pin.record()
                 print("pinned: %s" % ", ".join("%s pid %d (%d threads) -> CPU %d" % (
@@ -390,7 +435,7 @@ def main():
            "cmd": "ib_write_lat -d %s -p %d -x 1 -F -n %d -s %d [%s]" % (
                args.device, args.port, args.iters, args.size, args.server_ip),
            "dropin": tb.DROPIN, "pairs": args.pairs, "iters": args.iters, "size": args.size,
-           "pinning": pinning or False, "wait_idle": args.wait_idle,
+           "pinning": pinning or False, "io_fifo": io_fifo or False, "wait_idle": args.wait_idle,
            "t_start": round(t_start, 3), "duration_s": round(time.time() - t_start, 1), "runs": runs}
     return report(res, out, args.tolerance, tb.write_json, args.verdict_stat)
 

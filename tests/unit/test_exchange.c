@@ -127,6 +127,20 @@ static void test_ep(void **state)
 	assert_int_equal(g, 3);
 	assert_int_equal(st, 4);
 	assert_true(shift_exchange_ep_encode(3, 4, val, 8) < 0); /* too small: an error, not a cut */
+	/* a return episode's record carries the receive counter */
+	n = shift_exchange_ep_encode(3, 4, val, sizeof(val));
+	bool ret = true;
+	uint32_t cnt = 1;
+	assert_int_equal(shift_exchange_ep_decode_ret(val, (size_t)n, &g, &st, &ret, &cnt), 0);
+	assert_false(ret);
+	n = shift_exchange_ep_encode_ret(5, 6, 4000000000u, val, sizeof(val));
+	assert_true(n > 0);
+	assert_int_equal(shift_exchange_ep_decode_ret(val, (size_t)n, &g, &st, &ret, &cnt), 0);
+	assert_true(ret);
+	assert_int_equal(g, 5);
+	assert_int_equal(st, 6);
+	assert_int_equal(cnt, 4000000000u);
+	assert_int_equal(shift_exchange_ep_decode(val, (size_t)n, &g, &st), 0);
 	const char *bad[] = { "", "shift1 ep gen=1", "shift1 ep gen=1 started=", "shift1 ep gen=x started=2",
 			      "shift1 ep gen=99999 started=2", "shift1 ep gen=1 started=2 more",
 			      "shift1 qp gen=1 started=2", "shift0 ep gen=1 started=2" };

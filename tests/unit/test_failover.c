@@ -667,6 +667,10 @@ static void backup_dies_in_failback(int stage)
 	print_message("stage %d: A %d completions, B %d; A send %d recv %d fo %lu fb %lu; B send %d recv %d\n",
 		      stage, na, nb, da->send_state, da->recv_state, da->failovers, da->failbacks,
 		      db->send_state, db->recv_state);
+	if (getenv("DUMP"))
+		for (int i = 0; i < nb || i < na; i++)
+			print_message("  a %lx %d   b %lx %d\n", (unsigned long)wa[i].wr_id, wa[i].status,
+				      (unsigned long)wb[i].wr_id, wb[i].status);
 	assert_int_equal(na, 20);
 	assert_int_equal(nb, 20);
 	for (int i = 0; i < 20; i++) {
@@ -685,8 +689,11 @@ static void test_backup_dies_after_probe(void **state)
 	backup_dies_in_failback(0);
 }
 
-/* (stage 1, the backup dying behind the fence, is not handled yet: see
- * docs/failover.md, "Not done yet") */
+static void test_backup_dies_behind_fence(void **state)
+{
+	(void)state;
+	backup_dies_in_failback(1);
+}
 
 static void test_backup_dies_before_rearm(void **state)
 {
@@ -1093,6 +1100,7 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_fails_again_during_failback, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_backup_qp_fails_alone, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_backup_dies_after_probe, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_backup_dies_behind_fence, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_backup_dies_before_rearm, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_status_shows_failover, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_drain_takes_rest_of_batch_first, setup, teardown2),
