@@ -207,6 +207,7 @@ struct shift_dqp {
 	bool bk_error;                /* my backup QP failed: a peer's new episode, or the end */
 	unsigned bk_restarts;         /* failovers I started on a backup failure, in a row */
 	uint64_t bk_error_at;
+	unsigned bk_probe_fails;      /* probe_fails when the backup failed */
 	uint64_t kv_at;               /* next read of the peer's record (fb clock) */
 	int8_t kv_pref;               /* this pass's batched read: 1 read, -1 none, 0 not made */
 	/* return episodes (failover.c): the backup failed while the default
@@ -218,6 +219,8 @@ struct shift_dqp {
 				       * keeps them for the rest of that episode) */
 	bool peer_ret;                /* the peer's record is a return episode's ... */
 	uint32_t peer_ret_count;      /* ... with its receive counter */
+	bool peer_bkfail;             /* the peer's backup failed in its episode */
+	bool bkfail_published;        /* my record says my backup failed */
 	bool ctrl_recv_out;           /* my control receive on the default QP is posted
 				       * and not completed yet */
 	bool notify_sent;             /* my failback notification went out since the

@@ -160,28 +160,54 @@ int shift_exchange_ep_encode_ret(unsigned gen, unsigned started, uint32_t count,
 			    started, count), cap);
 }
 
-int shift_exchange_ep_decode_ret(const char *s, size_t len, unsigned *gen, unsigned *started,
-				 bool *ret, uint32_t *count)
+int shift_exchange_ep_encode_ex(const struct shift_ep_value *v, char *buf, size_t cap)
+{
+	char ret[24] = "";
+
+	if (v->ret)
+		snprintf(ret, sizeof(ret), " ret=%u", v->count);
+	return fit(snprintf(buf, cap, SHIFT_EXCHANGE_VERSION " ep gen=%u started=%u%s%s", v->gen,
+			    v->started, ret, v->bkfail ? " bkfail=1" : ""), cap);
+}
+
+int shift_exchange_ep_decode_ex(const char *s, size_t len, struct shift_ep_value *v)
 {
 	const char *p = s, *end = s + len;
-	uint32_t g, st, c = 0;
+	uint32_t g, st, c = 0, b = 0;
 	bool r = false;
 
 	if (prefix(&p, end, SHIFT_EXCHANGE_VERSION " ep ") ||
 	    field_u32(&p, end, "gen", 0x3fff, &g) ||
 	    field_u32(&p, end, "started", 0xffffffu, &st))
 		return -EINVAL;
-	if (p != end) {
-		if (field_u32(&p, end, "ret", 0xffffffffu, &c) || p != end)
-			return -EINVAL;
+	if (p != end && !field_u32(&p, end, "ret", 0xffffffffu, &c))
 		r = true;
-	}
-	*gen = g;
-	*started = st;
+	if (p != end && field_u32(&p, end, "bkfail", 1, &b))
+		return -EINVAL;
+	if (p != end)
+		return -EINVAL;
+	v->gen = g;
+	v->started = st;
+	v->ret = r;
+	v->count = c;
+	v->bkfail = b != 0;
+	return 0;
+}
+
+int shift_exchange_ep_decode_ret(const char *s, size_t len, unsigned *gen, unsigned *started,
+				 bool *ret, uint32_t *count)
+{
+	struct shift_ep_value v;
+	int rc = shift_exchange_ep_decode_ex(s, len, &v);
+
+	if (rc)
+		return rc;
+	*gen = v.gen;
+	*started = v.started;
 	if (ret)
-		*ret = r;
+		*ret = v.ret;
 	if (count)
-		*count = c;
+		*count = v.count;
 	return 0;
 }
 

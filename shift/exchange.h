@@ -42,6 +42,16 @@ int shift_exchange_ep_encode_ret(unsigned gen, unsigned started, uint32_t count,
 				 size_t cap);
 int shift_exchange_ep_decode_ret(const char *s, size_t len, unsigned *gen, unsigned *started,
 				 bool *ret, uint32_t *count);
+/* The whole record: also whether the end's backup path failed in its
+ * current episode (the prober decides what follows) */
+struct shift_ep_value {
+	unsigned gen, started;
+	bool ret;        /* a return episode's record ... */
+	uint32_t count;  /* ... with the end's receive counter */
+	bool bkfail;
+};
+int shift_exchange_ep_encode_ex(const struct shift_ep_value *v, char *buf, size_t cap);
+int shift_exchange_ep_decode_ex(const char *s, size_t len, struct shift_ep_value *v);
 int shift_exchange_mr_key(const union ibv_gid *gid, uint32_t rkey, char *buf,
 			  size_t cap);
 /* Encoders return the length written, or -EMSGSIZE. */

@@ -551,15 +551,29 @@ static void ep_publish(struct shift_ctx *s, struct shift_dqp *d)
 
 	if (!r || !r->kv || shift_exchange_ep_key(&d->shadow->my_key, key, sizeof(key)) < 0)
 		return;
-	n = d->ret_ep && d->ret_ep == d->failovers
-		    ? shift_exchange_ep_encode_ret(d->bk_gen, (unsigned)d->failovers, d->ret_count, val,
-						   sizeof(val))
-		    : shift_exchange_ep_encode(d->bk_gen, (unsigned)d->failovers, val, sizeof(val));
+	struct shift_ep_value ev = {
+		.gen = d->bk_gen, .started = (unsigned)d->failovers,
+		.ret = d->ret_ep && d->ret_ep == d->failovers, .count = d->ret_count,
+		.bkfail = d->bk_error,
+	};
+
+	n = shift_exchange_ep_encode_ex(&ev, val, sizeof(val));
+	d->bkfail_published = d->bk_error;
 	if (n < 0 || shift_kv_put(r->kv, key, val, (size_t)n, 0))
 		shift_warn("%s QP %u: cannot publish failover %lu in the KV store: the peer may not "
 			   "follow it", d->dev, d->qpn, d->failovers);
 	else
 		shift_debug("%s QP %u: published %s = %.*s", d->dev, d->qpn, key, n, val);
+}
+
+/* A peer record read into d. */
+static void ep_take(struct shift_dqp *d, const struct shift_ep_value *ev)
+{
+	d->peer_gen = ev->gen;
+	d->peer_started = ev->started;
+	d->peer_ret = ev->ret;
+	d->peer_ret_count = ev->count;
+	d->peer_bkfail = ev->bkfail;
 }
 
 /* The peer's record into d->peer_gen and d->peer_started: 0, or -1 (none,
@@ -582,19 +596,17 @@ static int ep_read(struct shift_ctx *s, struct shift_dqp *d)
 		shift_debug("%s QP %u: no peer record %s (%d)", d->dev, d->qpn, key, rc);
 		return -1;
 	}
-	bool ret;
-	uint32_t cnt;
+	struct shift_ep_value ev;
 
-	rc = shift_exchange_ep_decode_ret(v, len, &g, &st, &ret, &cnt);
+	(void)g;
+	(void)st;
+	rc = shift_exchange_ep_decode_ex(v, len, &ev);
 	free(v);
 	if (rc) {
 		shift_debug("%s QP %u: peer record %s malformed", d->dev, d->qpn, key);
 		return -1;
 	}
-	d->peer_gen = g;
-	d->peer_started = st;
-	d->peer_ret = ret;
-	d->peer_ret_count = cnt;
+	ep_take(d, &ev);
 	return 0;
 }
 
@@ -657,17 +669,11 @@ static void ep_prefetch(struct shift_ctx *s, int nfo, uint64_t now)
 		__atomic_fetch_add(&shift_stats.ep_records_read, n, __ATOMIC_RELAXED);
 
 		for (size_t k = 0; k < n; k++) {
-			unsigned g, st;
-			bool ret;
-			uint32_t cnt;
+			struct shift_ep_value ev;
 
 			ds[k]->kv_pref = -1;
-			if (!rc && v[k] &&
-			    !shift_exchange_ep_decode_ret(v[k], len[k], &g, &st, &ret, &cnt)) {
-				ds[k]->peer_gen = g;
-				ds[k]->peer_started = st;
-				ds[k]->peer_ret = ret;
-				ds[k]->peer_ret_count = cnt;
+			if (!rc && v[k] && !shift_exchange_ep_decode_ex(v[k], len[k], &ev)) {
+				ep_take(ds[k], &ev);
 				ds[k]->kv_pref = 1;
 			}
 			free(v[k]);
@@ -1607,26 +1613,42 @@ static void failback_work(struct shift_ctx *s, struct shift_dqp *d, uint64_t now
 	 * when both see the default path fail); a few times in a row at most
 	 * without a backup completion in between, then the limit below ends
 	 * it. */
+	/* my backup failed: the peer reads it in my record (the prober
+	 * decides; it may not have seen its own backup fail) */
+	if (d->bk_error && !d->bkfail_published)
+		ep_publish(s, d);
+	/* either end's backup failed in this episode and my default path
+	 * answered since it started: both back to the default QPs */
+	if ((d->bk_error || (d->peer_bkfail && d->peer_started == d->failovers)) &&
+	    d->dflt == SHIFT_DFLT_OK && d->need_rearm && !d->ret_wait &&
+	    d->peer_started <= d->failovers) {
+		struct out o = { .wc = NULL, .n = 0, .max = 0, .c = d->scq };
+
+		if (!d->bk_error)
+			shift_info("%s QP %u: the peer's backup path failed", d->dev, d->qpn);
+		ret_start(s, d, &o);
+		if (d->send_state == SHIFT_SEND_UNPROTECTED)
+			return;
+	}
 	uint64_t grace = shift_shadow_sync ? 16 : SHIFT_BK_RESTART_MS;
+	/* With the default port up, the default path may be back: the prober
+	 * waits for its probe (answered: back to the default QP, ret_start;
+	 * failed: a new failover), the other end gives it the time to decide
+	 * (its return record comes first) */
+	bool maybe_back = d->dflt != SHIFT_DFLT_OK && shift_config.probe_ms && port_active(s, d);
+	if (maybe_back && (prober(d) ? d->probe_fails == d->bk_probe_fails : true))
+		grace = prober(d) ? UINT64_MAX / 2 : 4 * grace;
 	if (d->bk_error && d->bk_restarts < SHIFT_BK_RESTARTS && now > d->bk_error_at &&
 	    now - d->bk_error_at >= grace && d->peer_started <= d->failovers) {
 		struct out o = { .wc = NULL, .n = 0, .max = 0, .c = d->scq };
 
 		d->bk_restarts++;
-		if (d->dflt == SHIFT_DFLT_OK) {
-			/* the default path answered since: back there */
-			ret_start(s, d, &o);
-			if (d->send_state == SHIFT_SEND_UNPROTECTED)
-				return;
-			goto after_restart;
-		}
 		shift_info("%s QP %u: backup QP failed and the peer started no new failover: starting "
 			   "failover %lu (restart %u)", d->dev, d->qpn, d->failovers + 1, d->bk_restarts);
 		start(s, d, &o, NULL);
 		if (d->send_state == SHIFT_SEND_UNPROTECTED)
 			return;
 	}
-after_restart:;
 	uint64_t limit = shift_shadow_sync ? 256 : SHIFT_EPISODE_WAIT_MS;
 	/* (the marks may be set by an application thread after this pass
 	 * read the clock: later than now) */
@@ -1654,7 +1676,11 @@ after_restart:;
 	}
 	/* Keep the default QP reset (receptive to the peer's probe) whenever
 	 * its port is up; probe from it at the probe period, backing off. */
-	if (d->send_state == SHIFT_SEND_FALLBACK && d->handshake_done && shift_config.probe_ms) {
+	/* (also while a handshake cannot finish because a backup failed: the
+	 * default path may be the way back, ret_start) */
+	if (d->send_state == SHIFT_SEND_FALLBACK &&
+	    (d->handshake_done || d->bk_error || (d->peer_bkfail && d->peer_started == d->failovers)) &&
+	    shift_config.probe_ms) {
 		if (d->dflt == SHIFT_DFLT_ERR && port_active(s, d)) {
 			int rc = reset_default(s, d);
 
@@ -1787,6 +1813,8 @@ static void from_backup(struct shift_ctx *s, struct ibv_wc *wc, struct out *o, b
 		 * outstanding. */
 		shift_info("%s QP %u: backup QP %u failed (%d): checking for a new failover at the peer",
 			   d->dev, d->qpn, wc->qp_num, (int)wc->status);
+		if (!d->bk_error)
+			d->bk_probe_fails = d->probe_fails;
 		d->bk_error = true;
 		d->bk_error_at = fb_now();
 		d->kv_at = 0;
@@ -2107,7 +2135,7 @@ static void background(struct shift_ctx *s)
 			continue;
 		lock_cqs(d);
 		failback_work(s, d, fbt);
-		if (d->wait_reset || d->wait_peer || d->bk_error)
+		if (d->wait_reset || d->wait_peer || d->bk_error || d->ret_wait)
 			__atomic_store_n(&waiting_seen, true, __ATOMIC_RELEASE);
 		unlock_cqs(d);
 	}

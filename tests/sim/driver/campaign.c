@@ -30,7 +30,7 @@ struct opts {
 	uint64_t schedules, seed;
 	int kind;		/* -1: rotate over all workloads */
 	bool shift, verbose, trace, check_determinism, expect_errors;
-	bool no_faults, reexec, rxe_stale_read, refuse_err, split_cq;
+	bool no_faults, reexec, rxe_stale_read, refuse_err, split_cq, backup_faults;
 	double min_rate;
 };
 
@@ -56,7 +56,7 @@ static void usage(void)
 		"nccl|sendrecv|read|mix|all]\n"
 		"                      [--shift] [--no-faults] [--verbose] [--trace]\n"
 		"                      [--selftest-reexecute] [--rxe-stale-read]\n"
-		"                      [--refuse-err-posts] [--split-cq]\n"
+		"                      [--refuse-err-posts] [--split-cq] [--backup-faults]\n"
 		"                      [--check-determinism] [--expect-app-errors]"
 		" [--min-rate SCHED_PER_MIN]\n");
 }
@@ -127,6 +127,27 @@ static void plan_faults(struct sim_world *w, struct sim_dev *d[2],
 	}
 }
 
+/*
+ * --backup-faults: a default NIC dies and comes back, and then a backup NIC
+ * (of either host) dies for good, while the failback runs or after it:
+ * SHIFT must hide all of it.
+ */
+static void plan_backup_faults(struct sim_world *w, struct sim_dev *d[2], struct sim_dev *bk[2],
+			       uint64_t *rs, uint64_t budget)
+{
+	uint64_t t = splitmix(rs) % (2 * budget);
+	uint64_t dur = budget + splitmix(rs) % (2 * budget);
+	unsigned x = (unsigned)(splitmix(rs) & 1), y = (unsigned)(splitmix(rs) & 1);
+	/* the backup's death: from the default's revival to well after it
+	 * (the failback takes a few probe periods); never both paths down at
+	 * once, which no failover can hide */
+	uint64_t tb = t + dur + splitmix(rs) % (6 * budget);
+
+	sim_world_schedule_fault(w, t, SIM_FAULT_KILL, d[x], NULL, 0);
+	sim_world_schedule_fault(w, t + dur, SIM_FAULT_REVIVE, d[x], NULL, 0);
+	sim_world_schedule_fault(w, tb, SIM_FAULT_KILL, bk[y], NULL, 0);
+}
+
 /* Runs one schedule; returns 0, or -1 on a setup failure. */
 static int run_schedule(const struct opts *o, uint64_t seed,
 			struct totals *t, struct wl_report *rep,
@@ -137,7 +158,7 @@ static int run_schedule(const struct opts *o, uint64_t seed,
 	struct sim_world *w;
 	struct sim_host *h[2];
 	const struct shift_lower *v[2];
-	struct sim_dev *d[2];
+	struct sim_dev *d[2], *bk[2];
 	struct wl_params p;
 	struct wl *wl;
 	const char *why = NULL;
@@ -167,6 +188,7 @@ static int run_schedule(const struct opts *o, uint64_t seed,
 	for (int i = 0; i < 2; i++) {
 		h[i] = sim_host_create(w, 2);
 		d[i] = h[i] ? sim_host_dev(h[i], 0) : NULL;
+		bk[i] = h[i] ? sim_host_dev(h[i], 1) : NULL;
 		v[i] = h[i] ? campaign_front(h[i], o->shift, &why) : NULL;
 		if (!v[i]) {
 			fprintf(stderr, "shift-campaign: %s\n",
@@ -191,7 +213,10 @@ static int run_schedule(const struct opts *o, uint64_t seed,
 		 * timeouts of timeout 14 */
 		uint64_t budget = 8 * ((uint64_t)4 << 4);
 
-		plan_faults(w, d, &rs, budget);
+		if (o->backup_faults)
+			plan_backup_faults(w, d, bk, &rs, budget);
+		else
+			plan_faults(w, d, &rs, budget);
 	}
 	/* Interleave application actions and network events at random until
 	 * neither can move. With SHIFT, "cannot move" must outlast its
@@ -272,12 +297,13 @@ static int run_all(const struct opts *o, struct totals *t, double *secs)
 			printf("VIOLATION seed=%" PRIu64 " workload=%s: %s\n", seed,
 			       wl_kind_name(k), rep.first);
 			printf("reproduce: tests/sim/campaign --schedules 1 --seed %"
-			       PRIu64 " --workload %s%s%s%s%s --verbose --trace\n", seed,
+			       PRIu64 " --workload %s%s%s%s%s%s --verbose --trace\n", seed,
 			       wl_kind_name(k), o->shift ? " --shift" :
 			       o->reexec ? " --selftest-reexecute" : "",
 			       o->rxe_stale_read ? " --rxe-stale-read" : "",
 			       o->refuse_err ? " --refuse-err-posts" : "",
-			       o->split_cq ? " --split-cq" : "");
+			       o->split_cq ? " --split-cq" : "",
+			       o->backup_faults ? " --backup-faults" : "");
 		}
 	}
 	clock_gettime(CLOCK_MONOTONIC, &b);
@@ -319,6 +345,8 @@ int main(int argc, char **argv)
 			i++;
 		} else if (!strcmp(a, "--shift")) {
 			o.shift = true;
+		} else if (!strcmp(a, "--backup-faults")) {
+			o.backup_faults = true; /* plan_backup_faults() */
 		} else if (!strcmp(a, "--split-cq")) {
 			o.split_cq = true; /* receives on CQs of their own */
 		} else if (!strcmp(a, "--refuse-err-posts")) {
