@@ -1405,10 +1405,11 @@ static int ret_start(struct shift_ctx *s, struct shift_dqp *d, struct out *o)
 		d->dflt = SHIFT_DFLT_READY;
 	}
 	shift_dqp_lock(d);
-	d->handshake_done = false; /* sends held until ret_finish() */
 	d->recv_hold = true;
-	if (d->send_state != SHIFT_SEND_DEFAULT)
+	if (d->send_state != SHIFT_SEND_DEFAULT) {
+		d->handshake_done = false; /* sends held until ret_finish() */
 		shift_dqp_set_send_state(d, SHIFT_SEND_FALLBACK);
+	}
 	shift_dqp_unlock(d);
 	/* the backup's successful completions first, its errors dropped */
 	flush_backup(s, d, true);
