@@ -299,6 +299,43 @@ static int post_mirrored(struct shift_dqp *d, uint64_t idx, bool dflt)
 	return 0;
 }
 
+/* The work completion opcode of a send WR's opcode. */
+static enum ibv_wc_opcode send_wc_opcode(unsigned opcode)
+{
+	switch (opcode) {
+	case IBV_WR_RDMA_READ:
+		return IBV_WC_RDMA_READ;
+	case IBV_WR_SEND:
+	case IBV_WR_SEND_WITH_IMM:
+	case IBV_WR_SEND_WITH_INV:
+		return IBV_WC_SEND;
+	case IBV_WR_ATOMIC_CMP_AND_SWP:
+		return IBV_WC_COMP_SWAP;
+	case IBV_WR_ATOMIC_FETCH_AND_ADD:
+		return IBV_WC_FETCH_ADD;
+	case IBV_WR_LOCAL_INV:
+		return IBV_WC_LOCAL_INV;
+	case IBV_WR_BIND_MW:
+		return IBV_WC_BIND_MW;
+	default:
+		return IBV_WC_RDMA_WRITE;
+	}
+}
+
+/* In place of mirrored send WR idx, which the peer has executed: an empty
+ * WRITE on the backup QP, signaled like it, whose completion is idx's. */
+static int post_bk_placeholder(struct shift_dqp *d, uint64_t idx)
+{
+	struct shift_swqe *e = shift_dqp_swqe(d, idx);
+	struct ibv_send_wr wr, *bad;
+
+	memset(&wr, 0, sizeof(wr));
+	wr.wr_id = SHIFT_WRID_DATA | SHIFT_WRID_GEN(d->bk_gen) | idx;
+	wr.opcode = IBV_WR_RDMA_WRITE;
+	wr.send_flags = e->send_flags & IBV_SEND_SIGNALED;
+	return ibv_post_send(d->bk, &wr, &bad);
+}
+
 static int post_bk_send(struct shift_dqp *d, uint64_t idx)
 {
 	return post_mirrored(d, idx, false);
@@ -954,28 +991,49 @@ static void retransmit(struct shift_dqp *d, struct out *o)
 	struct out so = { .wc = NULL, .n = 0, .max = 0, .c = d->scq };
 	struct out *os = o->c == d->scq ? o : &so;
 
-	for (i = d->sq_tail; skip && i < d->sq_head; i++) {
-		struct shift_swqe *e = shift_dqp_swqe(d, i);
+	/* The executed ones end with the skip-th consumer (end). An RDMA READ
+	 * among them was executed, but its response may not have arrived: its
+	 * data is not known to be here. From the first such READ on, the
+	 * READs are sent again and the executed WRs after it are replaced by
+	 * empty WRITEs (placeholders) on the backup, so every completion still
+	 * comes in order. */
+	uint64_t end = d->sq_tail, rd = UINT64_MAX;
+
+	for (; skip && end < d->sq_head; end++) {
+		struct shift_swqe *e = shift_dqp_swqe(d, end);
 
 		if (shift_wr_consumes_recv(e->opcode))
 			skip--;
+		if (e->opcode == IBV_WR_RDMA_READ && rd == UINT64_MAX)
+			rd = end;
+	}
+	for (i = d->sq_tail; i < end && i < rd; i++) {
+		struct shift_swqe *e = shift_dqp_swqe(d, i);
+
 		if ((e->send_flags & IBV_SEND_SIGNALED) || d->sq_sig_all) {
 			struct ibv_wc wc = {
 				.wr_id = e->wr_id, .status = IBV_WC_SUCCESS,
-				.opcode = e->opcode == IBV_WR_RDMA_READ ? IBV_WC_RDMA_READ :
-					  e->opcode == IBV_WR_SEND || e->opcode == IBV_WR_SEND_WITH_IMM ?
-					  IBV_WC_SEND : IBV_WC_RDMA_WRITE,
-				.qp_num = d->qpn,
+				.opcode = send_wc_opcode(e->opcode), .qp_num = d->qpn,
 			};
 			shift_dqp_retire(d, &wc); /* sq_tail follows at the next sync */
 			emit(os, &wc);
 		}
 	}
 	unsigned long before = d->retransmitted;
-	uint64_t skipped = i - d->sq_tail;
+	uint64_t skipped = end - d->sq_tail;
 
 	shift_dqp_lock(d);
 	d->handshake_done = true;
+	for (; i < end; i++) {
+		bool again = shift_dqp_swqe(d, i)->opcode == IBV_WR_RDMA_READ;
+
+		if (again ? post_bk_send(d, i) : post_bk_placeholder(d, i)) {
+			shift_dqp_unlock(d);
+			give_up(d, "cannot post a WR on the backup QP");
+			return;
+		}
+		skipped -= again;
+	}
 	for (; i < d->sq_head; i++) {
 		if (post_bk_send(d, i)) {
 			shift_dqp_unlock(d);
@@ -1465,7 +1523,6 @@ static void ret_finish(struct shift_ctx *s, struct shift_dqp *d, struct out *o)
 {
 	uint64_t moved = 0, done_n = 0;
 
-	(void)s;
 	d->ret_wait = false;
 	shift_dqp_lock(d);
 	if (d->send_state != SHIFT_SEND_DEFAULT) {
@@ -1496,6 +1553,24 @@ static void ret_finish(struct shift_ctx *s, struct shift_dqp *d, struct out *o)
 					   d->qpn);
 			d->notify_sent = true;
 		}
+		uint64_t left = skip;
+
+		for (i = d->sq_tail; left && i < d->sq_head; i++) {
+			struct shift_swqe *e = shift_dqp_swqe(d, i);
+
+			left -= shift_wr_consumes_recv(e->opcode);
+			if (e->opcode == IBV_WR_RDMA_READ) {
+				/* executed before a consumer the peer has, its
+				 * response maybe lost: sent again it would complete
+				 * after that consumer (retransmit() keeps the order
+				 * with placeholders on the backup, gone here) */
+				shift_dqp_unlock(d);
+				shift_warn("%s QP %u: an RDMA READ may have lost its response: the error "
+					   "goes to the application", d->dev, d->qpn);
+				fail_connection(s, d, o, false, NULL);
+				return;
+			}
+		}
 		for (i = d->sq_tail; skip && i < d->sq_head; i++) {
 			struct shift_swqe *e = shift_dqp_swqe(d, i);
 
@@ -1504,11 +1579,7 @@ static void ret_finish(struct shift_ctx *s, struct shift_dqp *d, struct out *o)
 			if ((e->send_flags & IBV_SEND_SIGNALED) || d->sq_sig_all) {
 				struct ibv_wc wc = {
 					.wr_id = e->wr_id, .status = IBV_WC_SUCCESS,
-					.opcode = e->opcode == IBV_WR_RDMA_READ ? IBV_WC_RDMA_READ :
-						  e->opcode == IBV_WR_SEND ||
-								  e->opcode == IBV_WR_SEND_WITH_IMM ?
-						  IBV_WC_SEND : IBV_WC_RDMA_WRITE,
-					.qp_num = d->qpn,
+					.opcode = send_wc_opcode(e->opcode), .qp_num = d->qpn,
 				};
 				shift_dqp_retire(d, &wc);
 				emit(os, &wc);
@@ -1825,7 +1896,12 @@ static void from_backup(struct shift_ctx *s, struct ibv_wc *wc, struct out *o, b
 	if (wc->wr_id & SHIFT_WRID_RECV) {
 		wc->wr_id = shift_dqp_rwqe(d, idx)->wr_id;
 	} else {
-		wc->wr_id = shift_dqp_swqe(d, idx)->wr_id;
+		struct shift_swqe *e = shift_dqp_swqe(d, idx);
+
+		wc->wr_id = e->wr_id;
+		/* (a placeholder's completion is its WR's) */
+		if (wc->status == IBV_WC_SUCCESS)
+			wc->opcode = send_wc_opcode(e->opcode);
 	}
 	wc->qp_num = d->qpn;
 	if (wc->status == IBV_WC_SUCCESS) {

@@ -258,6 +258,52 @@ static void test_refused_post_on_healthy_qp_is_the_apps(void **state)
 		assert_int_equal(b.buf[256 * i], 'a' + i % 26);
 }
 
+/*
+ * An RDMA READ executed at the peer whose response was lost, then a SEND
+ * the peer executed whose ACK was lost, then the NIC dies: the handshake
+ * counts the SEND as executed, so it is not sent again, but the READ's
+ * data never arrived: it must be read again, and complete before the SEND.
+ */
+static void test_read_before_executed_send_is_read_again(void **state)
+{
+	struct ibv_wc wa[16], wb[16];
+	int na = 0, nb = 0;
+	struct ibv_send_wr *bad;
+	(void)state;
+
+	post_b_recvs(2);
+	memset(b.buf + 8192, 0x5a, 512);
+	memset(a.buf + 8192, 0, 512);
+	struct ibv_sge rs = { .addr = (uintptr_t)a.buf + 8192, .length = 512, .lkey = a.mr->lkey };
+	struct ibv_send_wr rd = { .wr_id = 900, .sg_list = &rs, .num_sge = 1,
+				  .opcode = IBV_WR_RDMA_READ, .send_flags = IBV_SEND_SIGNALED,
+				  .wr.rdma = { .remote_addr = (uintptr_t)b.buf + 8192,
+					       .rkey = b.mr->rkey } };
+	struct ibv_sge ss = { .addr = (uintptr_t)a.buf, .length = 64, .lkey = a.mr->lkey };
+	struct ibv_send_wr sd = { .wr_id = 901, .sg_list = &ss, .num_sge = 1,
+				  .opcode = IBV_WR_SEND, .send_flags = IBV_SEND_SIGNALED };
+
+	memset(a.buf, 'S', 64);
+	sim_qp_drop_next(b.qp, 1, 2); /* the READ's response, the SEND's ACK */
+	assert_int_equal(ibv_post_send(a.qp, &rd, &bad), 0);
+	assert_int_equal(ibv_post_send(a.qp, &sd, &bad), 0);
+	for (int i = 0; i < 6; i++)
+		sim_world_step(world);
+	sim_dev_kill(sim_host_dev(host[0], 0), 0);
+	drive(wa, 16, &na, wb, 16, &nb);
+	assert_int_equal(nb, 1); /* the SEND once */
+	assert_int_equal(wb[0].wr_id, 500);
+	assert_int_equal(b.buf[0], 'S');
+	assert_int_equal(na, 2);
+	assert_int_equal(wa[0].wr_id, 900); /* in order */
+	assert_int_equal(wa[0].status, IBV_WC_SUCCESS);
+	assert_int_equal(wa[0].opcode, IBV_WC_RDMA_READ);
+	assert_int_equal(wa[1].wr_id, 901);
+	assert_int_equal(wa[1].opcode, IBV_WC_SEND);
+	for (int i = 0; i < 512; i++)
+		assert_int_equal(a.buf[8192 + i], 0x5a); /* the data is here */
+}
+
 /* Network, background passes and both applications' polls for a fixed
  * number of rounds: the recovery probe runs every few passes, so waiting
  * for "idle" is not enough here. */
@@ -1083,6 +1129,8 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_sends_survive_with_receives_in_order, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_atomic_in_flight_surfaces, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_qp_fatal_hidden, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_read_before_executed_send_is_read_again, setup,
+						teardown),
 		cmocka_unit_test_setup_teardown(test_refused_post_on_failed_qp_fails_over, setup,
 						teardown),
 		cmocka_unit_test_setup_teardown(test_refused_recv_on_failed_qp_fails_over, setup,
