@@ -153,13 +153,6 @@ int shift_exchange_ep_encode(unsigned gen, unsigned started, char *buf, size_t c
 		   cap);
 }
 
-int shift_exchange_ep_encode_ret(unsigned gen, unsigned started, uint32_t count, char *buf,
-				 size_t cap)
-{
-	return fit(snprintf(buf, cap, SHIFT_EXCHANGE_VERSION " ep gen=%u started=%u ret=%u", gen,
-			    started, count), cap);
-}
-
 int shift_exchange_ep_encode_ex(const struct shift_ep_value *v, char *buf, size_t cap)
 {
 	char ret[24] = "";
@@ -194,8 +187,7 @@ int shift_exchange_ep_decode_ex(const char *s, size_t len, struct shift_ep_value
 	return 0;
 }
 
-int shift_exchange_ep_decode_ret(const char *s, size_t len, unsigned *gen, unsigned *started,
-				 bool *ret, uint32_t *count)
+int shift_exchange_ep_decode(const char *s, size_t len, unsigned *gen, unsigned *started)
 {
 	struct shift_ep_value v;
 	int rc = shift_exchange_ep_decode_ex(s, len, &v);
@@ -204,14 +196,5 @@ int shift_exchange_ep_decode_ret(const char *s, size_t len, unsigned *gen, unsig
 		return rc;
 	*gen = v.gen;
 	*started = v.started;
-	if (ret)
-		*ret = v.ret;
-	if (count)
-		*count = v.count;
 	return 0;
-}
-
-int shift_exchange_ep_decode(const char *s, size_t len, unsigned *gen, unsigned *started)
-{
-	return shift_exchange_ep_decode_ret(s, len, gen, started, NULL, NULL);
 }

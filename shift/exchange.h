@@ -36,13 +36,9 @@ int shift_exchange_qp_key(const struct shift_qp_key *k, char *buf, size_t cap);
 int shift_exchange_ep_key(const struct shift_qp_key *k, char *buf, size_t cap);
 int shift_exchange_ep_encode(unsigned gen, unsigned started, char *buf, size_t cap);
 int shift_exchange_ep_decode(const char *s, size_t len, unsigned *gen, unsigned *started);
-/* ... of a return episode (the backup failed, both ends back on the default
- * QPs): with the end's receive counter once its receives are there */
-int shift_exchange_ep_encode_ret(unsigned gen, unsigned started, uint32_t count, char *buf,
-				 size_t cap);
-int shift_exchange_ep_decode_ret(const char *s, size_t len, unsigned *gen, unsigned *started,
-				 bool *ret, uint32_t *count);
-/* The whole record: also whether the end's backup path failed in its
+/* The whole record: also, for a return episode (the backup failed, both
+ * ends back on the default QPs), the end's receive counter once its
+ * receives are there, and whether the end's backup path failed in its
  * current episode (the prober decides what follows) */
 struct shift_ep_value {
 	unsigned gen, started;

@@ -619,7 +619,7 @@ static int ep_read(struct shift_ctx *s, struct shift_dqp *d)
 {
 	struct shift_rnic *r = s->rnic;
 	char key[SHIFT_EXCHANGE_KEY_MAX];
-	unsigned g, st;
+	struct shift_ep_value ev;
 	void *v;
 	size_t len;
 
@@ -633,10 +633,6 @@ static int ep_read(struct shift_ctx *s, struct shift_dqp *d)
 		shift_debug("%s QP %u: no peer record %s (%d)", d->dev, d->qpn, key, rc);
 		return -1;
 	}
-	struct shift_ep_value ev;
-
-	(void)g;
-	(void)st;
 	rc = shift_exchange_ep_decode_ex(v, len, &ev);
 	free(v);
 	if (rc) {
@@ -969,56 +965,80 @@ static void send_my_ctrl(struct shift_ctx *s, struct shift_dqp *d)
 	d->ctrl_sent = true;
 }
 
+/*
+ * The outstanding send WRs (sq synced) that the peer has executed, by its
+ * receive counter (compared under mask, the bits the counter carries): my
+ * consumers done before them plus those among them make the counter, so
+ * they end with the peer_count - done -th consumer: returns the index after
+ * it (sq_tail if none). *rd is the first RDMA READ among them (UINT64_MAX if
+ * none), *done_out my consumers done before them.
+ */
+static uint64_t executed_end(struct shift_dqp *d, uint32_t peer_count, uint32_t mask,
+			     uint64_t *rd, uint32_t *done_out)
+{
+	uint64_t outstanding_consumers = 0, skip, end;
+
+	for (uint64_t i = d->sq_tail; i < d->sq_head; i++)
+		outstanding_consumers += shift_wr_consumes_recv(shift_dqp_swqe(d, i)->opcode);
+	uint32_t done = (uint32_t)(shift_dqp_consumers_posted(d) - outstanding_consumers) & mask;
+
+	skip = (peer_count - done) & mask;
+	shift_debug("%s QP %u: peer counter %u, mine: %u done, %llu outstanding consumers", d->dev,
+		    d->qpn, peer_count, done, (unsigned long long)outstanding_consumers);
+	if (skip > outstanding_consumers) {
+		shift_warn("%s QP %u: the peer's receive counter (%u) is ahead of what was sent; "
+			   "sending everything again", d->dev, d->qpn, peer_count);
+		skip = 0;
+	}
+	*rd = UINT64_MAX;
+	for (end = d->sq_tail; skip && end < d->sq_head; end++) {
+		struct shift_swqe *e = shift_dqp_swqe(d, end);
+
+		if (shift_wr_consumes_recv(e->opcode))
+			skip--;
+		if (e->opcode == IBV_WR_RDMA_READ && *rd == UINT64_MAX)
+			*rd = end;
+	}
+	if (done_out)
+		*done_out = done;
+	return end;
+}
+
+/* Mirrored send WR i was executed at the peer, its ACK lost: its
+ * completion, if signaled, without sending it again. */
+static void complete_executed(struct shift_dqp *d, struct out *os, uint64_t i)
+{
+	struct shift_swqe *e = shift_dqp_swqe(d, i);
+
+	if ((e->send_flags & IBV_SEND_SIGNALED) || d->sq_sig_all) {
+		struct ibv_wc wc = {
+			.wr_id = e->wr_id, .status = IBV_WC_SUCCESS,
+			.opcode = send_wc_opcode(e->opcode), .qp_num = d->qpn,
+		};
+		shift_dqp_retire(d, &wc); /* sq_tail follows at the next sync */
+		emit(os, &wc);
+	}
+}
+
 /* Both messages exchanged: retransmit what the peer has not executed. */
 static void retransmit(struct shift_dqp *d, struct out *o)
 {
-	uint64_t outstanding_consumers = 0, skip, i;
-
-	shift_dqp_sync(d);
-	for (i = d->sq_tail; i < d->sq_head; i++)
-		outstanding_consumers += shift_wr_consumes_recv(shift_dqp_swqe(d, i)->opcode);
-	uint32_t done = CTRL_COUNT((uint32_t)(shift_dqp_consumers_posted(d) - outstanding_consumers));
-	skip = CTRL_COUNT(d->peer_recv_count - done);
-	shift_debug("%s QP %u: peer counter %u, mine: %u done, %llu outstanding consumers", d->dev, d->qpn,
-		    d->peer_recv_count, done, (unsigned long long)outstanding_consumers);
-	if (skip > outstanding_consumers) {
-		shift_warn("%s QP %u: the peer's receive counter (%u) is ahead of what was sent; "
-			   "retransmitting everything", d->dev, d->qpn, d->peer_recv_count);
-		skip = 0;
-	}
+	uint64_t rd, i;
 	/* executed at the peer, ACK lost: complete them, do not send again
 	 * (on the send CQ: o may be the receive CQ's, when they differ) */
 	struct out so = { .wc = NULL, .n = 0, .max = 0, .c = d->scq };
 	struct out *os = o->c == d->scq ? o : &so;
 
-	/* The executed ones end with the skip-th consumer (end). An RDMA READ
-	 * among them was executed, but its response may not have arrived: its
-	 * data is not known to be here. From the first such READ on, the
-	 * READs are sent again and the executed WRs after it are replaced by
-	 * empty WRITEs (placeholders) on the backup, so every completion still
-	 * comes in order. */
-	uint64_t end = d->sq_tail, rd = UINT64_MAX;
+	shift_dqp_sync(d);
+	/* An RDMA READ among the executed WRs was executed, but its response
+	 * may not have arrived: its data is not known to be here. From the
+	 * first such READ on, the READs are sent again and the executed WRs
+	 * after it are replaced by empty WRITEs (placeholders) on the backup,
+	 * so every completion still comes in order. */
+	uint64_t end = executed_end(d, d->peer_recv_count, CTRL_COUNT(~0u), &rd, NULL);
 
-	for (; skip && end < d->sq_head; end++) {
-		struct shift_swqe *e = shift_dqp_swqe(d, end);
-
-		if (shift_wr_consumes_recv(e->opcode))
-			skip--;
-		if (e->opcode == IBV_WR_RDMA_READ && rd == UINT64_MAX)
-			rd = end;
-	}
-	for (i = d->sq_tail; i < end && i < rd; i++) {
-		struct shift_swqe *e = shift_dqp_swqe(d, i);
-
-		if ((e->send_flags & IBV_SEND_SIGNALED) || d->sq_sig_all) {
-			struct ibv_wc wc = {
-				.wr_id = e->wr_id, .status = IBV_WC_SUCCESS,
-				.opcode = send_wc_opcode(e->opcode), .qp_num = d->qpn,
-			};
-			shift_dqp_retire(d, &wc); /* sq_tail follows at the next sync */
-			emit(os, &wc);
-		}
-	}
+	for (i = d->sq_tail; i < end && i < rd; i++)
+		complete_executed(d, os, i);
 	unsigned long before = d->retransmitted;
 	uint64_t skipped = end - d->sq_tail;
 
@@ -1487,24 +1507,12 @@ static int ret_start(struct shift_ctx *s, struct shift_dqp *d, struct out *o)
 		}
 	}
 	shift_dqp_lock(d);
-	if (d->recv_state == SHIFT_RECV_FALLBACK) {
-		for (uint64_t i = d->rq_tail; i < d->rq_head; i++) {
-			struct shift_rwqe *e = shift_dqp_rwqe(d, i);
-			struct ibv_recv_wr wr = { .wr_id = e->wr_id, .sg_list = e->sge,
-						  .num_sge = (int)e->num_sge }, *bad;
+	int rc = d->recv_state == SHIFT_RECV_FALLBACK ? receives_back(d) : 0;
 
-			if (d->prov_post_recv(d->qp, &wr, &bad)) {
-				d->recv_hold = false;
-				shift_dqp_unlock(d);
-				give_up(d, "the default QP refused a receive");
-				return -1;
-			}
-		}
-		__atomic_store_n(&d->recv_state, SHIFT_RECV_DEFAULT, __ATOMIC_RELEASE);
-		shift_dqp_state_changed(d);
-	}
 	d->recv_hold = false;
 	shift_dqp_unlock(d);
+	if (rc)
+		return -1;
 	d->failovers++;
 	d->ret_wait = true;
 	d->ret_ep = d->failovers;
@@ -1526,20 +1534,14 @@ static void ret_finish(struct shift_ctx *s, struct shift_dqp *d, struct out *o)
 	d->ret_wait = false;
 	shift_dqp_lock(d);
 	if (d->send_state != SHIFT_SEND_DEFAULT) {
-		uint64_t outstanding_consumers = 0, skip, i;
+		uint64_t rd, i;
+		uint32_t done;
 		struct out so = { .wc = NULL, .n = 0, .max = 0, .c = d->scq };
 		struct out *os = o->c == d->scq ? o : &so;
 
 		shift_dqp_sync_locked(d);
-		for (i = d->sq_tail; i < d->sq_head; i++)
-			outstanding_consumers += shift_wr_consumes_recv(shift_dqp_swqe(d, i)->opcode);
-		uint32_t done = (uint32_t)(shift_dqp_consumers_posted(d) - outstanding_consumers);
-		skip = (uint32_t)(d->peer_ret_count - done);
-		if (skip > outstanding_consumers) {
-			shift_warn("%s QP %u: the peer's receive counter (%u) is ahead of what was sent; "
-				   "resending everything", d->dev, d->qpn, d->peer_ret_count);
-			skip = 0;
-		}
+		uint64_t end = executed_end(d, d->peer_ret_count, ~0u, &rd, &done);
+
 		if (!d->notify_sent) {
 			/* the peer's control receive heads its queue: consume it */
 			struct ibv_send_wr wr, *bad;
@@ -1547,45 +1549,25 @@ static void ret_finish(struct shift_ctx *s, struct shift_dqp *d, struct out *o)
 			memset(&wr, 0, sizeof(wr));
 			wr.wr_id = SHIFT_WRID_NOTIFY;
 			wr.opcode = IBV_WR_RDMA_WRITE_WITH_IMM;
-			wr.imm_data = htobe32(CTRL_COUNT((uint32_t)done));
+			wr.imm_data = htobe32(CTRL_COUNT(done));
 			if (d->prov_post_send(d->qp, &wr, &bad))
 				shift_warn("%s QP %u: cannot post the marker on the default QP", d->dev,
 					   d->qpn);
 			d->notify_sent = true;
 		}
-		uint64_t left = skip;
-
-		for (i = d->sq_tail; left && i < d->sq_head; i++) {
-			struct shift_swqe *e = shift_dqp_swqe(d, i);
-
-			left -= shift_wr_consumes_recv(e->opcode);
-			if (e->opcode == IBV_WR_RDMA_READ) {
-				/* executed before a consumer the peer has, its
-				 * response maybe lost: sent again it would complete
-				 * after that consumer (retransmit() keeps the order
-				 * with placeholders on the backup, gone here) */
-				shift_dqp_unlock(d);
-				shift_warn("%s QP %u: an RDMA READ may have lost its response: the error "
-					   "goes to the application", d->dev, d->qpn);
-				fail_connection(s, d, o, false, NULL);
-				return;
-			}
+		if (rd < end) {
+			/* an RDMA READ executed before a consumer the peer has,
+			 * its response maybe lost: sent again it would complete
+			 * after that consumer (retransmit() keeps the order with
+			 * placeholders on the backup, gone here) */
+			shift_dqp_unlock(d);
+			shift_warn("%s QP %u: an RDMA READ may have lost its response: the error "
+				   "goes to the application", d->dev, d->qpn);
+			fail_connection(s, d, o, false, NULL);
+			return;
 		}
-		for (i = d->sq_tail; skip && i < d->sq_head; i++) {
-			struct shift_swqe *e = shift_dqp_swqe(d, i);
-
-			if (shift_wr_consumes_recv(e->opcode))
-				skip--;
-			if ((e->send_flags & IBV_SEND_SIGNALED) || d->sq_sig_all) {
-				struct ibv_wc wc = {
-					.wr_id = e->wr_id, .status = IBV_WC_SUCCESS,
-					.opcode = send_wc_opcode(e->opcode), .qp_num = d->qpn,
-				};
-				shift_dqp_retire(d, &wc);
-				emit(os, &wc);
-			}
-			done_n++;
-		}
+		for (i = d->sq_tail; i < end; i++, done_n++)
+			complete_executed(d, os, i);
 		for (; i < d->sq_head; i++) {
 			int rc = post_mirrored(d, i, true);
 
@@ -2127,6 +2109,45 @@ void shift_failover_background(struct shift_ctx *s)
 	pthread_mutex_unlock(&bg_lock);
 }
 
+/* A peer's handshake message the background thread noticed, for a passive
+ * application: answered here once the grace has passed (see background()). */
+static void answer_peer(struct shift_ctx *s, struct shift_dqp *d, uint64_t now)
+{
+	if (!d->ctrl_pending)
+		return;
+	if (!d->ctrl_seen_ms)
+		d->ctrl_seen_ms = now;
+	if (!shift_shadow_sync && now - d->ctrl_seen_ms < SHIFT_BG_GRACE_MS)
+		return;
+	lock_cqs(d);
+	if (d->ctrl_pending) {
+		struct out o = { .wc = NULL, .n = 0, .max = 0, .c = d->rcq ? d->rcq : d->scq };
+		on_ctrl(s, d, &o);
+	}
+	unlock_cqs(d);
+}
+
+/* A QP whose provider refused a post because it failed, with no error
+ * completion to start its failover (shift_failover_post_refused()). */
+static void fail_over_refused(struct shift_ctx *s, struct shift_dqp *d, uint64_t now)
+{
+	if (!__atomic_load_n(&d->post_failed, __ATOMIC_ACQUIRE))
+		return;
+	/* (as for a port that went down: a poll that entered the fast path
+	 * before the context went slow finishes first) */
+	if (!shift_shadow_sync && now - d->post_failed_ms < SHIFT_BG_GRACE_MS)
+		return;
+	lock_cqs(d);
+	if (d->post_failed && (d->send_state == SHIFT_SEND_DEFAULT || d->need_rearm)) {
+		struct out o = { .wc = NULL, .n = 0, .max = 0, .c = d->scq };
+
+		shift_info("%s QP %u: failing over on a refused post", d->dev, d->qpn);
+		start(s, d, &o, NULL);
+	}
+	d->post_failed = false; /* (a failover holds its WRs now) */
+	unlock_cqs(d);
+}
+
 static void background(struct shift_ctx *s)
 {
 	struct shift_rnic *r = s->rnic;
@@ -2156,41 +2177,10 @@ static void background(struct shift_ctx *s)
 	for (int i = 0; i < SHIFT_DQP_BUCKETS; i++) {
 		for (struct shift_dqp *d = __atomic_load_n(&s->dqp[i], __ATOMIC_ACQUIRE); d;
 		     d = d->next_in_bucket) {
-			if (!d->ctrl_pending || !d->scq)
+			if (!d->scq)
 				continue;
-			if (!d->ctrl_seen_ms)
-				d->ctrl_seen_ms = now;
-			if (!shift_shadow_sync && now - d->ctrl_seen_ms < SHIFT_BG_GRACE_MS)
-				continue;
-			lock_cqs(d);
-			if (d->ctrl_pending) {
-				struct out o = { .wc = NULL, .n = 0, .max = 0, .c = d->rcq ? d->rcq : d->scq };
-				on_ctrl(s, d, &o);
-			}
-			unlock_cqs(d);
-		}
-	}
-
-	/* QPs whose provider refused a post because they failed, with no error
-	 * completion to start their failover */
-	for (int i = 0; i < SHIFT_DQP_BUCKETS; i++) {
-		for (struct shift_dqp *d = __atomic_load_n(&s->dqp[i], __ATOMIC_ACQUIRE); d;
-		     d = d->next_in_bucket) {
-			if (!__atomic_load_n(&d->post_failed, __ATOMIC_ACQUIRE) || !d->scq)
-				continue;
-			/* (as for a port that went down: a poll that entered the
-			 * fast path before the context went slow finishes first) */
-			if (!shift_shadow_sync && now - d->post_failed_ms < SHIFT_BG_GRACE_MS)
-				continue;
-			lock_cqs(d);
-			if (d->post_failed && (d->send_state == SHIFT_SEND_DEFAULT || d->need_rearm)) {
-				struct out o = { .wc = NULL, .n = 0, .max = 0, .c = d->scq };
-
-				shift_info("%s QP %u: failing over on a refused post", d->dev, d->qpn);
-				start(s, d, &o, NULL);
-			}
-			d->post_failed = false; /* (a failover holds its WRs now) */
-			unlock_cqs(d);
+			answer_peer(s, d, now);
+			fail_over_refused(s, d, now);
 		}
 	}
 

@@ -129,18 +129,28 @@ static void test_ep(void **state)
 	assert_true(shift_exchange_ep_encode(3, 4, val, 8) < 0); /* too small: an error, not a cut */
 	/* a return episode's record carries the receive counter */
 	n = shift_exchange_ep_encode(3, 4, val, sizeof(val));
-	bool ret = true;
-	uint32_t cnt = 1;
-	assert_int_equal(shift_exchange_ep_decode_ret(val, (size_t)n, &g, &st, &ret, &cnt), 0);
-	assert_false(ret);
-	n = shift_exchange_ep_encode_ret(5, 6, 4000000000u, val, sizeof(val));
+	struct shift_ep_value ev = { .ret = true, .count = 1, .bkfail = true };
+	assert_int_equal(shift_exchange_ep_decode_ex(val, (size_t)n, &ev), 0);
+	assert_false(ev.ret);
+	assert_false(ev.bkfail);
+	ev = (struct shift_ep_value){ .gen = 5, .started = 6, .ret = true, .count = 4000000000u };
+	n = shift_exchange_ep_encode_ex(&ev, val, sizeof(val));
 	assert_true(n > 0);
-	assert_int_equal(shift_exchange_ep_decode_ret(val, (size_t)n, &g, &st, &ret, &cnt), 0);
-	assert_true(ret);
-	assert_int_equal(g, 5);
-	assert_int_equal(st, 6);
-	assert_int_equal(cnt, 4000000000u);
+	memset(&ev, 0, sizeof(ev));
+	assert_int_equal(shift_exchange_ep_decode_ex(val, (size_t)n, &ev), 0);
+	assert_true(ev.ret);
+	assert_int_equal(ev.gen, 5);
+	assert_int_equal(ev.started, 6);
+	assert_int_equal(ev.count, 4000000000u);
+	assert_false(ev.bkfail);
 	assert_int_equal(shift_exchange_ep_decode(val, (size_t)n, &g, &st), 0);
+	/* ... and whether the end's backup failed */
+	ev = (struct shift_ep_value){ .gen = 1, .started = 2, .bkfail = true };
+	n = shift_exchange_ep_encode_ex(&ev, val, sizeof(val));
+	memset(&ev, 0, sizeof(ev));
+	assert_int_equal(shift_exchange_ep_decode_ex(val, (size_t)n, &ev), 0);
+	assert_true(ev.bkfail);
+	assert_false(ev.ret);
 	const char *bad[] = { "", "shift1 ep gen=1", "shift1 ep gen=1 started=", "shift1 ep gen=x started=2",
 			      "shift1 ep gen=99999 started=2", "shift1 ep gen=1 started=2 more",
 			      "shift1 qp gen=1 started=2", "shift0 ep gen=1 started=2" };
