@@ -106,6 +106,11 @@ static const struct config_row rows[] = {
 	  "waiting for an error completion (soft-RoCE never reports one on a cut link); "
 	  "0 = only on error completions",
 	  parse_uint, FIELD(port_down_ms) },
+	{ "SHIFT_POKE_MS", "1000",
+	  "how often each process reads whether a peer failed over alone and lost its backup "
+	  "path, and needs it to follow (one KV read per context); 0 = never (such a "
+	  "connection fails)",
+	  parse_uint, FIELD(poke_ms) },
 	{ "SHIFT_STATUS_DIR", "/tmp/shift",
 	  "where each process writes its per-QP status for shiftctl ('' = none)",
 	  parse_string, FIELD(status_dir) },

@@ -20,6 +20,7 @@ struct shift_config {
 	char kv_namespace[128];   /* SHIFT_KV_NAMESPACE */
 	unsigned probe_ms;        /* SHIFT_PROBE_MS */
 	unsigned port_down_ms;    /* SHIFT_PORT_DOWN_MS */
+	unsigned poke_ms;         /* SHIFT_POKE_MS */
 	char status_dir[256];     /* SHIFT_STATUS_DIR */
 };
 

@@ -234,6 +234,14 @@ struct shift_dqp {
 	uint64_t post_failed_ms;
 	uint64_t sq_taken, rq_taken;
 	bool peer_nosend;             /* the peer's application never sends (RTR only) */
+	/* a failover the peer started and this end never saw (its handshake
+	 * message lost with the peer's backup NIC): the poke read found the
+	 * peer's record; the background pass follows it (failover.c, poke) */
+	bool peer_join;
+	uint64_t peer_join_ms;
+	unsigned long poked_ep;       /* my episode I poked the peer for */
+	unsigned long published_ep;   /* my episode my record last said */
+	unsigned followed_ep;         /* the peer's return episode I logged following */
 
 	/* statistics (shiftctl, logs) */
 	unsigned long failovers, failbacks, retransmitted;

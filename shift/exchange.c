@@ -147,6 +147,14 @@ int shift_exchange_ep_key(const struct shift_qp_key *k, char *buf, size_t cap)
 	return fit(snprintf(buf, cap, "ep:%s:%u", g, k->qpn), cap);
 }
 
+int shift_exchange_poke_key(const union ibv_gid *gid, char *buf, size_t cap)
+{
+	char g[33];
+
+	shift_gid_hex(gid, g);
+	return fit(snprintf(buf, cap, "poke:%s", g), cap);
+}
+
 int shift_exchange_ep_encode(unsigned gen, unsigned started, char *buf, size_t cap)
 {
 	return fit(snprintf(buf, cap, SHIFT_EXCHANGE_VERSION " ep gen=%u started=%u", gen, started),
@@ -159,14 +167,15 @@ int shift_exchange_ep_encode_ex(const struct shift_ep_value *v, char *buf, size_
 
 	if (v->ret)
 		snprintf(ret, sizeof(ret), " ret=%u", v->count);
-	return fit(snprintf(buf, cap, SHIFT_EXCHANGE_VERSION " ep gen=%u started=%u%s%s", v->gen,
-			    v->started, ret, v->bkfail ? " bkfail=1" : ""), cap);
+	return fit(snprintf(buf, cap, SHIFT_EXCHANGE_VERSION " ep gen=%u started=%u%s%s%s", v->gen,
+			    v->started, ret, v->bkfail ? " bkfail=1" : "", v->nosend ? " nosend=1" : ""),
+		   cap);
 }
 
 int shift_exchange_ep_decode_ex(const char *s, size_t len, struct shift_ep_value *v)
 {
 	const char *p = s, *end = s + len;
-	uint32_t g, st, c = 0, b = 0;
+	uint32_t g, st, c = 0, b = 0, n = 0;
 	bool r = false;
 
 	if (prefix(&p, end, SHIFT_EXCHANGE_VERSION " ep ") ||
@@ -175,7 +184,9 @@ int shift_exchange_ep_decode_ex(const char *s, size_t len, struct shift_ep_value
 		return -EINVAL;
 	if (p != end && !field_u32(&p, end, "ret", 0xffffffffu, &c))
 		r = true;
-	if (p != end && field_u32(&p, end, "bkfail", 1, &b))
+	if (p != end && field_u32(&p, end, "bkfail", 1, &b) && field_u32(&p, end, "nosend", 1, &n))
+		return -EINVAL;
+	if (p != end && (n || field_u32(&p, end, "nosend", 1, &n)))
 		return -EINVAL;
 	if (p != end)
 		return -EINVAL;
@@ -184,6 +195,7 @@ int shift_exchange_ep_decode_ex(const char *s, size_t len, struct shift_ep_value
 	v->ret = r;
 	v->count = c;
 	v->bkfail = b != 0;
+	v->nosend = n != 0;
 	return 0;
 }
 

@@ -45,9 +45,13 @@ struct shift_ep_value {
 	bool ret;        /* a return episode's record ... */
 	uint32_t count;  /* ... with the end's receive counter */
 	bool bkfail;
+	bool nosend;     /* the end's application never sends (its QP stays at RTR) */
 };
 int shift_exchange_ep_encode_ex(const struct shift_ep_value *v, char *buf, size_t cap);
 int shift_exchange_ep_decode_ex(const char *s, size_t len, struct shift_ep_value *v);
+/* Where the ends that need a NIC's peers to read their records say so
+ * (a failover the peer never saw, see failover.c's poke) */
+int shift_exchange_poke_key(const union ibv_gid *gid, char *buf, size_t cap);
 int shift_exchange_mr_key(const union ibv_gid *gid, uint32_t rkey, char *buf,
 			  size_t cap);
 /* Encoders return the length written, or -EMSGSIZE. */

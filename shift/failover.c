@@ -580,6 +580,8 @@ static void poll_backup(struct shift_ctx *s, struct shift_cq *c, struct out *o, 
  * peer's record says so, or the peer's own message proves it.
  */
 
+static bool app_sends(struct shift_ctx *s, struct shift_dqp *d);
+
 static void ep_publish(struct shift_ctx *s, struct shift_dqp *d)
 {
 	struct shift_rnic *r = s->rnic;
@@ -591,11 +593,12 @@ static void ep_publish(struct shift_ctx *s, struct shift_dqp *d)
 	struct shift_ep_value ev = {
 		.gen = d->bk_gen, .started = (unsigned)d->failovers,
 		.ret = d->ret_ep && d->ret_ep == d->failovers, .count = d->ret_count,
-		.bkfail = d->bk_error,
+		.bkfail = d->bk_error, .nosend = !app_sends(s, d),
 	};
 
 	n = shift_exchange_ep_encode_ex(&ev, val, sizeof(val));
 	d->bkfail_published = d->bk_error;
+	d->published_ep = d->failovers;
 	if (n < 0 || shift_kv_put(r->kv, key, val, (size_t)n, 0))
 		shift_warn("%s QP %u: cannot publish failover %lu in the KV store: the peer may not "
 			   "follow it", d->dev, d->qpn, d->failovers);
@@ -611,6 +614,8 @@ static void ep_take(struct shift_dqp *d, const struct shift_ep_value *ev)
 	d->peer_ret = ev->ret;
 	d->peer_ret_count = ev->count;
 	d->peer_bkfail = ev->bkfail;
+	if (ev->nosend)
+		d->peer_nosend = true; /* (as its handshake message says, which may be lost) */
 }
 
 /* The peer's record into d->peer_gen and d->peer_started: 0, or -1 (none,
@@ -743,6 +748,47 @@ static bool peer_old_dead(const struct shift_dqp *d)
  * application's (kept, in order) when keep, else dropped with d off the
  * failed-over list; errors and flushes are SHIFT's. Its CQs locked.
  */
+/*
+ * Pokes. An end that fails over alone (the peer's retry budget outlasted
+ * the fault, so its QP never failed) reaches the peer through its handshake
+ * message on the backup path. If its backup NIC dies before that message
+ * arrives, the peer never learns of the failover: it stays on its default
+ * QP, which still answers the old connection's PSNs, so even a probe of the
+ * default path may be answered (as a duplicate) while the two ends no longer
+ * agree on anything. Such an end is "unjoined": it neither probes nor
+ * restarts its failover; it pokes the peer instead, writing under the
+ * peer's poke key (its default GID), and publishes its record. Every
+ * process reads the poke keys of its contexts' default GIDs every
+ * SHIFT_POKE_MS (one KV read per context); when a value changes it reads
+ * the peer records of its Default-state QPs on that GID, and a QP whose
+ * peer started a failover it never saw follows it (start(), its number
+ * taken from the peer). From there on it is the failover both ends saw,
+ * whose backup path failed: both ends publish that, the prober probes the
+ * reset default QPs, and both go back to them (ret_start).
+ */
+static bool unjoined(const struct shift_dqp *d)
+{
+	return d->bk_error && !d->handshake_done && d->peer_started < d->failovers;
+}
+
+static void poke_peer(struct shift_ctx *s, struct shift_dqp *d)
+{
+	struct shift_rnic *r = s->rnic;
+	char key[SHIFT_EXCHANGE_KEY_MAX], val[48];
+	int n;
+
+	if (!r || !r->kv || !shift_config.poke_ms ||
+	    shift_exchange_poke_key(&d->shadow->peer_key.gid, key, sizeof(key)) < 0)
+		return;
+	n = snprintf(val, sizeof(val), "%u.%lu.%llu", d->qpn, d->failovers,
+		     (unsigned long long)mono_us());
+	if (n < 0 || (size_t)n >= sizeof(val) || shift_kv_put(r->kv, key, val, (size_t)n, 0))
+		return; /* (again at the next pass) */
+	d->poked_ep = d->failovers;
+	shift_info("%s QP %u: my backup path failed before the peer answered failover %lu: "
+		   "asking the peer to follow it (%s)", d->dev, d->qpn, d->failovers, key);
+}
+
 static void flush_backup(struct shift_ctx *s, struct shift_dqp *d, bool keep)
 {
 	struct ibv_qp_attr a = { .qp_state = IBV_QPS_ERR };
@@ -1138,6 +1184,17 @@ static bool port_active(struct shift_ctx *s, struct shift_dqp *d)
 	uint8_t port = d->shadow && d->shadow->attr.port_num ? d->shadow->attr.port_num : 1;
 
 	return port_state(s, port) == 1;
+}
+
+/* The backup QP's port (the default QP's number, on the backup NIC). */
+static bool bk_port_active(struct shift_ctx *s, struct shift_dqp *d)
+{
+	struct ibv_port_attr pa;
+	uint8_t port = d->shadow && d->shadow->attr.port_num ? d->shadow->attr.port_num : 1;
+
+	memset(&pa, 0, sizeof(pa));
+	return s->rnic && s->rnic->bk_ctx && !shift_lower->query_port(s->rnic->bk_ctx, port, &pa) &&
+	       pa.state == IBV_PORT_ACTIVE;
 }
 
 static int reset_default(struct shift_ctx *s, struct shift_dqp *d)
@@ -1630,9 +1687,16 @@ static void failback_work(struct shift_ctx *s, struct shift_dqp *d, uint64_t now
 
 			if (d->peer_started > d->failovers && d->peer_ret &&
 			    d->peer_started == d->failovers + 1) {
-				shift_info("%s QP %u: the peer goes back to the default QP (failover %u): "
-					   "following it", d->dev, d->qpn, d->peer_started);
-				if (ret_start(s, d, &o) == 0 && d->peer_started == d->failovers)
+				/* (my default QP must be reset first: not while
+				 * its port is down) */
+				bool can = d->dflt != SHIFT_DFLT_ERR || port_active(s, d);
+
+				if (d->followed_ep != d->peer_started)
+					shift_info("%s QP %u: the peer goes back to the default QP (failover "
+						   "%u): following it%s", d->dev, d->qpn, d->peer_started,
+						   can ? "" : " once my default port is up");
+				d->followed_ep = d->peer_started;
+				if (can && ret_start(s, d, &o) == 0 && d->peer_started == d->failovers)
 					ret_finish(s, d, &o);
 			} else if (d->ret_wait && d->peer_ret && d->peer_started == d->failovers) {
 				ret_finish(s, d, &o);
@@ -1671,6 +1735,12 @@ static void failback_work(struct shift_ctx *s, struct shift_dqp *d, uint64_t now
 	 * decides; it may not have seen its own backup fail) */
 	if (d->bk_error && !d->bkfail_published)
 		ep_publish(s, d);
+	/* the peer's backup failed in my episode: my record shows I am in it
+	 * (the peer does not go on before it knows, see unjoined()) */
+	if (d->peer_bkfail && d->peer_started == d->failovers && d->published_ep != d->failovers)
+		ep_publish(s, d);
+	if (unjoined(d) && d->poked_ep != d->failovers)
+		poke_peer(s, d);
 	/* either end's backup failed in this episode and my default path
 	 * answered since it started: both back to the default QPs */
 	if ((d->bk_error || (d->peer_bkfail && d->peer_started == d->failovers)) &&
@@ -1684,6 +1754,7 @@ static void failback_work(struct shift_ctx *s, struct shift_dqp *d, uint64_t now
 		if (d->send_state == SHIFT_SEND_UNPROTECTED)
 			return;
 	}
+	/* (never onto a backup whose port is down: its reset would fail) */
 	uint64_t grace = shift_shadow_sync ? 16 : SHIFT_BK_RESTART_MS;
 	/* With the default port up, the default path may be back: the prober
 	 * waits for its probe (answered: back to the default QP, ret_start;
@@ -1693,7 +1764,8 @@ static void failback_work(struct shift_ctx *s, struct shift_dqp *d, uint64_t now
 	if (maybe_back && (prober(d) ? d->probe_fails == d->bk_probe_fails : true))
 		grace = prober(d) ? UINT64_MAX / 2 : 4 * grace;
 	if (d->bk_error && d->bk_restarts < SHIFT_BK_RESTARTS && now > d->bk_error_at &&
-	    now - d->bk_error_at >= grace && d->peer_started <= d->failovers) {
+	    now - d->bk_error_at >= grace && d->peer_started <= d->failovers && !unjoined(d) &&
+	    bk_port_active(s, d)) {
 		struct out o = { .wc = NULL, .n = 0, .max = 0, .c = d->scq };
 
 		d->bk_restarts++;
@@ -1758,7 +1830,7 @@ static void failback_work(struct shift_ctx *s, struct shift_dqp *d, uint64_t now
 				d->probe_at = now + probe_wait(d);
 			}
 		}
-		if (d->dflt == SHIFT_DFLT_READY && now >= d->probe_at && prober(d)) {
+		if (d->dflt == SHIFT_DFLT_READY && now >= d->probe_at && prober(d) && !unjoined(d)) {
 			shift_dqp_lock(d);
 			int rc = post_probe(d);
 			shift_dqp_unlock(d);
@@ -1769,9 +1841,12 @@ static void failback_work(struct shift_ctx *s, struct shift_dqp *d, uint64_t now
 	}
 	/* (after a return episode the peer's marker is still to consume my
 	 * control receive: its completion must not reach the fast path) */
+	/* (and only with the backup's port up: a backup NIC that is down now
+	 * protects the QP again once it is back) */
 	if (d->need_rearm && d->send_state == SHIFT_SEND_DEFAULT &&
 	    d->recv_state == SHIFT_RECV_DEFAULT && !d->notify_inflight &&
-	    !(d->ctrl_recv_out && !d->peer_nosend) && rearm_backup(s, d) == 0)
+	    !(d->ctrl_recv_out && !d->peer_nosend) && bk_port_active(s, d) &&
+	    rearm_backup(s, d) == 0)
 		shift_info("%s QP %u: back on the default QP in both directions, backup QP %u re-armed "
 			   "(failovers %lu, failbacks %lu)", d->dev, d->qpn, d->bk->qp_num, d->failovers,
 			   d->failbacks);
@@ -1852,14 +1927,20 @@ static void from_backup(struct shift_ctx *s, struct ibv_wc *wc, struct out *o, b
 		if (wc->status != IBV_WC_SUCCESS)
 			shift_debug("backup QP %u: SHIFT's WR %llx failed: %d", wc->qp_num,
 				    (unsigned long long)wc->wr_id, (int)wc->status);
+		/* my handshake message failed: the backup failed as surely as
+		 * with a WR of the application on it (which there may be none
+		 * of: an end that only sends, before the handshake) */
+		if (!d || wc->status == IBV_WC_SUCCESS || d->bk_flushing || d->bk_error ||
+		    d->send_state == SHIFT_SEND_UNPROTECTED || !d->need_rearm)
+			return;
+	} else if (!(wc->wr_id & SHIFT_WRID_DATA)) {
 		return;
 	}
-	if (!(wc->wr_id & SHIFT_WRID_DATA))
-		return;
 	if (wc->status != IBV_WC_SUCCESS && d->send_state != SHIFT_SEND_UNPROTECTED) {
 		/* flushes of a reset, late ones of an earlier generation, and
 		 * what follows a failure already seen are SHIFT's */
-		if (d->bk_flushing || d->bk_error || SHIFT_WRID_GEN_OF(wc->wr_id) != d->bk_gen)
+		if (d->bk_flushing || d->bk_error ||
+		    (wc->wr_id != SHIFT_WRID_CTRL_SEND && SHIFT_WRID_GEN_OF(wc->wr_id) != d->bk_gen))
 			return;
 		/* The backup failed: the peer may have reset its own for a new
 		 * failover (its default path failed again), which its record
@@ -2148,6 +2229,116 @@ static void fail_over_refused(struct shift_ctx *s, struct shift_dqp *d, uint64_t
 	unlock_cqs(d);
 }
 
+/*
+ * The poke read (see unjoined()): the values under the poke keys of the
+ * context's default GIDs; a changed one (or the first read) has the
+ * Default-state QPs on that GID read their peers' records, and those whose
+ * peer started a failover they never saw follow it (join_peer()).
+ */
+static void poke_read(struct shift_ctx *s, uint64_t now)
+{
+	struct shift_rnic *r = s->rnic;
+	char keys[SHIFT_POKE_GIDS][SHIFT_EXCHANGE_KEY_MAX];
+	const char *kp[SHIFT_POKE_GIDS];
+	void *v[SHIFT_POKE_GIDS];
+	size_t len[SHIFT_POKE_GIDS];
+	bool changed[SHIFT_POKE_GIDS] = { false };
+	bool any = false;
+
+	if (!r || !r->kv || !shift_config.poke_ms || now < s->poke_at)
+		return;
+	s->poke_at = now + (shift_shadow_sync ? 4 : shift_config.poke_ms);
+	/* the GIDs: those of the protected QPs (few per context) */
+	for (int i = 0; i < SHIFT_DQP_BUCKETS; i++) {
+		for (struct shift_dqp *d = __atomic_load_n(&s->dqp[i], __ATOMIC_ACQUIRE); d;
+		     d = d->next_in_bucket) {
+			int k;
+
+			if (!d->scq || !d->shadow)
+				continue;
+			for (k = 0; k < s->npoke; k++)
+				if (!memcmp(&s->poke[k].gid, &d->shadow->my_key.gid, sizeof(union ibv_gid)))
+					break;
+			if (k == s->npoke && k < SHIFT_POKE_GIDS) {
+				s->poke[k].gid = d->shadow->my_key.gid;
+				s->poke[k].read = false;
+				s->npoke++;
+			}
+		}
+	}
+	if (!s->npoke)
+		return;
+	for (int k = 0; k < s->npoke; k++) {
+		if (shift_exchange_poke_key(&s->poke[k].gid, keys[k], sizeof(keys[k])) < 0)
+			return;
+		kp[k] = keys[k];
+	}
+	if (shift_kv_mget(r->kv, kp, (size_t)s->npoke, v, len))
+		return;
+	for (int k = 0; k < s->npoke; k++) {
+		char now_seen[sizeof(s->poke[k].seen)] = "";
+
+		if (v[k])
+			snprintf(now_seen, sizeof(now_seen), "%.*s", (int)len[k], (char *)v[k]);
+		free(v[k]);
+		if (s->poke[k].read && !strcmp(now_seen, s->poke[k].seen))
+			continue;
+		/* (a first read looks too: a poke may predate this process's
+		 * first look, never one before its QPs existed) */
+		changed[k] = v[k] != NULL || s->poke[k].read;
+		any |= changed[k];
+		s->poke[k].read = true;
+		memcpy(s->poke[k].seen, now_seen, sizeof(now_seen));
+	}
+	if (!any)
+		return;
+	for (int i = 0; i < SHIFT_DQP_BUCKETS; i++) {
+		for (struct shift_dqp *d = __atomic_load_n(&s->dqp[i], __ATOMIC_ACQUIRE); d;
+		     d = d->next_in_bucket) {
+			int k;
+
+			if (!d->scq || !d->shadow || d->send_state != SHIFT_SEND_DEFAULT ||
+			    d->recv_state != SHIFT_RECV_DEFAULT || d->need_rearm || d->peer_join)
+				continue;
+			for (k = 0; k < s->npoke; k++)
+				if (changed[k] &&
+				    !memcmp(&s->poke[k].gid, &d->shadow->my_key.gid, sizeof(union ibv_gid)))
+					break;
+			if (k == s->npoke || ep_read(s, d) || d->peer_started <= d->failovers)
+				continue;
+			/* polls go to the slow path; the failover starts once a
+			 * poll already in the fast path has finished */
+			d->peer_join_ms = now;
+			__atomic_store_n(&d->peer_join, true, __ATOMIC_RELEASE);
+			shift_ctx_set_slow(s, true);
+		}
+	}
+}
+
+/* A Default-state QP whose peer started failover peer_started without it
+ * (poke_read()): it follows that failover. */
+static void join_peer(struct shift_ctx *s, struct shift_dqp *d, uint64_t now)
+{
+	if (!__atomic_load_n(&d->peer_join, __ATOMIC_ACQUIRE))
+		return;
+	if (!shift_shadow_sync && now - d->peer_join_ms < SHIFT_BG_GRACE_MS)
+		return;
+	lock_cqs(d);
+	if (d->peer_join && d->send_state == SHIFT_SEND_DEFAULT && !d->need_rearm &&
+	    d->peer_started > d->failovers) {
+		struct out o = { .wc = NULL, .n = 0, .max = 0, .c = d->scq };
+
+		shift_info("%s QP %u: the peer started failover %u, which never reached me (its "
+			   "backup path failed): following it", d->dev, d->qpn, d->peer_started);
+		d->failovers = d->peer_started - 1; /* (start() counts it) */
+		if (start(s, d, &o, NULL) == 0 && d->send_state != SHIFT_SEND_UNPROTECTED &&
+		    d->published_ep != d->failovers)
+			ep_publish(s, d);
+	}
+	d->peer_join = false;
+	unlock_cqs(d);
+}
+
 static void background(struct shift_ctx *s)
 {
 	struct shift_rnic *r = s->rnic;
@@ -2174,6 +2365,7 @@ static void background(struct shift_ctx *s)
 	 */
 	uint64_t now = mono_us() / 1000u;
 	watch_ports(s, now);
+	poke_read(s, shift_shadow_sync ? fb_now() : now);
 	for (int i = 0; i < SHIFT_DQP_BUCKETS; i++) {
 		for (struct shift_dqp *d = __atomic_load_n(&s->dqp[i], __ATOMIC_ACQUIRE); d;
 		     d = d->next_in_bucket) {
@@ -2181,6 +2373,7 @@ static void background(struct shift_ctx *s)
 				continue;
 			answer_peer(s, d, now);
 			fail_over_refused(s, d, now);
+			join_peer(s, d, now);
 		}
 	}
 

@@ -22,6 +22,7 @@
 #define SHIFT_DQP_BUCKETS 1024 /* power of two */
 #define SHIFT_MAX_FO 256 /* failed-over QPs per context */
 #define SHIFT_WATCH_PORTS 4 /* ports per device the port watch covers */
+#define SHIFT_POKE_GIDS 4   /* default GIDs per context the poke read covers */
 
 struct shift_rnic;
 
@@ -71,6 +72,15 @@ struct shift_ctx {
 	 * been ACTIVE (ms, 0 = active), and whether any is down now */
 	uint64_t port_down_since[SHIFT_WATCH_PORTS + 1];
 	bool ports_down;
+	/* pokes (background thread only, failover.c): the values last read
+	 * under the poke keys of this context's default GIDs */
+	struct shift_poke {
+		union ibv_gid gid;
+		char seen[48];
+		bool read;
+	} poke[SHIFT_POKE_GIDS];
+	int npoke;
+	uint64_t poke_at;
 };
 
 /* The contexts SHIFT manages, for the data path's lookup (shift/ctx.c). */

@@ -151,9 +151,23 @@ static void test_ep(void **state)
 	assert_int_equal(shift_exchange_ep_decode_ex(val, (size_t)n, &ev), 0);
 	assert_true(ev.bkfail);
 	assert_false(ev.ret);
+	assert_false(ev.nosend);
+	/* ... and whether its application never sends, with or without the rest */
+	for (int k = 0; k < 4; k++) {
+		ev = (struct shift_ep_value){ .gen = 1, .started = 2, .ret = k & 1, .count = 9,
+					      .bkfail = k & 2, .nosend = true };
+		n = shift_exchange_ep_encode_ex(&ev, val, sizeof(val));
+		memset(&ev, 0, sizeof(ev));
+		assert_int_equal(shift_exchange_ep_decode_ex(val, (size_t)n, &ev), 0);
+		assert_true(ev.nosend);
+		assert_int_equal(ev.ret, k & 1);
+		assert_int_equal(ev.bkfail, !!(k & 2));
+	}
 	const char *bad[] = { "", "shift1 ep gen=1", "shift1 ep gen=1 started=", "shift1 ep gen=x started=2",
 			      "shift1 ep gen=99999 started=2", "shift1 ep gen=1 started=2 more",
-			      "shift1 qp gen=1 started=2", "shift0 ep gen=1 started=2" };
+			      "shift1 qp gen=1 started=2", "shift0 ep gen=1 started=2",
+			      "shift1 ep gen=1 started=2 nosend=1 bkfail=1",
+			      "shift1 ep gen=1 started=2 nosend=2", "shift1 ep gen=1 started=2 nosend=1 nosend=1" };
 	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
 		g = st = 7;
 		assert_int_equal(shift_exchange_ep_decode(bad[i], strlen(bad[i]), &g, &st), -EINVAL);

@@ -744,6 +744,104 @@ static void test_backup_dies_before_rearm(void **state)
 }
 
 /*
+ * A fails over alone (B only receives, so its QP never notices A's NIC),
+ * and A's backup NIC dies before A's handshake message reaches B: B would
+ * never learn of the failover, and B's default QP, never reset, would even
+ * answer a probe of the default path (as a duplicate). A pokes B through
+ * the KV store instead of probing; B's next poke read finds A's record and
+ * follows the failover; both ends then go back to the default QPs once A's
+ * NIC is back, and every send arrives once and in order. Without the poke
+ * (SHIFT_POKE_MS=0) A can only give up: the application sees the error.
+ */
+static void one_sided_double_fault(bool poke)
+{
+	struct ibv_wc wa[64], wb[64];
+	int na = 0, nb = 0, r;
+	struct shift_dqp *da = shift_dqp_of_qp(a.qp), *db = shift_dqp_of_qp(b.qp);
+
+	if (!poke) {
+		setenv("SHIFT_POKE_MS", "0", 1);
+		shift_config_load(NULL);
+	}
+	post_b_recvs(40);
+	post_sends(0, 4);
+	drive(wa, 64, &na, wb, 64, &nb);
+	assert_int_equal(na, 4);
+	sim_dev_kill(sim_host_dev(host[0], 0), 0);
+	post_sends(4, 8);
+	/* until A starts its failover: its handshake message is posted, not
+	 * delivered yet; then A's backup NIC dies too */
+	for (r = 0; r < 4000 && da->failovers == 0; r++) {
+		sim_world_step(world);
+		shift_rnic_pass_all();
+		if (na < 64 && ibv_poll_cq(a.cq, 1, wa + na) > 0)
+			na++;
+		if (nb < 64 && ibv_poll_cq(b.cq, 1, wb + nb) > 0)
+			nb++;
+	}
+	assert_true(r < 4000);
+	sim_dev_kill(sim_host_dev(host[0], 1), 0);
+	sim_dev_revive(sim_host_dev(host[0], 0));
+	assert_int_equal(db->failovers, 0);
+	drive_rounds(6000, wa, 64, &na, wb, 64, &nb);
+	unsetenv("SHIFT_POKE_MS");
+	shift_config_load(NULL);
+	print_message("poke %d: A %d completions, B %d; A send %d fo %lu fb %lu; B send %d recv %d fo %lu\n",
+		      poke, na, nb, da->send_state, da->failovers, da->failbacks, db->send_state,
+		      db->recv_state, db->failovers);
+	if (!poke) {
+		/* (the sends A had posted come back flushed) */
+		assert_int_equal(na, 8);
+		assert_int_not_equal(wa[7].status, IBV_WC_SUCCESS);
+		assert_int_equal(db->failovers, 0);
+		return;
+	}
+	assert_int_equal(na, 8);
+	assert_int_equal(nb, 8);
+	for (int i = 0; i < 8; i++) {
+		assert_int_equal(wa[i].status, IBV_WC_SUCCESS);
+		assert_int_equal(wa[i].wr_id, 700 + i);
+		assert_int_equal(wb[i].status, IBV_WC_SUCCESS);
+		assert_int_equal(wb[i].wr_id, 500 + i);
+		assert_int_equal(b.buf[64 * i], 'A' + i);
+	}
+	assert_true(db->failovers >= 1);
+	assert_int_equal(da->failovers, db->failovers);
+	assert_int_equal(da->send_state, SHIFT_SEND_DEFAULT);
+	assert_int_equal(db->recv_state, SHIFT_RECV_DEFAULT);
+	/* and the default path carries what follows */
+	post_sends(8, 12);
+	drive(wa, 64, &na, wb, 64, &nb);
+	assert_int_equal(na, 12);
+	assert_int_equal(nb, 12);
+	for (int i = 8; i < 12; i++) {
+		assert_int_equal(wa[i].status, IBV_WC_SUCCESS);
+		assert_int_equal(wb[i].wr_id, 500 + i);
+		assert_int_equal(b.buf[64 * i], 'A' + i);
+	}
+	/* A's backup is re-armed only once its NIC is back (a reset while it
+	 * is down would fail and leave the QP unprotected) */
+	assert_true(da->need_rearm);
+	assert_false(db->need_rearm);
+	sim_dev_revive(sim_host_dev(host[0], 1));
+	drive_rounds(200, wa, 64, &na, wb, 64, &nb);
+	assert_false(da->need_rearm);
+	assert_int_equal(da->send_state, SHIFT_SEND_DEFAULT);
+}
+
+static void test_peer_follows_failover_it_never_saw(void **state)
+{
+	(void)state;
+	one_sided_double_fault(true);
+}
+
+static void test_without_poke_one_sided_double_fault_fails(void **state)
+{
+	(void)state;
+	one_sided_double_fault(false);
+}
+
+/*
  * While failed over, B's backup QP alone fails (a fatal error no packet
  * explains, as rxe's stale read-response state produces after a lost
  * first packet): B sees its backup fail, A only stops hearing from it.
@@ -1146,6 +1244,9 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_backup_dies_after_probe, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_backup_dies_behind_fence, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_backup_dies_before_rearm, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_peer_follows_failover_it_never_saw, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_without_poke_one_sided_double_fault_fails, setup,
+						teardown),
 		cmocka_unit_test_setup_teardown(test_status_shows_failover, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_drain_takes_rest_of_batch_first, setup, teardown2),
 		cmocka_unit_test_setup_teardown(test_peer_records_read_in_batches, setup, teardown2),
