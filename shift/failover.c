@@ -2230,6 +2230,48 @@ static void fail_over_refused(struct shift_ctx *s, struct shift_dqp *d, uint64_t
 }
 
 /*
+ * The peers' records of the Default-state QPs ds[0..n), in one KV read
+ * (every QP on a poked GID reads its record): those whose peer started a
+ * failover they never saw follow it at a later pass (join_peer()), once a
+ * poll already inside the fast path has finished; polls go to the slow
+ * path from now.
+ */
+static void poke_check(struct shift_ctx *s, struct shift_dqp **ds, size_t n, uint64_t now)
+{
+	char keys[SHIFT_KV_MGET_MAX][SHIFT_EXCHANGE_KEY_MAX];
+	const char *kp[SHIFT_KV_MGET_MAX];
+	struct shift_dqp *dm[SHIFT_KV_MGET_MAX];
+	void *v[SHIFT_KV_MGET_MAX];
+	size_t len[SHIFT_KV_MGET_MAX], m = 0;
+
+	for (size_t i = 0; i < n && m < SHIFT_KV_MGET_MAX; i++) {
+		if (shift_exchange_ep_key(&ds[i]->shadow->peer_key, keys[m], sizeof(keys[m])) < 0)
+			continue;
+		kp[m] = keys[m];
+		dm[m++] = ds[i];
+	}
+	if (!m || shift_kv_mget(s->rnic->kv, kp, m, v, len))
+		return;
+	__atomic_fetch_add(&shift_stats.ep_read_commands, 1, __ATOMIC_RELAXED);
+	__atomic_fetch_add(&shift_stats.ep_records_read, m, __ATOMIC_RELAXED);
+	for (size_t i = 0; i < m; i++) {
+		struct shift_ep_value ev;
+		struct shift_dqp *d = dm[i];
+		bool ok = v[i] && !shift_exchange_ep_decode_ex(v[i], len[i], &ev);
+
+		free(v[i]);
+		if (!ok)
+			continue;
+		ep_take(d, &ev);
+		if (d->peer_started <= d->failovers)
+			continue;
+		d->peer_join_ms = now;
+		__atomic_store_n(&d->peer_join, true, __ATOMIC_RELEASE);
+		shift_ctx_set_slow(s, true);
+	}
+}
+
+/*
  * The poke read (see unjoined()): the values under the poke keys of the
  * context's default GIDs; a changed one (or the first read) has the
  * Default-state QPs on that GID read their peers' records, and those whose
@@ -2292,6 +2334,9 @@ static void poke_read(struct shift_ctx *s, uint64_t now)
 	}
 	if (!any)
 		return;
+	struct shift_dqp *ds[SHIFT_KV_MGET_MAX];
+	size_t n = 0;
+
 	for (int i = 0; i < SHIFT_DQP_BUCKETS; i++) {
 		for (struct shift_dqp *d = __atomic_load_n(&s->dqp[i], __ATOMIC_ACQUIRE); d;
 		     d = d->next_in_bucket) {
@@ -2304,15 +2349,17 @@ static void poke_read(struct shift_ctx *s, uint64_t now)
 				if (changed[k] &&
 				    !memcmp(&s->poke[k].gid, &d->shadow->my_key.gid, sizeof(union ibv_gid)))
 					break;
-			if (k == s->npoke || ep_read(s, d) || d->peer_started <= d->failovers)
+			if (k == s->npoke)
 				continue;
-			/* polls go to the slow path; the failover starts once a
-			 * poll already in the fast path has finished */
-			d->peer_join_ms = now;
-			__atomic_store_n(&d->peer_join, true, __ATOMIC_RELEASE);
-			shift_ctx_set_slow(s, true);
+			ds[n++] = d;
+			if (n == SHIFT_KV_MGET_MAX) {
+				poke_check(s, ds, n, now);
+				n = 0;
+			}
 		}
 	}
+	if (n)
+		poke_check(s, ds, n, now);
 }
 
 /* A Default-state QP whose peer started failover peer_started without it
