@@ -656,6 +656,40 @@ static bool ep_due(const struct shift_dqp *d, uint64_t now)
 }
 
 /*
+ * The peers' records of ds[0..n) (n <= SHIFT_KV_MGET_MAX) in one KV read,
+ * each taken into its QP (ep_take) and got[k] set if it was read: 0, or the
+ * read's error (then none was).
+ */
+static int ep_mget(struct shift_ctx *s, struct shift_dqp **ds, size_t n, bool *got)
+{
+	char keys[SHIFT_KV_MGET_MAX][SHIFT_EXCHANGE_KEY_MAX];
+	const char *kp[SHIFT_KV_MGET_MAX] = { NULL };
+	void *v[SHIFT_KV_MGET_MAX];
+	size_t len[SHIFT_KV_MGET_MAX];
+
+	if (!n || n > SHIFT_KV_MGET_MAX)
+		return -EINVAL;
+	for (size_t k = 0; k < n; k++) {
+		if (shift_exchange_ep_key(&ds[k]->shadow->peer_key, keys[k], sizeof(keys[k])) < 0)
+			keys[k][0] = '\0'; /* (never there) */
+		kp[k] = keys[k];
+	}
+	int rc = shift_kv_mget(s->rnic->kv, kp, n, v, len);
+
+	__atomic_fetch_add(&shift_stats.ep_read_commands, 1, __ATOMIC_RELAXED);
+	__atomic_fetch_add(&shift_stats.ep_records_read, n, __ATOMIC_RELAXED);
+	for (size_t k = 0; k < n; k++) {
+		struct shift_ep_value ev;
+
+		got[k] = !rc && v[k] && keys[k][0] && !shift_exchange_ep_decode_ex(v[k], len[k], &ev);
+		if (got[k])
+			ep_take(ds[k], &ev);
+		free(v[k]);
+	}
+	return rc;
+}
+
+/*
  * The peer records of every failed-over QP of s that reads it at this pass,
  * in one KV command per SHIFT_KV_MGET_MAX QPs instead of one each (after a
  * NIC failure every QP on it reads its record at each probe period):
@@ -666,10 +700,7 @@ static void ep_prefetch(struct shift_ctx *s, int nfo, uint64_t now)
 {
 	struct shift_rnic *r = s->rnic;
 	struct shift_dqp *ds[SHIFT_KV_MGET_MAX];
-	char keys[SHIFT_KV_MGET_MAX][SHIFT_EXCHANGE_KEY_MAX];
-	const char *kp[SHIFT_KV_MGET_MAX];
-	void *v[SHIFT_KV_MGET_MAX];
-	size_t len[SHIFT_KV_MGET_MAX];
+	bool got[SHIFT_KV_MGET_MAX];
 	int i = 0;
 
 	bool any = false;
@@ -693,29 +724,16 @@ static void ep_prefetch(struct shift_ctx *s, int nfo, uint64_t now)
 			 * others (the schedules of QPs that failed over
 			 * together line up after one batch) */
 			if (!d || !d->scq || !d->shadow || d->send_state == SHIFT_SEND_UNPROTECTED ||
-			    !ep_due(d, now + probe_wait(d) / 2) ||
-			    shift_exchange_ep_key(&d->shadow->peer_key, keys[n], sizeof(keys[n])) < 0)
+			    !ep_due(d, now + probe_wait(d) / 2))
 				continue;
-			kp[n] = keys[n];
 			ds[n++] = d;
 		}
 		if (n < 2)
 			continue; /* (one alone reads its own) */
-		int rc = shift_kv_mget(r->kv, kp, n, v, len);
+		int rc = ep_mget(s, ds, n, got);
 
-		__atomic_fetch_add(&shift_stats.ep_read_commands, 1, __ATOMIC_RELAXED);
-		__atomic_fetch_add(&shift_stats.ep_records_read, n, __ATOMIC_RELAXED);
-
-		for (size_t k = 0; k < n; k++) {
-			struct shift_ep_value ev;
-
-			ds[k]->kv_pref = -1;
-			if (!rc && v[k] && !shift_exchange_ep_decode_ex(v[k], len[k], &ev)) {
-				ep_take(ds[k], &ev);
-				ds[k]->kv_pref = 1;
-			}
-			free(v[k]);
-		}
+		for (size_t k = 0; k < n; k++)
+			ds[k]->kv_pref = got[k] ? 1 : -1;
 		shift_debug("%s: %zu peer records in one KV read (%d)", ds[0]->dev, n, rc);
 	}
 }
@@ -2190,6 +2208,14 @@ void shift_failover_background(struct shift_ctx *s)
 	pthread_mutex_unlock(&bg_lock);
 }
 
+/* Has the grace passed since `since` (ms) that lets a poll which entered
+ * the fast path before its context went slow finish? (Synchronous replay
+ * has no such poll.) */
+static bool grace_passed(uint64_t since, uint64_t now)
+{
+	return shift_shadow_sync || now - since >= SHIFT_BG_GRACE_MS;
+}
+
 /* A peer's handshake message the background thread noticed, for a passive
  * application: answered here once the grace has passed (see background()). */
 static void answer_peer(struct shift_ctx *s, struct shift_dqp *d, uint64_t now)
@@ -2198,7 +2224,7 @@ static void answer_peer(struct shift_ctx *s, struct shift_dqp *d, uint64_t now)
 		return;
 	if (!d->ctrl_seen_ms)
 		d->ctrl_seen_ms = now;
-	if (!shift_shadow_sync && now - d->ctrl_seen_ms < SHIFT_BG_GRACE_MS)
+	if (!grace_passed(d->ctrl_seen_ms, now))
 		return;
 	lock_cqs(d);
 	if (d->ctrl_pending) {
@@ -2216,7 +2242,7 @@ static void fail_over_refused(struct shift_ctx *s, struct shift_dqp *d, uint64_t
 		return;
 	/* (as for a port that went down: a poll that entered the fast path
 	 * before the context went slow finishes first) */
-	if (!shift_shadow_sync && now - d->post_failed_ms < SHIFT_BG_GRACE_MS)
+	if (!grace_passed(d->post_failed_ms, now))
 		return;
 	lock_cqs(d);
 	if (d->post_failed && (d->send_state == SHIFT_SEND_DEFAULT || d->need_rearm)) {
@@ -2238,37 +2264,26 @@ static void fail_over_refused(struct shift_ctx *s, struct shift_dqp *d, uint64_t
  */
 static void poke_check(struct shift_ctx *s, struct shift_dqp **ds, size_t n, uint64_t now)
 {
-	char keys[SHIFT_KV_MGET_MAX][SHIFT_EXCHANGE_KEY_MAX];
-	const char *kp[SHIFT_KV_MGET_MAX];
-	struct shift_dqp *dm[SHIFT_KV_MGET_MAX];
-	void *v[SHIFT_KV_MGET_MAX];
-	size_t len[SHIFT_KV_MGET_MAX], m = 0;
+	bool got[SHIFT_KV_MGET_MAX];
 
-	for (size_t i = 0; i < n && m < SHIFT_KV_MGET_MAX; i++) {
-		if (shift_exchange_ep_key(&ds[i]->shadow->peer_key, keys[m], sizeof(keys[m])) < 0)
-			continue;
-		kp[m] = keys[m];
-		dm[m++] = ds[i];
-	}
-	if (!m || shift_kv_mget(s->rnic->kv, kp, m, v, len))
+	if (ep_mget(s, ds, n, got))
 		return;
-	__atomic_fetch_add(&shift_stats.ep_read_commands, 1, __ATOMIC_RELAXED);
-	__atomic_fetch_add(&shift_stats.ep_records_read, m, __ATOMIC_RELAXED);
-	for (size_t i = 0; i < m; i++) {
-		struct shift_ep_value ev;
-		struct shift_dqp *d = dm[i];
-		bool ok = v[i] && !shift_exchange_ep_decode_ex(v[i], len[i], &ev);
-
-		free(v[i]);
-		if (!ok)
+	for (size_t k = 0; k < n; k++) {
+		if (!got[k] || ds[k]->peer_started <= ds[k]->failovers)
 			continue;
-		ep_take(d, &ev);
-		if (d->peer_started <= d->failovers)
-			continue;
-		d->peer_join_ms = now;
-		__atomic_store_n(&d->peer_join, true, __ATOMIC_RELEASE);
+		ds[k]->peer_join_ms = now;
+		__atomic_store_n(&ds[k]->peer_join, true, __ATOMIC_RELEASE);
 		shift_ctx_set_slow(s, true);
 	}
+}
+
+/* The context's poke slot of a default GID, or -1. */
+static int poke_slot(const struct shift_ctx *s, const union ibv_gid *gid)
+{
+	for (int k = 0; k < s->npoke; k++)
+		if (!memcmp(&s->poke[k].gid, gid, sizeof(*gid)))
+			return k;
+	return -1;
 }
 
 /*
@@ -2294,18 +2309,11 @@ static void poke_read(struct shift_ctx *s, uint64_t now)
 	for (int i = 0; i < SHIFT_DQP_BUCKETS; i++) {
 		for (struct shift_dqp *d = __atomic_load_n(&s->dqp[i], __ATOMIC_ACQUIRE); d;
 		     d = d->next_in_bucket) {
-			int k;
-
-			if (!d->scq || !d->shadow)
+			if (!d->scq || !d->shadow || poke_slot(s, &d->shadow->my_key.gid) >= 0 ||
+			    s->npoke == SHIFT_POKE_GIDS)
 				continue;
-			for (k = 0; k < s->npoke; k++)
-				if (!memcmp(&s->poke[k].gid, &d->shadow->my_key.gid, sizeof(union ibv_gid)))
-					break;
-			if (k == s->npoke && k < SHIFT_POKE_GIDS) {
-				s->poke[k].gid = d->shadow->my_key.gid;
-				s->poke[k].read = false;
-				s->npoke++;
-			}
+			s->poke[s->npoke].gid = d->shadow->my_key.gid;
+			s->poke[s->npoke++].read = false;
 		}
 	}
 	if (!s->npoke)
@@ -2345,11 +2353,8 @@ static void poke_read(struct shift_ctx *s, uint64_t now)
 			if (!d->scq || !d->shadow || d->send_state != SHIFT_SEND_DEFAULT ||
 			    d->recv_state != SHIFT_RECV_DEFAULT || d->need_rearm || d->peer_join)
 				continue;
-			for (k = 0; k < s->npoke; k++)
-				if (changed[k] &&
-				    !memcmp(&s->poke[k].gid, &d->shadow->my_key.gid, sizeof(union ibv_gid)))
-					break;
-			if (k == s->npoke)
+			k = poke_slot(s, &d->shadow->my_key.gid);
+			if (k < 0 || !changed[k])
 				continue;
 			ds[n++] = d;
 			if (n == SHIFT_KV_MGET_MAX) {
@@ -2368,7 +2373,7 @@ static void join_peer(struct shift_ctx *s, struct shift_dqp *d, uint64_t now)
 {
 	if (!__atomic_load_n(&d->peer_join, __ATOMIC_ACQUIRE))
 		return;
-	if (!shift_shadow_sync && now - d->peer_join_ms < SHIFT_BG_GRACE_MS)
+	if (!grace_passed(d->peer_join_ms, now))
 		return;
 	lock_cqs(d);
 	if (d->peer_join && d->send_state == SHIFT_SEND_DEFAULT && !d->need_rearm &&

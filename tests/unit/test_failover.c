@@ -771,14 +771,8 @@ static void one_sided_double_fault(bool poke)
 	post_sends(4, 8);
 	/* until A starts its failover: its handshake message is posted, not
 	 * delivered yet; then A's backup NIC dies too */
-	for (r = 0; r < 4000 && da->failovers == 0; r++) {
-		sim_world_step(world);
-		shift_rnic_pass_all();
-		if (na < 64 && ibv_poll_cq(a.cq, 1, wa + na) > 0)
-			na++;
-		if (nb < 64 && ibv_poll_cq(b.cq, 1, wb + nb) > 0)
-			nb++;
-	}
+	for (r = 0; r < 4000 && da->failovers == 0; r++)
+		drive_rounds(1, wa, 64, &na, wb, 64, &nb);
 	assert_true(r < 4000);
 	sim_dev_kill(sim_host_dev(host[0], 1), 0);
 	sim_dev_revive(sim_host_dev(host[0], 0));
