@@ -11,9 +11,9 @@
  * lazy-resolve stub and are filled here.
  */
 #include "libibverbs/dropin.h"
-#include "shift/config.h"
-#include "shift/log.h"
-#include "shift/lower.h"
+#include "shift/base/config.h"
+#include "shift/base/log.h"
+#include "shift/base/lower.h"
 #include "shift/shift.h"
 
 #include <dlfcn.h>

@@ -2,8 +2,8 @@
  * Provider quirks (see quirks.h).
  */
 #include "providers/quirks.h"
-#include "shift/lower.h"
-#include "shift/log.h"
+#include "shift/base/lower.h"
+#include "shift/base/log.h"
 
 #include <pthread.h>
 

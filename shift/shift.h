@@ -14,9 +14,9 @@
 #include <stdint.h>
 #include <infiniband/verbs.h>
 
-#include "shift/log.h"
-#include "shift/lower.h"
-#include "shift/dqp.h"
+#include "shift/base/log.h"
+#include "shift/base/lower.h"
+#include "shift/dp/dqp.h"
 
 #define SHIFT_MAX_CTX 64
 #define SHIFT_DQP_BUCKETS 1024 /* power of two */

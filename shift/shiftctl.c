@@ -5,7 +5,7 @@
  *                            (from the status files SHIFT's threads write in
  *                            $SHIFT_STATUS_DIR, default /tmp/shift)
  */
-#include "shift/config.h"
+#include "shift/base/config.h"
 
 #include <dirent.h>
 #include <signal.h>

@@ -10,9 +10,9 @@
  */
 #include "shift/shift.h"
 #include "providers/quirks.h"
-#include "shift/shadow.h"
-#include "shift/chan.h"
-#include "shift/failover.h"
+#include "shift/shadow/shadow.h"
+#include "shift/shadow/chan.h"
+#include "shift/fo/failover.h"
 
 #include <stdlib.h>
 #include <string.h>

@@ -16,8 +16,8 @@
 #include <valgrind/callgrind.h>
 
 #include "kv/kv.h"
-#include "shift/config.h"
-#include "shift/shadow.h"
+#include "shift/base/config.h"
+#include "shift/shadow/shadow.h"
 #include "shift/shift.h"
 #include "sim.h"
 #include "ep.h"

@@ -7,8 +7,8 @@
 #ifndef SHIFT_TESTS_SIM_PAIR_H
 #define SHIFT_TESTS_SIM_PAIR_H
 
-#include "shift/config.h"
-#include "shift/shadow.h"
+#include "shift/base/config.h"
+#include "shift/shadow/shadow.h"
 #include "shift/shift.h"
 #include "sim.h"
 #include "ep.h"

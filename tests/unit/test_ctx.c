@@ -12,7 +12,7 @@
 #include <cmocka.h>
 
 #include "shift/shift.h"
-#include "shift/config.h"
+#include "shift/base/config.h"
 
 /* verbs.h's inline fallbacks name these; this test never takes them. */
 int (ibv_query_port)(struct ibv_context *c, uint8_t p, struct _compat_ibv_port_attr *a)

@@ -11,7 +11,7 @@
 #include <string.h>
 #include <cmocka.h>
 
-#include "shift/dqp.h"
+#include "shift/dp/dqp.h"
 
 struct fixture {
 	struct ibv_qp qp;

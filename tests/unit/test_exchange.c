@@ -8,8 +8,8 @@
 #include <string.h>
 #include <cmocka.h>
 
-#include "shift/backup.h"
-#include "shift/exchange.h"
+#include "shift/shadow/backup.h"
+#include "shift/shadow/exchange.h"
 
 static void test_qp_roundtrip(void **state)
 {

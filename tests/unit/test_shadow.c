@@ -15,9 +15,9 @@
 #include <cmocka.h>
 
 #include "kv/kv.h"
-#include "shift/config.h"
-#include "shift/exchange.h"
-#include "shift/shadow.h"
+#include "shift/base/config.h"
+#include "shift/shadow/exchange.h"
+#include "shift/shadow/shadow.h"
 #include "shift/shift.h"
 #include "sim.h"
 #include "ep.h"

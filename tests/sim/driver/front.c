@@ -13,9 +13,9 @@
 #include <stdlib.h>
 
 #include "kv/kv.h"
-#include "shift/config.h"
-#include "shift/failover.h"
-#include "shift/shadow.h"
+#include "shift/base/config.h"
+#include "shift/fo/failover.h"
+#include "shift/shadow/shadow.h"
 #include "shift/shift.h"
 
 const struct shift_lower *campaign_front(struct sim_host *h, bool shift,

@@ -17,7 +17,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "shift/lower.h"
+#include "shift/base/lower.h"
 
 struct sim_world;
 

@@ -11,7 +11,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "shift/lower.h"
+#include "shift/base/lower.h"
 
 struct sim_ep {
 	const struct shift_lower *v;

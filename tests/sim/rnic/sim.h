@@ -23,7 +23,7 @@
 #include <stdint.h>
 #include <stdio.h>
 
-#include "shift/lower.h"
+#include "shift/base/lower.h"
 
 #define SIM_MAX_HOSTS 16	/* per process, across worlds */
 #define SIM_MAX_DEVS_PER_HOST 8

@@ -2,8 +2,8 @@
  * The configuration table. Adding a knob = one row here and one field in
  * struct shift_config; the parsers below are shared by every row of a type.
  */
-#include "shift/config.h"
-#include "shift/log.h"
+#include "shift/base/config.h"
+#include "shift/base/log.h"
 
 #include <errno.h>
 #include <stdlib.h>

@@ -6,7 +6,7 @@
  * active and has the same link layer: with rails named in order on both
  * hosts, rail i backs up to rail i+1 on both ends (rail-aligned).
  */
-#include "shift/backup.h"
+#include "shift/shadow/backup.h"
 
 #include <errno.h>
 #include <stdlib.h>

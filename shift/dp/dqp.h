@@ -46,7 +46,7 @@
 #include <stdint.h>
 #include <infiniband/verbs.h>
 
-#include "shift/log.h"
+#include "shift/base/log.h"
 
 enum shift_send_state {
 	SHIFT_SEND_DEFAULT,

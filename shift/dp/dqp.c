@@ -3,7 +3,7 @@
  * per-WR copy done on every post in the Default state. The copy is the only
  * work SHIFT adds to a post; it touches preallocated memory only.
  */
-#include "shift/dqp.h"
+#include "shift/dp/dqp.h"
 
 #include <stddef.h>
 #include <stdio.h>

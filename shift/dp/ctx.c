@@ -8,9 +8,9 @@
  * In the Default state they add one table lookup and one indirect call.
  */
 #include "shift/shift.h"
-#include "shift/shadow.h"
-#include "shift/failover.h"
-#include "shift/chan.h"
+#include "shift/shadow/shadow.h"
+#include "shift/fo/failover.h"
+#include "shift/shadow/chan.h"
 
 #include <pthread.h>
 #include <stddef.h>

@@ -4,8 +4,8 @@
  * verbs return it, pointer verbs return NULL with errno set), so SHIFT never
  * calls through a NULL pointer.
  */
-#include "shift/lower.h"
-#include "shift/log.h"
+#include "shift/base/lower.h"
+#include "shift/base/log.h"
 
 #include <errno.h>
 #include <stddef.h>

@@ -30,11 +30,11 @@
  * Not yet: failback to the recovered default NIC (probe, WaitSignaled,
  * WaitDrained), which is why a failed-over QP stays on its backup.
  */
-#include "shift/failover.h"
-#include "shift/exchange.h"
-#include "shift/shadow.h"
+#include "shift/fo/failover.h"
+#include "shift/shadow/exchange.h"
+#include "shift/shadow/shadow.h"
 #include "shift/shift.h"
-#include "shift/config.h"
+#include "shift/base/config.h"
 #include "kv/kv.h"
 #include "providers/quirks.h"
 

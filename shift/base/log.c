@@ -2,7 +2,7 @@
  * Logging back end: formats one whole line and writes it with a single
  * write(2), so lines of concurrent threads and processes do not interleave.
  */
-#include "shift/log.h"
+#include "shift/base/log.h"
 
 #include <stdarg.h>
 #include <stdio.h>

@@ -2,7 +2,7 @@
  * Spelling of the keys and values SHIFT exchanges through the KV store
  * (see exchange.h). Text, so that `redis-cli` shows what SHIFT agreed on.
  */
-#include "shift/exchange.h"
+#include "shift/shadow/exchange.h"
 
 #include <errno.h>
 #include <stdio.h>

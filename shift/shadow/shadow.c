@@ -14,13 +14,13 @@
  * (or the whole RNIC) "unprotected", with one log line, and the application
  * keeps running on its default NIC exactly as without SHIFT.
  */
-#include "shift/shadow.h"
-#include "shift/backup.h"
-#include "shift/chan.h"
-#include "shift/config.h"
-#include "shift/log.h"
+#include "shift/shadow/shadow.h"
+#include "shift/shadow/backup.h"
+#include "shift/shadow/chan.h"
+#include "shift/base/config.h"
+#include "shift/base/log.h"
 #include "shift/shift.h"
-#include "shift/failover.h"
+#include "shift/fo/failover.h"
 #include "kv/kv.h"
 #include "providers/quirks.h"
 

@@ -18,7 +18,7 @@
 #include <stdint.h>
 #include <infiniband/verbs.h>
 
-#include "shift/exchange.h"
+#include "shift/shadow/exchange.h"
 
 struct shift_ctx;
 struct shift_rnic;

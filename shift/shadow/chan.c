@@ -38,8 +38,8 @@
  * The backup CQ is armed under its dp_lock (the application's arm and the
  * RNIC thread's arm at creation may otherwise race in the provider).
  */
-#include "shift/chan.h"
-#include "shift/shadow.h"
+#include "shift/shadow/chan.h"
+#include "shift/shadow/shadow.h"
 #include "shift/shift.h"
 
 #include <errno.h>
