@@ -143,6 +143,10 @@ int shift_config_load(const char *real_lib_default)
 				   rows[i].name, v, rows[i].doc);
 		}
 	}
+	shift_config.bg_grace_ms = 20;
+	shift_config.episode_wait_ms = 10000;
+	shift_config.bk_restart_ms = 500;
+	shift_config.peer_warn_ms = 10000;
 	shift_log_level = (enum shift_log_level)shift_config.log_level;
 	return bad;
 }

@@ -22,6 +22,17 @@ struct shift_config {
 	unsigned port_down_ms;    /* SHIFT_PORT_DOWN_MS */
 	unsigned poke_ms;         /* SHIFT_POKE_MS */
 	char status_dir[256];     /* SHIFT_STATUS_DIR */
+
+	/* Not environment knobs: the timing of the background work, in
+	 * shift_clock ms, and how it runs. shift_config_load() sets the
+	 * defaults; a program that drives SHIFT's passes itself (inline_passes,
+	 * with a logical clock: the simulator) sets its own after loading. */
+	unsigned bg_grace_ms;     /* a poll inside the fast path finishes first (20) */
+	unsigned episode_wait_ms; /* a failover waits this long for the peer's part (10000) */
+	unsigned bk_restart_ms;   /* a lone backup failure restarts after this (500) */
+	unsigned peer_warn_ms;    /* logged once when the peer published no backup (10000) */
+	/* no per-RNIC threads: the program calls shift_rnic_pass_all() */
+	bool inline_passes;
 };
 
 extern struct shift_config shift_config;

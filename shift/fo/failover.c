@@ -34,6 +34,7 @@
 #include "shift/shadow/exchange.h"
 #include "shift/shadow/shadow.h"
 #include "shift/shift.h"
+#include "shift/base/clock.h"
 #include "shift/base/config.h"
 #include "kv/kv.h"
 #include "providers/quirks.h"
@@ -44,13 +45,10 @@
 #include <time.h>
 
 #define TMP_WC 16
-#define SHIFT_BG_GRACE_MS 20
-/* how long a failover after the first waits for the peer's part (its record
- * in the KV store, its handshake message) before the connection fails */
-#define SHIFT_EPISODE_WAIT_MS 10000
 /* after a backup failure the peer did not follow up: my own new failover,
- * after this long, at most this many times in a row */
-#define SHIFT_BK_RESTART_MS 500
+ * after shift_config.bk_restart_ms, at most this many times in a row (how
+ * long a failover after the first waits for the peer's part, its record in
+ * the KV store or its handshake message, is shift_config.episode_wait_ms) */
 #define SHIFT_BK_RESTARTS 3
 
 /* The handshake message's immediate: the sender's receive counter (31 bits,
@@ -66,19 +64,14 @@
 
 static uint64_t mono_us(void)
 {
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u;
+	return shift_clock_us();
 }
 
-/* The failback clock: ms, or background passes when replay is synchronous
- * (the fault campaign), so a schedule stays deterministic. */
-static uint64_t sync_passes;
-
+/* The failback clock (ms of shift_clock; a driver's logical clock counts
+ * background passes instead, base/clock.h). */
 static uint64_t fb_now(void)
 {
-	return shift_shadow_sync ? sync_passes : mono_us() / 1000u;
+	return shift_clock_ms();
 }
 
 /* Wait before the next probe of a failed default path: the probe period,
@@ -88,7 +81,7 @@ static uint64_t fb_now(void)
  * every period. */
 static uint64_t probe_wait(const struct shift_dqp *d)
 {
-	uint64_t base = shift_shadow_sync ? 8 : (shift_config.probe_ms ? shift_config.probe_ms : 1);
+	uint64_t base = shift_config.probe_ms ? shift_config.probe_ms : 1;
 	unsigned sh = d->probe_fails < 3 ? d->probe_fails : 3;
 
 	sh += d->failback_fails < 4 ? d->failback_fails : 4;
@@ -838,7 +831,7 @@ static int reset_backup(struct shift_ctx *s, struct shift_dqp *d, unsigned gen)
 		return -1;
 	}
 	d->need_rearm = false;
-	d->last_switch_s = (uint64_t)time(NULL);
+	d->last_switch_s = shift_clock_wall_s();
 	ep_publish(s, d);
 	return 0;
 }
@@ -915,7 +908,7 @@ static int start(struct shift_ctx *s, struct shift_dqp *d, struct out *o,
 	d->notify_sent = false;     /* (the peer resets its default QP again) */
 	d->ret_wait = false;
 	d->wait_peer = false;
-	d->last_switch_s = (uint64_t)time(NULL);
+	d->last_switch_s = shift_clock_wall_s();
 	shift_ctx_set_slow(s, true);
 	if (again) {
 		/* completions of the old backup first: older than the default
@@ -1394,7 +1387,7 @@ static void notified(struct shift_dqp *d)
 	bool rd = d->dflt_rd_stale;
 
 	d->dflt_rd_stale = false; /* an empty READ or the probe went first */
-	d->last_switch_s = (uint64_t)time(NULL);
+	d->last_switch_s = shift_clock_wall_s();
 	/* a receive-only peer sends nothing, no notification either */
 	if (d->peer_nosend && d->recv_state == SHIFT_RECV_FALLBACK)
 		receives_back(d);
@@ -1512,7 +1505,7 @@ static void on_default_ctrl(struct shift_ctx *s, struct shift_dqp *d, struct ibv
 			d->failback_fails++;
 		shift_info("%s QP %u: failback notification failed (%d): the default path failed again "
 			   "(next probe in %llu %s)", d->dev, d->qpn, (int)wc->status,
-			   (unsigned long long)probe_wait(d), shift_shadow_sync ? "passes" : "ms");
+			   (unsigned long long)probe_wait(d), "ms");
 		/* the peer may have executed it (its ACK lost) and moved its
 		 * receives: only a new failover on reset backups is safe */
 		if (d->send_state == SHIFT_SEND_WAIT_DRAINED)
@@ -1594,7 +1587,7 @@ static int ret_start(struct shift_ctx *s, struct shift_dqp *d, struct out *o)
 	d->ret_count = (uint32_t)d->rq_tail;
 	d->wait_since = fb_now();
 	d->kv_at = 0;
-	d->last_switch_s = (uint64_t)time(NULL);
+	d->last_switch_s = shift_clock_wall_s();
 	ep_publish(s, d);
 	shift_info("%s QP %u: the backup path failed, the default path works: back to the default "
 		   "QP (failover %lu, receive counter %u)", d->dev, d->qpn, d->failovers,
@@ -1664,7 +1657,7 @@ static void ret_finish(struct shift_ctx *s, struct shift_dqp *d, struct out *o)
 	d->failbacks++;
 	d->failback_fails = 0;
 	d->switch_us = d->t_error_us ? mono_us() - d->t_error_us : 0;
-	d->last_switch_s = (uint64_t)time(NULL);
+	d->last_switch_s = shift_clock_wall_s();
 	shift_info("%s QP %u: back on the default QP after the backup failed (failover %lu): %llu "
 		   "WRs moved there, %llu already executed at the peer completed", d->dev, d->qpn,
 		   d->failovers, (unsigned long long)moved, (unsigned long long)done_n);
@@ -1773,7 +1766,7 @@ static void failback_work(struct shift_ctx *s, struct shift_dqp *d, uint64_t now
 			return;
 	}
 	/* (never onto a backup whose port is down: its reset would fail) */
-	uint64_t grace = shift_shadow_sync ? 16 : SHIFT_BK_RESTART_MS;
+	uint64_t grace = shift_config.bk_restart_ms;
 	/* With the default port up, the default path may be back: the prober
 	 * waits for its probe (answered: back to the default QP, ret_start;
 	 * failed: a new failover), the other end gives it the time to decide
@@ -1793,7 +1786,7 @@ static void failback_work(struct shift_ctx *s, struct shift_dqp *d, uint64_t now
 		if (d->send_state == SHIFT_SEND_UNPROTECTED)
 			return;
 	}
-	uint64_t limit = shift_shadow_sync ? 256 : SHIFT_EPISODE_WAIT_MS;
+	uint64_t limit = shift_config.episode_wait_ms;
 	/* (the marks may be set by an application thread after this pass
 	 * read the clock: later than now) */
 	if ((d->bk_error && now > d->bk_error_at && now - d->bk_error_at >= limit) ||
@@ -2105,7 +2098,7 @@ static void unlock_cqs(struct shift_dqp *d)
 static void watch_ports(struct shift_ctx *s, uint64_t now_ms)
 {
 	int st[SHIFT_WATCH_PORTS + 1] = { 0 }; /* 0 not asked, 1 active, 2 down */
-	uint64_t t = shift_shadow_sync ? fb_now() + 1 : now_ms + 1;
+	uint64_t t = now_ms + 1;
 	uint64_t limit = shift_config.port_down_ms;
 	bool down = false;
 
@@ -2113,10 +2106,8 @@ static void watch_ports(struct shift_ctx *s, uint64_t now_ms)
 		s->ports_down = false;
 		return;
 	}
-	if (shift_shadow_sync)
-		limit = 8; /* passes: about the probe period, as 300 ms is to 250 ms */
-	else if (limit < SHIFT_BG_GRACE_MS)
-		limit = SHIFT_BG_GRACE_MS;
+	if (limit < shift_config.bg_grace_ms)
+		limit = shift_config.bg_grace_ms;
 	for (int i = 0; i < SHIFT_DQP_BUCKETS; i++) {
 		for (struct shift_dqp *d = __atomic_load_n(&s->dqp[i], __ATOMIC_ACQUIRE); d;
 		     d = d->next_in_bucket) {
@@ -2141,7 +2132,7 @@ static void watch_ports(struct shift_ctx *s, uint64_t now_ms)
 					s->port_down_since[port] = t;
 					shift_info("%s: port %u is down: its QPs fail over in %llu %s unless it "
 						   "comes back", d->dev, port, (unsigned long long)limit,
-						   shift_shadow_sync ? "passes" : "ms");
+						   "ms");
 				}
 			}
 			if (st[port] == 1)
@@ -2157,7 +2148,7 @@ static void watch_ports(struct shift_ctx *s, uint64_t now_ms)
 				shift_info("%s QP %u: port %u down for %llu %s: failing over without an "
 					   "error completion", d->dev, d->qpn, port,
 					   (unsigned long long)(t - s->port_down_since[port]),
-					   shift_shadow_sync ? "passes" : "ms");
+					   "ms");
 				if (start(s, d, &o, NULL) && d->send_state == SHIFT_SEND_UNPROTECTED) {
 					/* given up: the application sees its QP fail, as
 					 * the provider would have shown it sooner or later */
@@ -2213,7 +2204,7 @@ void shift_failover_background(struct shift_ctx *s)
  * has no such poll.) */
 static bool grace_passed(uint64_t since, uint64_t now)
 {
-	return shift_shadow_sync || now - since >= SHIFT_BG_GRACE_MS;
+	return now - since >= shift_config.bg_grace_ms;
 }
 
 /* A peer's handshake message the background thread noticed, for a passive
@@ -2304,7 +2295,7 @@ static void poke_read(struct shift_ctx *s, uint64_t now)
 
 	if (!r || !r->kv || !shift_config.poke_ms || now < s->poke_at)
 		return;
-	s->poke_at = now + (shift_shadow_sync ? 4 : shift_config.poke_ms);
+	s->poke_at = now + shift_config.poke_ms;
 	/* the GIDs: those of the protected QPs (few per context) */
 	for (int i = 0; i < SHIFT_DQP_BUCKETS; i++) {
 		for (struct shift_dqp *d = __atomic_load_n(&s->dqp[i], __ATOMIC_ACQUIRE); d;
@@ -2415,9 +2406,9 @@ static void background(struct shift_ctx *s)
 	 * poll of the application can still be inside the fast path (it is a
 	 * few hundred instructions), so the default CQ is ours under dp_lock.
 	 */
-	uint64_t now = mono_us() / 1000u;
+	uint64_t now = fb_now();
 	watch_ports(s, now);
-	poke_read(s, shift_shadow_sync ? fb_now() : now);
+	poke_read(s, now);
 	for (int i = 0; i < SHIFT_DQP_BUCKETS; i++) {
 		for (struct shift_dqp *d = __atomic_load_n(&s->dqp[i], __ATOMIC_ACQUIRE); d;
 		     d = d->next_in_bucket) {
@@ -2430,8 +2421,7 @@ static void background(struct shift_ctx *s)
 	}
 
 	/* failback: probes, switching back, re-arming the backup */
-	if (shift_shadow_sync)
-		sync_passes++;
+	shift_clock_tick();
 	uint64_t fbt = fb_now();
 	int nfo = __atomic_load_n(&s->nfo, __ATOMIC_ACQUIRE);
 	ep_prefetch(s, nfo, fbt);
@@ -2443,7 +2433,7 @@ static void background(struct shift_ctx *s)
 		/* the application may be inside the fast path of a poll that
 		 * started before the context went slow: let it finish */
 		uint64_t te = d->t_error_us / 1000u; /* (may be later than now) */
-		if (!shift_shadow_sync && (te > now || now - te < SHIFT_BG_GRACE_MS))
+		if (te > now || now - te < shift_config.bg_grace_ms)
 			continue;
 		lock_cqs(d);
 		failback_work(s, d, fbt);

@@ -17,6 +17,7 @@
 #include "shift/shadow/shadow.h"
 #include "shift/shadow/backup.h"
 #include "shift/shadow/chan.h"
+#include "shift/base/clock.h"
 #include "shift/base/config.h"
 #include "shift/base/log.h"
 #include "shift/shift.h"
@@ -35,7 +36,6 @@
 
 /* How long a QP waits for its peer's backup attributes before SHIFT says
  * (once) that the peer may not run SHIFT. It keeps waiting afterwards. */
-#define SHIFT_PEER_WARN_MS 10000
 #define SHIFT_PASS_PERIOD_MS 50
 #define SHIFT_FO_PERIOD_MS 10
 #define SHIFT_IDLE_PERIOD_MS 100
@@ -45,7 +45,6 @@
 #define SHIFT_COALESCE_ROUNDS 20
 #define SHIFT_KV_TTL_MS (24ull * 3600 * 1000)
 
-bool shift_shadow_sync; /* tests: no threads, passes run by shift_rnic_pass() */
 
 static struct shift_shadow_stats stats;
 static pthread_mutex_t rnics_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -53,10 +52,7 @@ static struct shift_rnic *rnics[SHIFT_MAX_CTX];
 
 static uint64_t now_ms(void)
 {
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
+	return shift_clock_ms();
 }
 
 static void stat_add(unsigned long *c, long d)
@@ -663,12 +659,12 @@ static void replay_qp(struct shift_rnic *r, struct shift_qp *q)
 		if (!kv_ok(r, rc, "get"))
 			return;
 		if (rc == -ENOENT) {
-			if (!q->warned_peer && now_ms() - q->waiting_since_ms > SHIFT_PEER_WARN_MS) {
+			if (!q->warned_peer && now_ms() - q->waiting_since_ms > shift_config.peer_warn_ms) {
 				q->warned_peer = true;
 				shift_warn("%s: QP %u: the peer (QPN %u) has published no backup "
 					   "after %d s (peer without SHIFT?): unprotected until it does",
 					   r->name, q->app_qpn, q->peer_key.qpn,
-					   SHIFT_PEER_WARN_MS / 1000);
+					   shift_config.peer_warn_ms / 1000);
 			}
 			return;
 		}
@@ -1069,7 +1065,7 @@ struct shift_rnic *shift_rnic_start(struct shift_ctx *sctx)
 	pthread_mutex_lock(&rnics_lock);
 	rnics[sctx->slot] = r;
 	pthread_mutex_unlock(&rnics_lock);
-	if (shift_shadow_sync) {
+	if (shift_config.inline_passes) {
 		backup_open(r);
 		if (r->bk_ctx)
 			kv_connect(r);

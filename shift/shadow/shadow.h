@@ -208,8 +208,6 @@ void shift_shadow_stats_get(struct shift_shadow_stats *out);
 void shift_status_write(struct shift_rnic *r);
 void shift_status_remove(struct shift_rnic *r);
 
-/* Tests: run shadow replay synchronously (shift_rnic_pass), no threads. */
-extern bool shift_shadow_sync;
 
 
 

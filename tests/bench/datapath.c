@@ -19,6 +19,7 @@
 #include "shift/base/config.h"
 #include "shift/shadow/shadow.h"
 #include "shift/shift.h"
+#include "shift_inline.h"
 #include "sim.h"
 #include "ep.h"
 
@@ -50,10 +51,9 @@ int main(int argc, char **argv)
 
 	if (shift) {
 		shift_lower_set(sim_lower_world(w));
-		shift_shadow_sync = true;
 		setenv("SHIFT_KV_URL", "mem://bench", 1);
 		setenv("SHIFT_STATUS_DIR", "", 1);
-		shift_config_load(NULL);
+		shift_inline_load();
 		va = vb = &shift_verbs;
 	}
 	if (sim_ep_open(&a, va, "sim0_0", 4096, ACCESS, &cap, 256, 0) ||

@@ -8,6 +8,7 @@
 #define SHIFT_TESTS_SIM_PAIR_H
 
 #include "shift/base/config.h"
+#include "shift_inline.h"
 #include "shift/shadow/shadow.h"
 #include "shift/shift.h"
 #include "sim.h"
@@ -47,11 +48,10 @@ static inline void sim_pair_open(struct sim_pair *p, struct sim_ep *a, struct si
 	p->host[0] = sim_host_create(p->world, 2);
 	p->host[1] = sim_host_create(p->world, 2);
 	shift_lower_set(sim_lower_world(p->world));
-	shift_shadow_sync = true;
 	snprintf(url, sizeof(url), "mem://%s%d", kv, run++);
 	setenv("SHIFT_KV_URL", url, 1);
 	setenv("SHIFT_STATUS_DIR", "", 1);
-	shift_config_load(NULL);
+	shift_inline_load();
 	assert_int_equal(sim_ep_open(a, &shift_verbs, "sim0_0", 1 << 16, SIM_PAIR_ACCESS, &cap, 256,
 				     ep_flags), 0);
 	assert_int_equal(sim_ep_open(b, &shift_verbs, "sim1_0", 1 << 16, SIM_PAIR_ACCESS, &cap, 256,

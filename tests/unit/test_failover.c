@@ -538,8 +538,8 @@ static void test_port_down_fails_over_without_error(void **state)
 	assert_int_equal(da->send_state, SHIFT_SEND_DEFAULT);
 	assert_int_equal(da->failovers, 0);
 
-	/* watch on (300 ms, counted in passes in sync mode) */
-	shift_config.port_down_ms = saved ? saved : 300;
+	/* watch on (8 passes of the logical clock, tests/sim/fixture/shift_inline.h) */
+	shift_config.port_down_ms = saved ? saved : 8;
 	for (int i = 0; i < 10; i++)
 		shift_rnic_pass_all();
 	assert_int_not_equal(da->send_state, SHIFT_SEND_DEFAULT);
@@ -761,7 +761,7 @@ static void one_sided_double_fault(bool poke)
 
 	if (!poke) {
 		setenv("SHIFT_POKE_MS", "0", 1);
-		shift_config_load(NULL);
+		shift_inline_load();
 	}
 	post_b_recvs(40);
 	post_sends(0, 4);
@@ -779,7 +779,7 @@ static void one_sided_double_fault(bool poke)
 	assert_int_equal(db->failovers, 0);
 	drive_rounds(6000, wa, 64, &na, wb, 64, &nb);
 	unsetenv("SHIFT_POKE_MS");
-	shift_config_load(NULL);
+	shift_inline_load();
 	print_message("poke %d: A %d completions, B %d; A send %d fo %lu fb %lu; B send %d recv %d fo %lu\n",
 		      poke, na, nb, da->send_state, da->failovers, da->failbacks, db->send_state,
 		      db->recv_state, db->failovers);
@@ -852,7 +852,7 @@ static void test_backup_qp_fails_alone(void **state)
 	(void)state;
 
 	setenv("SHIFT_PROBE_MS", "0", 1); /* no failback: stay on the backups */
-	shift_config_load(NULL);
+	shift_inline_load();
 	post_b_recvs(40);
 	post_sends(0, 4);
 	sim_dev_kill(sim_host_dev(host[0], 0), 0);
@@ -868,7 +868,7 @@ static void test_backup_qp_fails_alone(void **state)
 	post_sends(8, 16);
 	drive_rounds(3000, wa, 64, &na, wb, 64, &nb);
 	unsetenv("SHIFT_PROBE_MS");
-	shift_config_load(NULL);
+	shift_inline_load();
 	assert_int_equal(na, 16);
 	assert_int_equal(nb, 16);
 	assert_true(db->failovers >= 2);

@@ -3,7 +3,7 @@
  * RNIC with the in-memory KV store: two hosts of two NICs each in one
  * process, the application on NIC 0 of each, SHIFT stacked in between
  * (app -> shift_verbs -> sim). Replay runs synchronously
- * (shift_shadow_sync), so each test decides when each host's thread "runs".
+ * (shift_inline_load(), tests/sim/fixture/shift_inline.h), so each test decides when each host's thread "runs".
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -16,6 +16,7 @@
 
 #include "kv/kv.h"
 #include "shift/base/config.h"
+#include "shift_inline.h"
 #include "shift/shadow/exchange.h"
 #include "shift/shadow/shadow.h"
 #include "shift/shift.h"
@@ -67,14 +68,13 @@ static int setup(void **state)
 	both.get_device_list = both_get_device_list;
 	both.free_device_list = both_free_device_list;
 	shift_lower_set(&both);
-	shift_shadow_sync = true;
 	snprintf(kvname, sizeof(kvname), "shadow%d", run++);
 	char url[64];
 	snprintf(url, sizeof(url), "mem://%s", kvname);
 	setenv("SHIFT_KV_URL", url, 1);
 	setenv("SHIFT_KV_NAMESPACE", "job42", 1);
 	setenv("SHIFT_STATUS_DIR", "", 1);
-	shift_config_load(NULL);
+	shift_inline_load();
 	return 0;
 }
 

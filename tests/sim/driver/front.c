@@ -3,7 +3,7 @@
  * application the simulated host's table directly. SHIFT mode stacks
  * SHIFT's application-facing table (shift_verbs) over the simulated world:
  * SHIFT's lower is sim_lower_world(w), its KV store an in-memory one, and
- * its per-RNIC replay runs synchronously (shift_shadow_sync), driven by
+ * its per-RNIC replay runs inline with a logical clock (tests/sim/fixture/shift_inline.h), driven by
  * campaign_front_progress() from the campaign's event loop, so a schedule
  * stays deterministic.
  */
@@ -14,6 +14,7 @@
 
 #include "kv/kv.h"
 #include "shift/base/config.h"
+#include "shift_inline.h"
 #include "shift/fo/failover.h"
 #include "shift/shadow/shadow.h"
 #include "shift/shift.h"
@@ -26,12 +27,12 @@ const struct shift_lower *campaign_front(struct sim_host *h, bool shift,
 	if (sim_host_index(h) == 0) {
 		/* once per schedule: both hosts share the process-wide SHIFT */
 		shift_lower_set(sim_lower_world(sim_host_world(h)));
-		shift_shadow_sync = true;
 		setenv("SHIFT_KV_URL", "mem://campaign", 1);
 		setenv("SHIFT_KV_NAMESPACE", "campaign", 1);
 		setenv("SHIFT_STATUS_DIR", "", 1);
 		setenv("SHIFT_BACKUP", "", 1);
-		shift_config_load(NULL);
+		shift_inline_load();
+		shift_inline_clock_reset();
 		shift_kv_mem_clear("campaign");
 	}
 	(void)why;
