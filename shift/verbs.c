@@ -9,6 +9,7 @@
  * unprotected.
  */
 #include "shift/shift.h"
+#include "shift/dp/state.h"
 #include "providers/quirks.h"
 #include "shift/shadow/shadow.h"
 #include "shift/shadow/chan.h"
@@ -326,7 +327,8 @@ int shift_ibv_modify_qp(struct ibv_qp *qp, struct ibv_qp_attr *attr,
 		if (d) {
 			shift_dqp_lock(d);
 			if (d->send_state == SHIFT_SEND_DEFAULT)
-				shift_dqp_set_send_state(d, SHIFT_SEND_UNPROTECTED);
+				shift_dqp_set_send_state(d, SHIFT_SEND_UNPROTECTED,
+							 "the application ended the connection");
 			shift_dqp_unlock(d);
 		}
 	}

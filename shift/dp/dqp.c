@@ -4,6 +4,7 @@
  * work SHIFT adds to a post; it touches preallocated memory only.
  */
 #include "shift/dp/dqp.h"
+#include "shift/dp/state.h"
 
 #include <stddef.h>
 #include <stdio.h>
@@ -86,7 +87,7 @@ void shift_dqp_destroy(struct shift_dqp *d)
 
 static int mirror_full(struct shift_dqp *d, const char *q)
 {
-	shift_dqp_set_send_state(d, SHIFT_SEND_UNPROTECTED);
+	shift_dqp_set_send_state(d, SHIFT_SEND_UNPROTECTED, "mirror overflow");
 	shift_warn("%s QP %u: %s mirror overflow (more outstanding WRs than the QP's capacity): "
 		   "QP unprotected", d->dev, d->qpn, q);
 	return -1;
@@ -215,7 +216,7 @@ int shift_dqp_record_recv(struct shift_dqp *d, const struct ibv_recv_wr *wr)
 		struct shift_rwqe *e;
 
 		if (shift_unlikely(!shift_dqp_rq_free(d) || n > d->max_recv_sge)) {
-			d->recv_state = SHIFT_RECV_DEFAULT;
+			shift_dqp_set_recv_state(d, SHIFT_RECV_DEFAULT, "receive mirror overflow");
 			return mirror_full(d, "receive");
 		}
 		e = shift_dqp_rwqe(d, d->rq_head);

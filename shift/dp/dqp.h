@@ -316,21 +316,6 @@ static inline uint64_t shift_dqp_consumers_posted(const struct shift_dqp *d)
 	return n;
 }
 
-/* The send or receive state changed (post_lock held): the fast paths'
- * bounds are computed again, for the new state, at the next post. */
-static inline void shift_dqp_state_changed(struct shift_dqp *d)
-{
-	d->sq_limit = 0;
-	d->rq_limit = 0;
-}
-
-/* Every change of the send state under post_lock goes through here. */
-static inline void shift_dqp_set_send_state(struct shift_dqp *d, enum shift_send_state st)
-{
-	__atomic_store_n(&d->send_state, st, __ATOMIC_RELEASE);
-	shift_dqp_state_changed(d);
-}
-
 /* Was mirrored send WR i signaled? */
 static inline bool shift_dqp_signaled(const struct shift_dqp *d, uint64_t i)
 {

@@ -36,6 +36,7 @@
 #include "shift/shift.h"
 #include "shift/base/clock.h"
 #include "shift/base/config.h"
+#include "shift/dp/state.h"
 #include "kv/kv.h"
 #include "providers/quirks.h"
 
@@ -357,7 +358,7 @@ static void give_up(struct shift_dqp *d, const char *why)
 	if (d->send_state != SHIFT_SEND_UNPROTECTED)
 		shift_warn("%s QP %u: cannot fail over (%s): the error goes to the application",
 			   d->dev, d->qpn, why);
-	d->send_state = SHIFT_SEND_UNPROTECTED;
+	shift_dqp_set_send_state(d, SHIFT_SEND_UNPROTECTED, why);
 }
 
 static void from_default(struct shift_ctx *s, struct ibv_wc *wc, struct out *o);
@@ -511,7 +512,7 @@ static void flush_held(struct shift_dqp *d, struct out *o, const struct ibv_wc *
 		emit(orq, &wc);
 	}
 	__atomic_store_n(&d->rq_tail, d->rq_head, __ATOMIC_RELAXED);
-	d->recv_state = SHIFT_RECV_DEFAULT;
+	shift_dqp_set_recv_state(d, SHIFT_RECV_DEFAULT, "held receives flushed");
 	d->post_failed = false;
 }
 
@@ -534,7 +535,7 @@ static void fail_connection(struct shift_ctx *s, struct shift_dqp *d, struct out
 			d->bk = d->shadow->bk;
 		d->ctrl_sent = send_ctrl(d, CTRL_ABORT) == 0;
 	}
-	d->send_state = SHIFT_SEND_UNPROTECTED;
+	shift_dqp_set_send_state(d, SHIFT_SEND_UNPROTECTED, "the connection cannot be saved");
 	if (!held) {
 		shift_lower->modify_qp(d->qp, &a, IBV_QP_STATE);
 		return;
@@ -894,8 +895,8 @@ static int start(struct shift_ctx *s, struct shift_dqp *d, struct out *o,
 	d->handshake_done = false;
 	d->recv_hold = true;
 	d->post_failed = false; /* (its WRs are in the mirror like the others) */
-	shift_dqp_set_send_state(d, SHIFT_SEND_FALLBACK);
-	d->recv_state = SHIFT_RECV_FALLBACK;
+	shift_dqp_set_send_state(d, SHIFT_SEND_FALLBACK, "failover");
+	shift_dqp_set_recv_state(d, SHIFT_RECV_FALLBACK, "failover");
 	shift_dqp_unlock(d);
 	shift_lower->modify_qp(d->qp, &a, IBV_QP_STATE);
 	d->t_error_us = mono_us();
@@ -1300,7 +1301,7 @@ static int receives_back(struct shift_dqp *d)
 			return -1;
 		}
 	}
-	__atomic_store_n(&d->recv_state, SHIFT_RECV_DEFAULT, __ATOMIC_RELEASE);
+	shift_dqp_set_recv_state(d, SHIFT_RECV_DEFAULT, "receives back on the default QP");
 	return 0;
 }
 
@@ -1310,7 +1311,7 @@ static void fallback_again(struct shift_dqp *d)
 {
 	uint64_t first = d->send_state == SHIFT_SEND_WAIT_DRAINED ? d->fence + 1 : d->sq_head;
 
-	shift_dqp_set_send_state(d, SHIFT_SEND_FALLBACK);
+	shift_dqp_set_send_state(d, SHIFT_SEND_FALLBACK, "the default path failed again");
 	d->dflt = SHIFT_DFLT_ERR;
 	d->probe_at = fb_now() + probe_wait(d);
 	for (uint64_t i = first; i < d->sq_head; i++) {
@@ -1358,7 +1359,7 @@ static void switch_back(struct shift_dqp *d)
 	d->notify_inflight = true;
 	d->notify_sent = true;
 	d->fence = first - 1;
-	shift_dqp_set_send_state(d, SHIFT_SEND_WAIT_DRAINED);
+	shift_dqp_set_send_state(d, SHIFT_SEND_WAIT_DRAINED, "fence posted");
 }
 
 /* My notification completed: the held WRs go to the default QP, in order,
@@ -1381,7 +1382,7 @@ static void notified(struct shift_dqp *d)
 			return;
 		}
 	}
-	shift_dqp_set_send_state(d, SHIFT_SEND_DEFAULT);
+	shift_dqp_set_send_state(d, SHIFT_SEND_DEFAULT, "failback done");
 	d->failbacks++;
 	d->failback_fails = 0;
 	bool rd = d->dflt_rd_stale;
@@ -1410,9 +1411,9 @@ static void probe_ok(struct shift_dqp *d, const char *how)
 		} else if (shift_dqp_signaled(d, d->sq_head - 1)) {
 			/* the last outstanding WR is signaled: it is the fence */
 			d->fence = d->sq_head - 1;
-			shift_dqp_set_send_state(d, SHIFT_SEND_WAIT_DRAINED);
+			shift_dqp_set_send_state(d, SHIFT_SEND_WAIT_DRAINED, "fence posted");
 		} else {
-			shift_dqp_set_send_state(d, SHIFT_SEND_WAIT_SIGNALED);
+			shift_dqp_set_send_state(d, SHIFT_SEND_WAIT_SIGNALED, "failback: waiting for a signaled WR");
 		}
 	}
 	shift_dqp_unlock(d);
@@ -1554,7 +1555,7 @@ static int ret_start(struct shift_ctx *s, struct shift_dqp *d, struct out *o)
 	d->recv_hold = true;
 	if (d->send_state != SHIFT_SEND_DEFAULT) {
 		d->handshake_done = false; /* sends held until ret_finish() */
-		shift_dqp_set_send_state(d, SHIFT_SEND_FALLBACK);
+		shift_dqp_set_send_state(d, SHIFT_SEND_FALLBACK, "return episode");
 	}
 	shift_dqp_unlock(d);
 	/* the backup's successful completions first, its errors dropped */
@@ -1650,7 +1651,7 @@ static void ret_finish(struct shift_ctx *s, struct shift_dqp *d, struct out *o)
 		}
 		d->handshake_done = true;
 		d->fence = 0;
-		shift_dqp_set_send_state(d, SHIFT_SEND_DEFAULT);
+		shift_dqp_set_send_state(d, SHIFT_SEND_DEFAULT, "return episode done");
 	}
 	shift_dqp_unlock(d);
 	d->dflt = SHIFT_DFLT_OK;
@@ -1803,7 +1804,7 @@ static void failback_work(struct shift_ctx *s, struct shift_dqp *d, uint64_t now
 		shift_lower->modify_qp(d->bk, &e, IBV_QP_STATE);
 		shift_lower->modify_qp(d->qp, &e, IBV_QP_STATE);
 		shift_dqp_lock(d);
-		shift_dqp_set_send_state(d, SHIFT_SEND_FALLBACK);
+		shift_dqp_set_send_state(d, SHIFT_SEND_FALLBACK, "new failover");
 		shift_dqp_unlock(d);
 		drain_default(s, d->scq, NULL);
 		if (d->rcq != d->scq)
@@ -1828,7 +1829,7 @@ static void failback_work(struct shift_ctx *s, struct shift_dqp *d, uint64_t now
 				shift_dqp_lock(d);
 				shift_dqp_sync_locked(d);
 				if (d->sq_tail == d->sq_head) {
-					shift_dqp_set_send_state(d, SHIFT_SEND_DEFAULT);
+					shift_dqp_set_send_state(d, SHIFT_SEND_DEFAULT, "receive-only QP back on the default QP");
 					d->failbacks++;
 				}
 				shift_dqp_unlock(d);
@@ -2538,11 +2539,11 @@ int shift_post_send_fallback(struct shift_dqp *d, struct ibv_send_wr *wr,
 		/* the fence: set before it can complete; what follows it is held */
 		if (fence) {
 			d->fence = i;
-			shift_dqp_set_send_state(d, SHIFT_SEND_WAIT_DRAINED);
+			shift_dqp_set_send_state(d, SHIFT_SEND_WAIT_DRAINED, "fence posted");
 		}
 		if (post_bk_send(d, i)) {
 			if (fence)
-				shift_dqp_set_send_state(d, SHIFT_SEND_WAIT_SIGNALED);
+				shift_dqp_set_send_state(d, SHIFT_SEND_WAIT_SIGNALED, "the fence could not be posted");
 			/* report the first WR that did not go out */
 			struct ibv_send_wr *w = wr;
 

@@ -12,6 +12,7 @@
 #include <cmocka.h>
 
 #include "shift/dp/dqp.h"
+#include "shift/dp/state.h"
 
 struct fixture {
 	struct ibv_qp qp;
@@ -300,9 +301,8 @@ static void test_bound_follows_state(void **state)
 	shift_dqp_lock(d);
 	assert_true(shift_dqp_rq_room(d));
 	/* leaving Default (as failover does, under post_lock) */
-	d->send_state = SHIFT_SEND_FALLBACK;
-	d->recv_state = SHIFT_RECV_FALLBACK;
-	shift_dqp_state_changed(d);
+	shift_dqp_set_send_state(d, SHIFT_SEND_FALLBACK, "test");
+	shift_dqp_set_recv_state(d, SHIFT_RECV_FALLBACK, "test");
 	assert_false(shift_dqp_sq_room(d));
 	assert_false(shift_dqp_rq_room(d));
 	/* the generic recorders still find the room there is */
@@ -315,10 +315,10 @@ static void test_bound_follows_state(void **state)
 	shift_dqp_sync_locked(d);
 	assert_false(shift_dqp_sq_room(d));
 	/* receives back, sends not yet: still no receive fast path */
-	d->recv_state = SHIFT_RECV_DEFAULT;
+	shift_dqp_set_recv_state(d, SHIFT_RECV_DEFAULT, "test");
 	assert_false(shift_dqp_rq_room(d));
 	/* back to Default: the next post computes the bound again */
-	d->send_state = SHIFT_SEND_DEFAULT;
+	shift_dqp_set_send_state(d, SHIFT_SEND_DEFAULT, "test");
 	assert_true(shift_dqp_sq_room(d));
 	assert_true(shift_dqp_rq_room(d));
 	shift_dqp_unlock(d);

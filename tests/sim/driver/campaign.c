@@ -399,6 +399,11 @@ int main(int argc, char **argv)
 		if (t.hash != t2.hash)
 			return 1;
 	}
+	if (campaign_front_illegal_transitions(o.shift)) {
+		printf("illegal state transitions: %lu (shift/dp/state.h)\n",
+		       campaign_front_illegal_transitions(o.shift));
+		return 1;
+	}
 	if (t.violations)
 		return 1;
 	if (o.expect_errors && !t.app_errors) {

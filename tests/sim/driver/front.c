@@ -18,6 +18,7 @@
 #include "shift/fo/failover.h"
 #include "shift/shadow/shadow.h"
 #include "shift/shift.h"
+#include "shift/dp/state.h"
 
 const struct shift_lower *campaign_front(struct sim_host *h, bool shift,
 					 const char **why)
@@ -48,6 +49,11 @@ void campaign_front_progress(bool shift)
 bool campaign_front_waiting(bool shift)
 {
 	return shift && shift_failover_waiting();
+}
+
+unsigned long campaign_front_illegal_transitions(bool shift)
+{
+	return shift ? shift_dqp_illegal_transitions() : 0;
 }
 
 void campaign_front_done(struct sim_host *h, bool shift)

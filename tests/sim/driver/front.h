@@ -21,5 +21,8 @@ bool campaign_front_waiting(bool shift);
 /* Called once per host after the schedule's objects are destroyed and
  * before the world is. */
 void campaign_front_done(struct sim_host *h, bool shift);
+/* Changes of a QP's data-path state that its state machine does not allow
+ * (shift/dp/state.h), process-wide: must stay 0. */
+unsigned long campaign_front_illegal_transitions(bool shift);
 
 #endif /* SHIFT_SIM_FRONT_H */

@@ -1,0 +1,45 @@
+/*
+ * The data-path state machine of a protected QP, in one place.
+ *
+ * Send: Default -> Fallback -> WaitSignaled -> WaitDrained -> Default (the
+ * paper's cycle: fail over, then fail back fencing the next signaled WR),
+ * plus Unprotected, final, reached from any state when a QP can no longer
+ * be protected (the mirror overflowed, an atomic was in flight, the
+ * application ended the connection). SHIFT's own additions, each a change
+ * the table below allows and docs/failover.md explains: Fallback ->
+ * WaitDrained (nothing signaled outstanding when the probe answered: the
+ * last WR is the fence), Fallback -> Default (a receive-only QP, or a
+ * return episode: the backup failed and both ends went back), WaitSignaled
+ * or WaitDrained -> Fallback (the default path failed again before the
+ * switch), WaitDrained -> WaitSignaled (the fence could not be posted).
+ * Receive: Default <-> Fallback.
+ *
+ * shift_dqp_set_send_state() and shift_dqp_set_recv_state() are the only
+ * code that writes a state (tests/structure checks it). Each checks the
+ * change against the table, counts it (shift_dqp_transitions()) and logs it
+ * at debug level; an illegal change is logged as an error and counted in
+ * shift_dqp_illegal_transitions(), which the campaigns and tests require
+ * to stay 0. Setting the state a QP is in already is no change.
+ * Send changes happen with post_lock held.
+ */
+#ifndef SHIFT_DP_STATE_H
+#define SHIFT_DP_STATE_H
+
+#include <stdbool.h>
+
+#include "shift/dp/dqp.h"
+
+#define SHIFT_SEND_NSTATES (SHIFT_SEND_UNPROTECTED + 1)
+#define SHIFT_RECV_NSTATES (SHIFT_RECV_FALLBACK + 1)
+
+void shift_dqp_set_send_state(struct shift_dqp *d, enum shift_send_state to, const char *why);
+void shift_dqp_set_recv_state(struct shift_dqp *d, enum shift_recv_state to, const char *why);
+
+const char *shift_send_state_name(enum shift_send_state s);
+const char *shift_recv_state_name(enum shift_recv_state s);
+
+/* Changes made so far, process-wide, of the send (or receive) state. */
+unsigned long shift_dqp_transitions(bool send, unsigned from, unsigned to);
+unsigned long shift_dqp_illegal_transitions(void);
+
+#endif /* SHIFT_DP_STATE_H */
