@@ -4,8 +4,6 @@
 shift_unit_test(test_kv
   SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_kv.c
   LIBS shift_kv)
-if(EXISTS ${CMAKE_CURRENT_LIST_DIR}/test_kv_redis.c)
-  shift_unit_test(test_kv_redis
-    SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_kv_redis.c
-    LIBS shift_kv)
-endif()
+shift_unit_test(test_kv_redis
+  SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_kv_redis.c
+  LIBS shift_kv)

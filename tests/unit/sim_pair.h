@@ -7,12 +7,15 @@
 #ifndef SHIFT_TESTS_SIM_PAIR_H
 #define SHIFT_TESTS_SIM_PAIR_H
 
+#include <inttypes.h>
+
 #include "shift/base/config.h"
 #include "shift_inline.h"
 #include "shift/shadow/shadow.h"
 #include "shift/shift.h"
 #include "sim.h"
 #include "ep.h"
+#include "test_env.h"
 
 /* SHIFT never calls the legacy query_port entry (it reaches the provider's). */
 int (ibv_query_port)(struct ibv_context *c, uint8_t p, struct _compat_ibv_port_attr *a)
@@ -32,6 +35,35 @@ struct sim_pair {
 	struct sim_ep_info ia, ib;
 };
 
+/* Error completions the running test expects its polls to see (reset by
+ * sim_pair_open): see sim_pair_poll1(). */
+static int sim_pair_errors_expected;
+
+/* The test expects n error completions (in all), each checked by the test. */
+static inline void sim_pair_expect_errors(int n)
+{
+	sim_pair_errors_expected = n;
+}
+
+/*
+ * Poll one completion from the CQ of endpoint who ("A", "B") into wc, as
+ * the tests' drive loops do: 1 or 0. A negative return fails the test, and
+ * so does an error completion beyond those the test said it expects.
+ */
+static inline int sim_pair_poll1(const char *who, const struct sim_ep *e, struct ibv_wc *wc)
+{
+	int n = ibv_poll_cq(e->cq, 1, wc);
+	unsigned qpn = e->qp ? e->qp->qp_num : 0;
+
+	if (n < 0)
+		fail_msg("%s: ibv_poll_cq on CQ %p (QP %u) returned %d", who, (void *)e->cq, qpn, n);
+	if (n > 0 && wc->status != IBV_WC_SUCCESS && sim_pair_errors_expected-- <= 0)
+		fail_msg("%s: unexpected error completion on CQ %p (QP %u): wr_id %" PRIu64
+			 " status %d vendor_err %u (completion's QP %u)",
+			 who, (void *)e->cq, qpn, wc->wr_id, wc->status, wc->vendor_err, wc->qp_num);
+	return n;
+}
+
 /* A new world with both endpoints open (ep_flags: sim_ep_open's), not
  * connected. kv names the in-memory KV store (a fresh one per call). */
 static inline void sim_pair_open(struct sim_pair *p, struct sim_ep *a, struct sim_ep *b,
@@ -44,13 +76,14 @@ static inline void sim_pair_open(struct sim_pair *p, struct sim_ep *a, struct si
 
 	p->a = a;
 	p->b = b;
+	sim_pair_errors_expected = 0;
 	p->world = sim_world_create(NULL);
 	p->host[0] = sim_host_create(p->world, 2);
 	p->host[1] = sim_host_create(p->world, 2);
 	shift_lower_set(sim_lower_world(p->world));
 	snprintf(url, sizeof(url), "mem://%s%d", kv, run++);
-	setenv("SHIFT_KV_URL", url, 1);
-	setenv("SHIFT_STATUS_DIR", "", 1);
+	test_setenv("SHIFT_KV_URL", url);
+	test_setenv("SHIFT_STATUS_DIR", "");
 	shift_inline_load();
 	assert_int_equal(sim_ep_open(a, &shift_verbs, "sim0_0", 1 << 16, SIM_PAIR_ACCESS, &cap, 256,
 				     ep_flags), 0);
@@ -73,11 +106,14 @@ static inline void sim_pair_connect(struct sim_pair *p)
 	assert_int_equal(qi.state, SHIFT_SHADOW_READY);
 }
 
+/* Close both endpoints and the world; the environment the test changed
+ * (test_setenv) goes back to what it was. */
 static inline void sim_pair_close(struct sim_pair *p)
 {
 	sim_ep_close(p->a);
 	sim_ep_close(p->b);
 	sim_world_destroy(p->world);
+	test_env_restore();
 }
 
 #endif /* SHIFT_TESTS_SIM_PAIR_H */

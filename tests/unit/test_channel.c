@@ -35,7 +35,7 @@ static struct sim_pair pair;
 static int setup_open(void **state)
 {
 	(void)state;
-	setenv("SHIFT_PROBE_MS", "0", 1); /* failover only: no failback here */
+	test_setenv("SHIFT_PROBE_MS", "0"); /* failover only: no failback here */
 	sim_pair_open(&pair, &a, &b, "channel", SIM_EP_CHANNEL);
 	world = pair.world;
 	host[0] = pair.host[0];
@@ -58,8 +58,7 @@ static int setup(void **state)
 static int teardown(void **state)
 {
 	(void)state;
-	sim_pair_close(&pair);
-	unsetenv("SHIFT_PROBE_MS");
+	sim_pair_close(&pair); /* (and SHIFT_PROBE_MS back) */
 	return 0;
 }
 
@@ -93,7 +92,9 @@ static void post_write(int i)
 	assert_int_equal(ibv_post_send(a.qp, &wr, &bad), 0);
 }
 
-/* Network, SHIFT's passes and both applications' polls until quiet. */
+/* Network, SHIFT's passes and both applications' polls until quiet. A
+ * poll error or an error completion (none is expected here) fails the
+ * test (sim_pair_poll1). */
 static int drive(struct ibv_wc *wa, int max_a, int *na)
 {
 	struct ibv_wc wb;
@@ -104,11 +105,11 @@ static int drive(struct ibv_wc *wa, int max_a, int *na)
 
 		moved += sim_world_step(world) != 0;
 		shift_rnic_pass_all();
-		if (*na < max_a && ibv_poll_cq(a.cq, 1, wa + *na) > 0) {
+		if (*na < max_a && sim_pair_poll1("A", &a, wa + *na)) {
 			(*na)++;
 			moved++;
 		}
-		moved += ibv_poll_cq(b.cq, 1, &wb) > 0;
+		moved += sim_pair_poll1("B", &b, &wb);
 		idle = moved ? 0 : idle + 1;
 	}
 	return 0;
@@ -224,7 +225,7 @@ static void run_until_woken(struct waiter *w)
 	for (int i = 0; i < 5000 && !waiter_done(w); i++) {
 		sim_world_step(world);
 		shift_rnic_pass_all();
-		(void)ibv_poll_cq(b.cq, 1, &wb);
+		(void)sim_pair_poll1("B", &b, &wb);
 		if (i % 100 == 99)
 			pause_ms(1);
 	}
@@ -373,7 +374,7 @@ static void test_nonblocking_channel(void **state)
 	for (int i = 0; i < 5000 && rc; i++) {
 		sim_world_step(world);
 		shift_rnic_pass_all();
-		(void)ibv_poll_cq(b.cq, 1, &wb);
+		(void)sim_pair_poll1("B", &b, &wb);
 		rc = shift_verbs.get_cq_event(a.ch, &cq, &ctx);
 		if (rc)
 			assert_int_equal(errno, EAGAIN);
@@ -448,7 +449,7 @@ static void test_event_loop_on_channel_fd(void **state)
 	assert_int_equal(shift_verbs.get_cq_event(a.ch, &cq, &ctx), 0);
 	assert_ptr_equal(cq, a.cq);
 	shift_verbs.ack_cq_events(cq, 1);
-	while (ibv_poll_cq(a.cq, 1, &wc) > 0)
+	while (sim_pair_poll1("A", &a, &wc))
 		;
 
 	fail_over();
@@ -466,7 +467,7 @@ static void test_event_loop_on_channel_fd(void **state)
 	for (int i = 0; i < 5000 && !ready; i++) {
 		sim_world_step(world);
 		shift_rnic_pass_all();
-		(void)ibv_poll_cq(b.cq, 1, &wc);
+		(void)sim_pair_poll1("B", &b, &wc);
 		ready = poll(&pf, 1, 0);
 	}
 	assert_int_equal(ready, 1); /* the backup's event reached the fd it waits on */
@@ -498,5 +499,5 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_real_events_and_ack_check, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_event_loop_on_channel_fd, setup, teardown),
 	};
-	return cmocka_run_group_tests(tests, NULL, NULL);
+	return test_env_run_group_tests(tests);
 }

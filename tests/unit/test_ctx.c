@@ -13,6 +13,7 @@
 
 #include "shift/shift.h"
 #include "shift/base/config.h"
+#include "test_env.h"
 
 /* verbs.h's inline fallbacks name these; this test never takes them. */
 int (ibv_query_port)(struct ibv_context *c, uint8_t p, struct _compat_ibv_port_attr *a)
@@ -230,9 +231,9 @@ static void test_dummy_lower_slots(void **state)
 static void test_config(void **state)
 {
 	(void)state;
-	setenv("SHIFT_ENABLE", "0", 1);
-	setenv("SHIFT_LOG_LEVEL", "debug", 1);
-	setenv("SHIFT_PROBE_MS", "not-a-number", 1);
+	test_setenv("SHIFT_ENABLE", "0");
+	test_setenv("SHIFT_LOG_LEVEL", "debug");
+	test_setenv("SHIFT_PROBE_MS", "not-a-number");
 	assert_int_equal(shift_config_load("/x/libibverbs.so.1"), 1);
 	assert_false(shift_config.enable);
 	assert_int_equal(shift_config.log_level, SHIFT_LOG_DEBUG);
@@ -240,9 +241,9 @@ static void test_config(void **state)
 	assert_int_equal(shift_config.port_down_ms, 300);
 	assert_string_equal(shift_config.real_lib, "/x/libibverbs.so.1");
 	assert_string_equal(shift_config.kv_url, "redis://127.0.0.1:6379");
-	unsetenv("SHIFT_ENABLE");
-	unsetenv("SHIFT_LOG_LEVEL");
-	unsetenv("SHIFT_PROBE_MS");
+	test_unsetenv("SHIFT_ENABLE");
+	test_unsetenv("SHIFT_LOG_LEVEL");
+	test_unsetenv("SHIFT_PROBE_MS");
 	assert_int_equal(shift_config_load(NULL), 0);
 	assert_true(shift_config.enable);
 	assert_int_equal(shift_config.log_level, SHIFT_LOG_WARN);
@@ -255,7 +256,7 @@ int main(void)
 		cmocka_unit_test_setup(test_legacy_context, setup),
 		cmocka_unit_test_setup(test_context_table_full_leaves_unprotected, setup),
 		cmocka_unit_test_setup(test_dummy_lower_slots, setup),
-		cmocka_unit_test(test_config),
+		cmocka_unit_test_teardown(test_config, test_env_teardown),
 	};
-	return cmocka_run_group_tests(tests, NULL, NULL);
+	return test_env_run_group_tests(tests);
 }

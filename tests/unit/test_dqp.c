@@ -13,6 +13,7 @@
 
 #include "shift/dp/dqp.h"
 #include "shift/dp/state.h"
+#include "test_env.h"
 
 struct fixture {
 	struct ibv_qp qp;
@@ -359,5 +360,5 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_receive_overflow, setup, teardown),
 	};
 
-	return cmocka_run_group_tests(tests, NULL, NULL);
+	return test_env_run_group_tests(tests);
 }

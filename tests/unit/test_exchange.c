@@ -10,6 +10,7 @@
 
 #include "shift/shadow/backup.h"
 #include "shift/shadow/exchange.h"
+#include "test_env.h"
 
 static void test_qp_roundtrip(void **state)
 {
@@ -185,5 +186,5 @@ int main(void)
 		cmocka_unit_test(test_backup_pick),
 		cmocka_unit_test(test_ep),
 	};
-	return cmocka_run_group_tests(tests, NULL, NULL);
+	return test_env_run_group_tests(tests);
 }

@@ -20,6 +20,7 @@
 #include <cmocka.h>
 
 #include "kv/kv.h"
+#include "test_env.h"
 
 static uint64_t now_ms(void)
 {
@@ -526,8 +527,8 @@ static void test_open_from_env(void **state)
 	size_t n;
 
 	(void)state;
-	setenv(SHIFT_KV_ENV_URL, "mem://envstore", 1);
-	setenv(SHIFT_KV_ENV_NAMESPACE, "job-7", 1);
+	test_setenv(SHIFT_KV_ENV_URL, "mem://envstore");
+	test_setenv(SHIFT_KV_ENV_NAMESPACE, "job-7");
 	assert_int_equal(shift_kv_mem_clear("envstore"), 0);
 	assert_int_equal(shift_kv_open_from_env(NULL, &h), 0);
 	assert_string_equal(shift_kv_namespace(h), "job-7");
@@ -539,16 +540,14 @@ static void test_open_from_env(void **state)
 	free(v);
 	shift_kv_close(h);
 
-	setenv(SHIFT_KV_ENV_NAMESPACE, "job 7", 1);
+	test_setenv(SHIFT_KV_ENV_NAMESPACE, "job 7");
 	assert_int_equal(shift_kv_open_from_env(NULL, &h), -EINVAL);
 	assert_null(h);
 	assert_non_null(strstr(shift_kv_last_error(), "namespace"));
-	setenv(SHIFT_KV_ENV_NAMESPACE, "job7", 1);
-	setenv(SHIFT_KV_ENV_URL, "redis://h:notaport", 1);
+	test_setenv(SHIFT_KV_ENV_NAMESPACE, "job7");
+	test_setenv(SHIFT_KV_ENV_URL, "redis://h:notaport");
 	assert_int_equal(shift_kv_open_from_env(NULL, &h), -EINVAL);
 	assert_null(h);
-	unsetenv(SHIFT_KV_ENV_URL);
-	unsetenv(SHIFT_KV_ENV_NAMESPACE);
 }
 
 /* ---- concurrency: shared handle and per-thread handles ---- */
@@ -633,9 +632,9 @@ int main(void)
 		cmocka_unit_test(test_mem_wait),
 		cmocka_unit_test(test_mem_outage),
 		cmocka_unit_test(test_mem_delete_own),
-		cmocka_unit_test(test_open_from_env),
+		cmocka_unit_test_teardown(test_open_from_env, test_env_teardown),
 		cmocka_unit_test(test_mem_threads),
 	};
 
-	return cmocka_run_group_tests(tests, NULL, NULL);
+	return test_env_run_group_tests(tests);
 }

@@ -22,6 +22,7 @@
 #include "shift/shift.h"
 #include "sim.h"
 #include "ep.h"
+#include "test_env.h"
 
 /* verbs.h's inline fallbacks name these; the simulator never takes them. */
 int (ibv_query_port)(struct ibv_context *c, uint8_t p, struct _compat_ibv_port_attr *a)
@@ -71,9 +72,9 @@ static int setup(void **state)
 	snprintf(kvname, sizeof(kvname), "shadow%d", run++);
 	char url[64];
 	snprintf(url, sizeof(url), "mem://%s", kvname);
-	setenv("SHIFT_KV_URL", url, 1);
-	setenv("SHIFT_KV_NAMESPACE", "job42", 1);
-	setenv("SHIFT_STATUS_DIR", "", 1);
+	test_setenv("SHIFT_KV_URL", url);
+	test_setenv("SHIFT_KV_NAMESPACE", "job42");
+	test_setenv("SHIFT_STATUS_DIR", "");
 	shift_inline_load();
 	return 0;
 }
@@ -82,6 +83,7 @@ static int teardown(void **state)
 {
 	(void)state;
 	sim_world_destroy(world);
+	test_env_restore();
 	return 0;
 }
 
@@ -283,14 +285,61 @@ static void test_kv_outage(void **state)
 	sim_ep_close(&b);
 }
 
-/* A peer without SHIFT never publishes: the QP stays unprotected, the
- * application is unaffected. */
+/* The backup QP record published under (ctx's GID, qpn), as the peer
+ * would look it up in the store. */
+static int kv_qp_record(struct ibv_context *ctx, uint32_t qpn, struct shift_qp_value *out)
+{
+	struct shift_qp_key k = { .qpn = qpn };
+	shift_kv *h;
+	char key[SHIFT_EXCHANGE_KEY_MAX], url[64];
+	void *v;
+	size_t len;
+	int rc;
+
+	snprintf(url, sizeof(url), "mem://%s", kvname);
+	assert_int_equal(shift_kv_open(url, "job42", NULL, &h), 0);
+	assert_int_equal(shift_lower->query_gid(ctx, 1, 1, &k.gid), 0);
+	assert_true(shift_exchange_qp_key(&k, key, sizeof(key)) > 0);
+	rc = shift_kv_get(h, key, &v, &len);
+	if (!rc) {
+		rc = shift_exchange_qp_decode(v, len, out);
+		free(v);
+	}
+	shift_kv_close(h);
+	return rc;
+}
+
+/* Still waiting for the peer: my record in the store, none under the
+ * peer's name, the backup QP at INIT, connected to nothing. */
+static void assert_waiting_for_peer(struct sim_ep *a, struct sim_ep *b)
+{
+	struct shift_qp_info qi;
+	struct shift_qp_value mine, peers;
+
+	assert_int_equal(shift_shadow_qp_info(a->qp, &qi), 0);
+	assert_int_equal(qi.state, SHIFT_SHADOW_PENDING);
+	assert_true(qi.published);
+	assert_non_null(qi.bk);
+	assert_int_equal(qi.bk_state, IBV_QPS_INIT);
+	assert_int_equal(qi.peer_bk_qpn, 0);
+	assert_int_equal(kv_qp_record(a->ctx, a->qp->qp_num, &mine), 0);
+	assert_int_equal(mine.qpn, qi.bk->qp_num);
+	assert_int_equal(kv_qp_record(b->ctx, b->qp->qp_num, &peers), -ENOENT);
+}
+
+/* A peer without SHIFT never publishes: the QP stays unprotected (its
+ * shadow waits for the peer, however many passes run), and the
+ * application is unaffected: its traffic in both directions, through more
+ * WRs than its queues (and SHIFT's mirror of them) hold, works as without
+ * SHIFT. */
 static void test_peer_without_shift(void **state)
 {
 	struct sim_ep a, b;
-	struct shift_qp_info qi;
 	char bn[32];
 	struct sim_ep_info ia, ib;
+	struct ibv_wc wc;
+	struct ibv_send_wr *bad_s;
+	struct ibv_recv_wr *bad_r;
 	(void)state;
 
 	snprintf(bn, sizeof(bn), "%s", sim_dev_name(sim_host_dev(host[1], 0)));
@@ -301,13 +350,57 @@ static void test_peer_without_shift(void **state)
 	sim_ep_info(&b, 2, &ib);
 	assert_int_equal(sim_ep_connect(&a, &ia, &ib, NULL), 0);
 	assert_int_equal(sim_ep_connect(&b, &ib, &ia, NULL), 0);
-	shift_rnic_pass(shift_rnic_of(a.ctx));
-	shift_rnic_pass(shift_rnic_of(a.ctx));
-	assert_int_equal(shift_shadow_qp_info(a.qp, &qi), 0);
-	assert_true(qi.published);
-	assert_int_equal(qi.peer_bk_qpn, 0);
-	assert_int_equal(qi.state, SHIFT_SHADOW_PENDING);
-	assert_null(shift_rnic_of(b.ctx));
+	for (int i = 0; i < 8; i++)
+		shift_rnic_pass(shift_rnic_of(a.ctx));
+	assert_waiting_for_peer(&a, &b);
+
+	/* A writes to B, then B sends to A, each 3 * 16 times, one at a time */
+	for (int i = 0; i < 48; i++) {
+		struct ibv_sge sge = { .addr = (uintptr_t)a.buf + 64 * (i % 32), .length = 64,
+				       .lkey = a.mr->lkey };
+		struct ibv_send_wr wr = {
+			.wr_id = 100 + i, .sg_list = &sge, .num_sge = 1,
+			.opcode = IBV_WR_RDMA_WRITE, .send_flags = IBV_SEND_SIGNALED,
+			.wr.rdma = { .remote_addr = (uintptr_t)b.buf + 64 * (i % 32),
+				     .rkey = b.mr->rkey },
+		};
+
+		memset(a.buf + 64 * (i % 32), i, 64);
+		assert_int_equal(ibv_post_send(a.qp, &wr, &bad_s), 0);
+		sim_world_run_until_idle(world);
+		shift_rnic_pass(shift_rnic_of(a.ctx));
+		assert_int_equal(ibv_poll_cq(a.cq, 1, &wc), 1);
+		assert_int_equal(wc.status, IBV_WC_SUCCESS);
+		assert_int_equal(wc.wr_id, 100 + i);
+		assert_int_equal(wc.qp_num, a.qp->qp_num);
+		assert_int_equal(b.buf[64 * (i % 32) + 63], i);
+	}
+	for (int i = 0; i < 48; i++) {
+		struct ibv_sge rs = { .addr = (uintptr_t)a.buf + 2048, .length = 64,
+				      .lkey = a.mr->lkey };
+		struct ibv_recv_wr rwr = { .wr_id = 200 + i, .sg_list = &rs, .num_sge = 1 };
+		struct ibv_sge ss = { .addr = (uintptr_t)b.buf + 2048, .length = 64,
+				      .lkey = b.mr->lkey };
+		struct ibv_send_wr swr = { .wr_id = 300 + i, .sg_list = &ss, .num_sge = 1,
+					   .opcode = IBV_WR_SEND, .send_flags = IBV_SEND_SIGNALED };
+
+		assert_int_equal(ibv_post_recv(a.qp, &rwr, &bad_r), 0);
+		memset(b.buf + 2048, 0x80 + i, 64);
+		assert_int_equal(ibv_post_send(b.qp, &swr, &bad_s), 0);
+		sim_world_run_until_idle(world);
+		shift_rnic_pass(shift_rnic_of(a.ctx));
+		assert_int_equal(ibv_poll_cq(a.cq, 1, &wc), 1);
+		assert_int_equal(wc.status, IBV_WC_SUCCESS);
+		assert_int_equal(wc.wr_id, 200 + i);
+		assert_int_equal(wc.opcode, IBV_WC_RECV);
+		assert_int_equal(wc.qp_num, a.qp->qp_num);
+		assert_int_equal(a.buf[2048 + 63], 0x80 + i);
+		assert_int_equal(ibv_poll_cq(b.cq, 1, &wc), 1);
+		assert_int_equal(wc.status, IBV_WC_SUCCESS);
+		assert_int_equal(wc.wr_id, 300 + i);
+	}
+	assert_int_equal(ibv_poll_cq(a.cq, 1, &wc), 0);
+	assert_waiting_for_peer(&a, &b);
 	sim_ep_close(&a);
 	sim_ep_close(&b);
 }
@@ -340,5 +433,5 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_peer_without_shift, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_no_backup_nic, setup, teardown),
 	};
-	return cmocka_run_group_tests(tests, NULL, NULL);
+	return test_env_run_group_tests(tests);
 }
