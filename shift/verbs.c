@@ -48,15 +48,28 @@ __be64 shift_ibv_get_device_guid(struct ibv_device *device)
 	return L->get_device_guid(device);
 }
 
+/* The data path reaches the failover layer and the completion channels
+ * only through these (shift/dp/ctx.h): set before the first attach. */
+static const struct shift_dp_upcalls upcalls = {
+	.poll_slow = shift_poll_slow,
+	.post_refused = shift_failover_post_refused,
+	.post_send_fallback = shift_post_send_fallback,
+	.post_recv_fallback = shift_post_recv_fallback,
+	.cq_armed = shift_chan_arm_backup,
+};
+
 struct ibv_context *shift_ibv_open_device(struct ibv_device *device)
 {
 	struct ibv_context *ctx = L->open_device(device);
 	struct shift_ctx *s;
 
 	if (ctx) {
+		shift_dp_set_upcalls(&upcalls);
 		s = shift_ctx_attach(ctx); /* on failure: unprotected, logged */
-		if (s)
+		if (s) {
+			shift_vctx_take(s);
 			s->rnic = shift_rnic_start(s);
+		}
 	}
 	return ctx;
 }
@@ -64,9 +77,12 @@ struct ibv_context *shift_ibv_open_device(struct ibv_device *device)
 int shift_ibv_close_device(struct ibv_context *context)
 {
 	struct shift_rnic *r = rnic_of(context);
+	struct shift_ctx *s = shift_ctx_of(context);
 
 	if (r)
 		shift_rnic_stop(r);
+	if (s)
+		shift_vctx_give_back(s);
 	shift_ctx_detach(context);
 	return L->close_device(context);
 }

@@ -168,6 +168,7 @@ struct shift_dqp {
 	/* failover (shift/failover.c), under the CQs' dp_lock */
 	struct shift_qp *shadow;      /* its shadow (backup QP, peer attributes) */
 	struct shift_cq *scq, *rcq;   /* shadows of its send and receive CQs */
+	struct ibv_cq *scq_app, *rcq_app; /* ... and the application's CQs they shadow */
 	struct ibv_qp *bk;            /* the backup QP, once failed over */
 	bool ctrl_sent;               /* my handshake message of this epoch */
 	bool handshake_done;          /* both messages seen: post on the backup */

@@ -40,7 +40,8 @@
  */
 #include "shift/shadow/chan.h"
 #include "shift/shadow/shadow.h"
-#include "shift/shift.h"
+#include "shift/base/lower.h"
+#include "shift/dp/ctx.h"
 
 #include <errno.h>
 #include <fcntl.h>

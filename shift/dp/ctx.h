@@ -1,0 +1,205 @@
+/*
+ * The data path's registry: a struct shift_ctx for every provider context
+ * SHIFT took over, and the per-QP data-path state (shift/dp/dqp.h) of its
+ * protected QPs, found by QP address (post) or QPN (poll).
+ *
+ * A struct shift_ctx keeps the provider's data-path ops and extended-verb
+ * slots that SHIFT replaced on that context, so SHIFT's replacements can
+ * call through to them. Applications always hold the provider's own
+ * objects; SHIFT never wraps or reallocates them (mlx5dv and friends keep
+ * working on them). Some fields belong to the layers above (the shadow
+ * RNIC, the port watch and pokes of fo/): the data path only carries them.
+ *
+ * The data path calls the layers above it only through shift_dp_up (the
+ * slow paths: a failed-over QP's posts and polls, a refused post, a CQ
+ * armed), which the front fills before any context is attached.
+ */
+#ifndef SHIFT_DP_CTX_H
+#define SHIFT_DP_CTX_H
+
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <infiniband/verbs.h>
+
+#include "shift/base/log.h"
+#include "shift/dp/dqp.h"
+
+#define SHIFT_MAX_CTX 64
+#define SHIFT_DQP_BUCKETS 1024 /* power of two */
+#define SHIFT_MAX_FO 256 /* failed-over QPs per context */
+#define SHIFT_WATCH_PORTS 4 /* ports per device the port watch covers */
+#define SHIFT_POKE_GIDS 4   /* default GIDs per context the poke read covers */
+
+struct shift_rnic;
+
+struct shift_ctx {
+	struct ibv_context *ibctx; /* the provider's context, as the app sees it */
+
+	/* the provider's data path, saved before SHIFT installed its own */
+	int (*post_send)(struct ibv_qp *qp, struct ibv_send_wr *wr,
+			 struct ibv_send_wr **bad_wr);
+	int (*post_recv)(struct ibv_qp *qp, struct ibv_recv_wr *wr,
+			 struct ibv_recv_wr **bad_wr);
+	int (*post_srq_recv)(struct ibv_srq *srq, struct ibv_recv_wr *wr,
+			     struct ibv_recv_wr **bad_wr);
+	int (*poll_cq)(struct ibv_cq *cq, int num_entries, struct ibv_wc *wc);
+	int (*req_notify_cq)(struct ibv_cq *cq, int solicited_only);
+
+	/* the provider's struct verbs_context slots SHIFT routes through itself
+	 * (NULL where the provider's context has none) */
+	int (*query_port)(struct ibv_context *context, uint8_t port_num,
+			  struct ibv_port_attr *port_attr, size_t port_attr_len);
+	int (*query_device_ex)(struct ibv_context *context,
+			       const struct ibv_query_device_ex_input *input,
+			       struct ibv_device_attr_ex *attr, size_t attr_size);
+	struct ibv_qp *(*create_qp_ex)(struct ibv_context *context,
+				       struct ibv_qp_init_attr_ex *qp_init_attr_ex);
+	struct ibv_cq_ex *(*create_cq_ex)(struct ibv_context *context,
+					  struct ibv_cq_init_attr_ex *init_attr);
+	int slot; /* index in the context table */
+	/* data-path state of the app's protected QPs, by QPN (chained);
+	 * written under the context lock, read lock-free */
+	struct shift_dqp *dqp[SHIFT_DQP_BUCKETS];
+	/* set once a QP of this context failed over: polls take the slow path
+	 * (written through shift_ctx_set_slow(), which swaps ops.poll_cq) */
+	bool slow;
+	bool detached; /* (under the context lock) */
+	/* serializes the slow path (polls of a slow context, the background
+	 * pass): it may complete WRs on any CQ of a QP, the one polled or
+	 * not; taken before any CQ's dp_lock */
+	pthread_mutex_t slow_lock;
+	/* a protected QP has different send and receive CQs: the full fast
+	 * poll, which keeps its cq (shift/ctx.c, cq_of) */
+	bool split_cqs;
+	struct shift_dqp *fo[SHIFT_MAX_FO]; /* the failed-over QPs (slow path) */
+	int nfo;
+	struct shift_rnic *rnic; /* shadow verbs of this RNIC, NULL if unprotected */
+	/* port watch (background thread only): since when each port has not
+	 * been ACTIVE (ms, 0 = active), and whether any is down now */
+	uint64_t port_down_since[SHIFT_WATCH_PORTS + 1];
+	bool ports_down;
+	/* pokes (background thread only, failover.c): the values last read
+	 * under the poke keys of this context's default GIDs */
+	struct shift_poke {
+		union ibv_gid gid;
+		char seen[48];
+		bool read;
+	} poke[SHIFT_POKE_GIDS];
+	int npoke;
+	uint64_t poke_at;
+};
+
+/* The contexts SHIFT manages, for the data path's lookup (shift/ctx.c). */
+extern struct shift_ctx *shift_ctx_tab[SHIFT_MAX_CTX];
+
+/*
+ * Find the shift_ctx of a provider context. Lock-free: the table only grows
+ * under the registry lock, and a slot is cleared before its context closes.
+ * Contexts are few (one per device), so a short scan beats a hash.
+ */
+static inline struct shift_ctx *shift_ctx_of(const struct ibv_context *ibctx)
+{
+	for (int i = 0; i < SHIFT_MAX_CTX; i++) {
+		struct shift_ctx *s = __atomic_load_n(&shift_ctx_tab[i], __ATOMIC_ACQUIRE);
+
+		if (shift_likely(s && s->ibctx == ibctx))
+			return s;
+	}
+	return 0;
+}
+
+/*
+ * Take over a context the lower open_device returned: save its data-path ops
+ * and extended slots, install SHIFT's. On failure the context is left
+ * untouched (unprotected) and one line is logged; the app never notices.
+ */
+struct shift_ctx *shift_ctx_attach(struct ibv_context *ibctx);
+/* Give the context back its own ops and forget it; call before closing it. */
+void shift_ctx_detach(struct ibv_context *ibctx);
+/* Polls of s's context take the slow path (shift_poll_slow) or the fast
+ * one again: sets s->slow and the context's ops.poll_cq. */
+void shift_ctx_set_slow(struct shift_ctx *s, bool slow);
+
+/* The data-path state of an application QP, or NULL (unprotected). */
+static inline struct shift_dqp *shift_dqp_by_qpn(struct shift_ctx *s, uint32_t qpn)
+{
+	struct shift_dqp *d = __atomic_load_n(&s->dqp[qpn & (SHIFT_DQP_BUCKETS - 1)],
+					      __ATOMIC_ACQUIRE);
+
+	while (shift_unlikely(d && d->qpn != qpn))
+		d = d->next_in_bucket;
+	return d;
+}
+
+/*
+ * Every protected QP, by its address: the post path's lookup.
+ * Written under the context lock, read lock-free. Empty buckets and chain
+ * ends hold shift_dqp_none (no QP, no QPN) instead of NULL, so the common
+ * lookup is one load and one compare.
+ */
+#define SHIFT_DQP_TAB 4096
+extern struct shift_dqp *shift_dqp_tab[SHIFT_DQP_TAB];
+extern struct shift_dqp shift_dqp_none;
+
+static inline unsigned shift_dqp_hash(const struct ibv_qp *qp)
+{
+	/* not by QPN: two devices number their QPs alike. Fibonacci hashing
+	 * of the address's low 32 bits (the top 12 bits of the product mix
+	 * every bit above the allocator's alignment): one multiply, one shift */
+	return ((uint32_t)(uintptr_t)qp * 0x9e3779b1u) >> 20; /* 12 bits */
+}
+
+static inline struct shift_dqp *shift_dqp_of_qp(const struct ibv_qp *qp)
+{
+	struct shift_dqp *d = __atomic_load_n(&shift_dqp_tab[shift_dqp_hash(qp)],
+					      __ATOMIC_ACQUIRE);
+
+	while (d != &shift_dqp_none && d->qp != qp)
+		d = __atomic_load_n(&d->next_by_qp, __ATOMIC_ACQUIRE);
+	return d != &shift_dqp_none ? d : 0;
+}
+
+/* Register / forget the data-path state of a QP of this context. */
+void shift_ctx_add_dqp(struct shift_ctx *s, struct shift_dqp *d);
+struct shift_dqp *shift_ctx_remove_dqp(struct shift_ctx *s, struct ibv_qp *qp);
+
+/* What the data path reaches in the layers above it (fo/, shadow/): set
+ * once by the front (shift_dp_set_upcalls()) before a context is attached. */
+struct shift_dp_upcalls {
+	/* the slow poll of a slow context, or of a poll whose provider
+	 * results hold an error (shift/fo/failover.h, shift_poll_slow) */
+	int (*poll_slow)(struct shift_ctx *s, struct ibv_cq *cq, int num_entries,
+			 struct ibv_wc *wc, int done, int have);
+	/* the provider refused a post on a protected QP in Default */
+	bool (*post_refused)(struct shift_dqp *d, int rc, uint64_t sq_from, uint64_t rq_from);
+	/* posts on a QP that is not in the Default state (post_lock held) */
+	int (*post_send_fallback)(struct shift_dqp *d, struct ibv_send_wr *wr,
+				  struct ibv_send_wr **bad_wr);
+	int (*post_recv_fallback)(struct shift_dqp *d, struct ibv_recv_wr *wr,
+				  struct ibv_recv_wr **bad_wr);
+	/* the application armed cq of a protected context (its provider's
+	 * arm succeeded) */
+	void (*cq_armed)(struct shift_ctx *s, struct ibv_cq *cq, int solicited_only);
+};
+extern struct shift_dp_upcalls shift_dp_up;
+/* Guards writers of the context table and the QP tables (dp/ctx.c). */
+extern pthread_mutex_t shift_ctx_lock;
+void shift_dp_set_upcalls(const struct shift_dp_upcalls *up);
+
+/* A protected QP's send and receive CQs differ: its context needs the full
+ * fast poll, which keeps its cq (see dp/poll.c). */
+void shift_ctx_set_split_cqs(struct shift_ctx *s);
+
+/* Statistics kept cheaply (relaxed atomics) for shiftctl and tests. */
+struct shift_stats {
+	unsigned long contexts_attached;
+	unsigned long contexts_unprotected;
+	unsigned long compat_1_0_calls;
+	/* peers' failover records read while failed over, and the KV
+	 * commands that read them (batched: fewer commands than records) */
+	unsigned long ep_records_read, ep_read_commands;
+};
+extern struct shift_stats shift_stats;
+
+#endif /* SHIFT_DP_CTX_H */

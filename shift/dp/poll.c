@@ -1,0 +1,179 @@
+/*
+ * Polling a CQ of a SHIFT context: what the context's ops.poll_cq and
+ * req_notify_cq are once SHIFT took it over (dp/attach.c).
+ *
+ * In the Default state a poll is the provider's poll plus counting what
+ * completed (retiring mirrored WRs, shift/dp/dqp.h). A completion in error
+ * of a protected QP, or any poll of a context with a failed-over QP (slow:
+ * its ops.poll_cq is shift_dp_poll_slow), goes to the failover layer
+ * (shift_dp_up.poll_slow).
+ */
+#include "shift/dp/poll.h"
+#include "shift/dp/ctx.h"
+
+#include <errno.h>
+#include <stddef.h>
+
+/*
+ * Polling. Each context slot has its own poll_cq (installed in the
+ * context's ops at attach), so the context is one load from the table, not
+ * a scan; the slot also keeps the QP of the last completion polled.
+ */
+static struct shift_dqp *shift_poll_last[SHIFT_MAX_CTX] = {
+	[0 ... SHIFT_MAX_CTX - 1] = &shift_dqp_none,
+};
+
+/*
+ * The provider's poll_cq of each slot's context: the fast poll calls it
+ * straight from here. A context with a failed-over QP (slow) has
+ * shift_dp_poll_slow in its ops instead of its slot's fast poll
+ * (shift_ctx_set_slow), so the fast path tests nothing for it.
+ */
+static int (*shift_prov_poll[SHIFT_MAX_CTX])(struct ibv_cq *, int, struct ibv_wc *);
+
+int shift_dp_poll_slow(struct ibv_cq *cq, int num_entries, struct ibv_wc *wc)
+{
+	struct shift_ctx *s = shift_ctx_of(cq->context);
+
+	if (shift_unlikely(!s))
+		return -1; /* the context is being closed */
+	return shift_dp_up.poll_slow(s, cq, num_entries, wc, 0, 0);
+}
+
+/*
+ * The CQ a completion of protected QP d came from, for a lean poll (which
+ * does not keep its cq across the provider's call): d's only CQ. A lean poll
+ * runs only on contexts whose protected QPs each use one CQ for both queues
+ * (shift_dqp_link() moves the context to the full poll otherwise), so two
+ * CQs here mean a poll that started before such a QP was created and
+ * returned one of its first completions: the error is then the oldest
+ * outstanding WR of the queue it came from, told apart by its wr_id (if
+ * both queues' oldest share it, the send CQ, the likelier). NULL if d has
+ * no shadow CQs (it cannot fail over anyway).
+ */
+static struct ibv_cq *cq_of(struct shift_dqp *d, const struct ibv_wc *wc)
+{
+	if (!d->scq_app || !d->rcq_app)
+		return NULL;
+	if (shift_likely(d->scq_app == d->rcq_app))
+		return d->scq_app;
+	shift_dqp_sync(d);
+	if (d->sq_tail < d->sq_head && shift_dqp_swqe(d, d->sq_tail)->wr_id == wc->wr_id)
+		return d->scq_app;
+	if (d->rq_tail < d->rq_head && shift_dqp_rwqe(d, d->rq_tail)->wr_id == wc->wr_id)
+		return d->rcq_app;
+	return d->scq_app;
+}
+
+/*
+ * Retire the n completions the provider returned, or hand them to the slow
+ * path from the first error of a protected QP on. The slow path then fills
+ * at most those n entries (the application asked for at least as many):
+ * so the fast path need not keep num_entries across the provider's call.
+ * cq is NULL for a lean poll (cq_of()).
+ */
+static __attribute__((noinline)) int poll_retire(int slot, struct ibv_cq *cq, struct ibv_wc *wc,
+						 int n)
+{
+	struct shift_ctx *s = __atomic_load_n(&shift_ctx_tab[slot], __ATOMIC_ACQUIRE);
+
+	if (!s)
+		return n;
+	for (int i = 0; i < n; i++) {
+		struct shift_dqp *d = __atomic_load_n(&shift_poll_last[slot], __ATOMIC_RELAXED);
+
+		if (d->qpn != wc[i].qp_num) {
+			d = shift_dqp_by_qpn(s, wc[i].qp_num);
+			if (!d)
+				continue; /* not protected: as it is */
+			__atomic_store_n(&shift_poll_last[slot], d, __ATOMIC_RELAXED);
+		}
+		if (shift_likely(wc[i].status == IBV_WC_SUCCESS)) {
+			shift_dqp_retire(d, &wc[i]);
+		} else if (d->send_state != SHIFT_SEND_UNPROTECTED || d->failovers) {
+			/* (an unprotected QP that failed over may still flush
+			 * SHIFT's own WRs: the slow path drops those) */
+			struct ibv_cq *c = cq ? cq : cq_of(d, &wc[i]);
+
+			if (c)
+				return shift_dp_up.poll_slow(s, c, n, wc, i, n);
+		}
+	}
+	return n;
+}
+
+/*
+ * Default state: the provider's poll, then count what completed. A lean
+ * poll keeps only wc across the provider's call (one saved register, no
+ * stack adjustment); the full one keeps cq too, for contexts with a
+ * protected QP whose send and receive CQs differ.
+ */
+static inline __attribute__((always_inline)) int poll_fast(int slot, bool lean, struct ibv_cq *cq,
+							   int num_entries, struct ibv_wc *wc)
+{
+	int n = shift_prov_poll[slot](cq, num_entries, wc);
+
+	if (shift_likely(n == 1)) {
+		struct shift_dqp *d = __atomic_load_n(&shift_poll_last[slot], __ATOMIC_RELAXED);
+
+		/* the cached QP's, and a success (IBV_WC_SUCCESS is 0): one test */
+		if (shift_likely(((d->qpn ^ wc->qp_num) | (uint32_t)wc->status) == 0)) {
+			shift_dqp_retire(d, wc);
+			return 1;
+		}
+	} else if (n <= 0) {
+		return n;
+	}
+	return poll_retire(slot, lean ? NULL : cq, wc, n);
+}
+
+#define POLL_SLOT(k)                                                            	static __attribute__((hot)) int shift_poll_cq_##k(struct ibv_cq *cq, int num_entries, 							  struct ibv_wc *wc)    	{                                                                       		return poll_fast(k, false, cq, num_entries, wc);                	}                                                                       	static __attribute__((hot)) int shift_poll_cq_lean_##k(struct ibv_cq *cq, int num_entries, 							       struct ibv_wc *wc) \
+	{                                                                       		return poll_fast(k, true, cq, num_entries, wc);                 	}
+#define POLL_SLOT8(b)                                                           	POLL_SLOT(0##b##0) POLL_SLOT(0##b##1) POLL_SLOT(0##b##2) POLL_SLOT(0##b##3) 	POLL_SLOT(0##b##4) POLL_SLOT(0##b##5) POLL_SLOT(0##b##6) POLL_SLOT(0##b##7)
+POLL_SLOT8(0) POLL_SLOT8(1) POLL_SLOT8(2) POLL_SLOT8(3)
+POLL_SLOT8(4) POLL_SLOT8(5) POLL_SLOT8(6) POLL_SLOT8(7)
+#define POLL_FN8(p, b)                                                          	p##0##b##0, p##0##b##1, p##0##b##2, p##0##b##3,                         	p##0##b##4, p##0##b##5, p##0##b##6, p##0##b##7
+_Static_assert(SHIFT_MAX_CTX == 64, "one poll_cq per context slot: 8 x POLL_SLOT8");
+static int (*const shift_poll_cq_of_slot[SHIFT_MAX_CTX])(struct ibv_cq *, int, struct ibv_wc *) = {
+	POLL_FN8(shift_poll_cq_, 0), POLL_FN8(shift_poll_cq_, 1), POLL_FN8(shift_poll_cq_, 2),
+	POLL_FN8(shift_poll_cq_, 3), POLL_FN8(shift_poll_cq_, 4), POLL_FN8(shift_poll_cq_, 5),
+	POLL_FN8(shift_poll_cq_, 6), POLL_FN8(shift_poll_cq_, 7),
+};
+static int (*const shift_poll_cq_lean_of_slot[SHIFT_MAX_CTX])(struct ibv_cq *, int,
+							       struct ibv_wc *) = {
+	POLL_FN8(shift_poll_cq_lean_, 0), POLL_FN8(shift_poll_cq_lean_, 1),
+	POLL_FN8(shift_poll_cq_lean_, 2), POLL_FN8(shift_poll_cq_lean_, 3),
+	POLL_FN8(shift_poll_cq_lean_, 4), POLL_FN8(shift_poll_cq_lean_, 5),
+	POLL_FN8(shift_poll_cq_lean_, 6), POLL_FN8(shift_poll_cq_lean_, 7),
+};
+
+/* The fast poll a context gets when not slow. */
+shift_poll_fn shift_dp_fast_poll(const struct shift_ctx *s)
+{
+	return s->split_cqs ? shift_poll_cq_of_slot[s->slot] : shift_poll_cq_lean_of_slot[s->slot];
+}
+
+int shift_dp_req_notify_cq(struct ibv_cq *cq, int solicited_only)
+{
+	struct shift_ctx *s = shift_ctx_of(cq->context);
+
+	if (shift_unlikely(!s))
+		return EINVAL;
+	int rc = s->req_notify_cq(cq, solicited_only);
+
+	if (shift_unlikely(cq->channel && s->rnic && !rc))
+		shift_dp_up.cq_armed(s, cq, solicited_only); /* completions after a failover */
+	return rc;
+}
+
+void shift_dp_poll_slot_init(int slot, shift_poll_fn provider_poll)
+{
+	__atomic_store_n(&shift_poll_last[slot], &shift_dqp_none, __ATOMIC_RELAXED);
+	__atomic_store_n(&shift_prov_poll[slot], provider_poll, __ATOMIC_RELEASE);
+}
+
+void shift_dp_poll_forget(int slot, struct shift_dqp *d)
+{
+	if (__atomic_load_n(&shift_poll_last[slot], __ATOMIC_RELAXED) == d)
+		__atomic_store_n(&shift_poll_last[slot], &shift_dqp_none, __ATOMIC_RELAXED);
+}

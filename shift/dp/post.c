@@ -1,0 +1,231 @@
+/*
+ * Posting on a protected QP: what the context's ops.post_send, post_recv
+ * and post_srq_recv are once SHIFT took the context over (dp/attach.c).
+ *
+ * In the Default state a post mirrors its WRs (shift/dp/dqp.h) and calls
+ * the provider's post, under the QP's post_lock; the common single WR takes
+ * a fast path that adds one table lookup, the lock and the copy. In any
+ * other state the post goes to the failover layer (shift_dp_up), and on an
+ * unprotected QP straight to the provider.
+ */
+#include "shift/dp/post.h"
+#include "shift/dp/ctx.h"
+
+#include <errno.h>
+#include <stddef.h>
+
+/*
+ * QPs SHIFT does not protect (not RC, on an SRQ, created before SHIFT had the
+ * context...): straight to the provider's verb saved on the context.
+ */
+#define UNPROTECTED_POST(verb, wr_type)                                         \
+	static __attribute__((noinline, cold)) int unprotected_##verb(           \
+		struct ibv_qp *qp, struct wr_type *wr, struct wr_type **bad_wr)  \
+	{                                                                        \
+		struct shift_ctx *s = shift_ctx_of(qp->context);                 \
+                                                                                 \
+		if (!s) {                                                        \
+			*bad_wr = wr;                                            \
+			return EINVAL;                                           \
+		}                                                                \
+		return s->verb(qp, wr, bad_wr);                                  \
+	}
+UNPROTECTED_POST(post_send, ibv_send_wr)
+UNPROTECTED_POST(post_recv, ibv_recv_wr)
+
+/*
+ * Default state: mirror the WRs, then the provider's post. The mirror and
+ * the provider see the same WRs in the same order (post_lock), and WRs the
+ * provider refuses are forgotten again. The common case takes the fast
+ * paths below (shift_dp_post_send, shift_dp_post_recv) instead.
+ */
+static int shift_post_send(struct ibv_qp *qp, struct ibv_send_wr *wr,
+			   struct ibv_send_wr **bad_wr) __attribute__((noinline));
+static int shift_post_recv(struct ibv_qp *qp, struct ibv_recv_wr *wr,
+			   struct ibv_recv_wr **bad_wr) __attribute__((noinline));
+
+/*
+ * The provider refused WRs the mirror holds (from *bad_wr on; post_lock
+ * held): if the QP failed, SHIFT keeps them and the post succeeds
+ * (shift_dp_up.post_refused), else they are forgotten and the refusal
+ * is the application's.
+ */
+static __attribute__((noinline, cold)) int send_refused(struct shift_dqp *d, struct ibv_send_wr *wr,
+							 struct ibv_send_wr *bad, uint64_t head, int rc)
+{
+	uint64_t from = head;
+
+	for (struct ibv_send_wr *w = wr; w && w != bad; w = w->next)
+		from++;
+	if (shift_dp_up.post_refused(d, rc, from, d->rq_head))
+		return 0;
+	shift_dqp_unrecord_send(d, wr, bad, head);
+	return rc;
+}
+
+static __attribute__((noinline, cold)) int recv_refused(struct shift_dqp *d, struct ibv_recv_wr *wr,
+							 struct ibv_recv_wr *bad, uint64_t head, int rc)
+{
+	uint64_t from = head;
+
+	for (struct ibv_recv_wr *w = wr; w && w != bad; w = w->next)
+		from++;
+	if (shift_dp_up.post_refused(d, rc, d->sq_head, from))
+		return 0;
+	shift_dqp_unrecord_recv(d, wr, bad, head);
+	return rc;
+}
+
+static int shift_post_send(struct ibv_qp *qp, struct ibv_send_wr *wr,
+			   struct ibv_send_wr **bad_wr)
+{
+	struct shift_dqp *d = shift_dqp_of_qp(qp);
+	uint64_t head;
+	int rc;
+
+	if (shift_unlikely(!d))
+		return unprotected_post_send(qp, wr, bad_wr);
+	shift_dqp_lock(d);
+	head = d->sq_head;
+	if (shift_likely(d->send_state == SHIFT_SEND_DEFAULT)) {
+		shift_dqp_record_send(d, wr);
+		rc = d->prov_post_send(qp, wr, bad_wr);
+		if (shift_unlikely(rc))
+			rc = send_refused(d, wr, *bad_wr, head, rc);
+	} else if (d->send_state == SHIFT_SEND_UNPROTECTED) {
+		rc = d->prov_post_send(qp, wr, bad_wr);
+	} else {
+		rc = shift_dp_up.post_send_fallback(d, wr, bad_wr);
+	}
+	shift_dqp_unlock(d);
+	return rc;
+}
+
+static int shift_post_recv(struct ibv_qp *qp, struct ibv_recv_wr *wr,
+			   struct ibv_recv_wr **bad_wr)
+{
+	struct shift_dqp *d = shift_dqp_of_qp(qp);
+	uint64_t head;
+	int rc;
+
+	if (shift_unlikely(!d))
+		return unprotected_post_recv(qp, wr, bad_wr);
+	shift_dqp_lock(d);
+	head = d->rq_head;
+	if (shift_likely(d->recv_state == SHIFT_RECV_DEFAULT &&
+			 d->send_state != SHIFT_SEND_UNPROTECTED)) {
+		(void)shift_dqp_rq_room(d); /* (the fast path's bound again) */
+		shift_dqp_record_recv(d, wr);
+		rc = d->prov_post_recv(qp, wr, bad_wr);
+		if (shift_unlikely(rc))
+			rc = recv_refused(d, wr, *bad_wr, head, rc);
+	} else if (d->send_state == SHIFT_SEND_UNPROTECTED) {
+		rc = d->prov_post_recv(qp, wr, bad_wr);
+	} else {
+		rc = shift_dp_up.post_recv_fallback(d, wr, bad_wr);
+	}
+	shift_dqp_unlock(d);
+	return rc;
+}
+
+/* The provider refused the WR the fast path just mirrored: forget it,
+ * unless the QP failed (send_refused). */
+static __attribute__((noinline, cold)) int post_send_refused(struct shift_dqp *d, int rc)
+{
+	if (shift_dp_up.post_refused(d, rc, d->sq_head - 1, d->rq_head))
+		rc = 0;
+	else
+		shift_dqp_unrecord_last_send(d);
+	shift_dqp_unlock(d);
+	return rc;
+}
+
+static __attribute__((noinline, cold)) int post_recv_refused(struct shift_dqp *d, int rc)
+{
+	if (shift_dp_up.post_refused(d, rc, d->sq_head, d->rq_head - 1))
+		rc = 0;
+	else
+		d->rq_head--;
+	shift_dqp_unlock(d);
+	return rc;
+}
+
+/*
+ * Default state, the common WR (shift_dqp_send_is_common): mirror it inline,
+ * then the provider's post. Only d stays live across the provider's call;
+ * anything else goes to shift_post_send().
+ */
+__attribute__((hot)) int shift_dp_post_send(struct ibv_qp *qp, struct ibv_send_wr *wr,
+						     struct ibv_send_wr **bad_wr)
+{
+	struct shift_dqp *d = __atomic_load_n(&shift_dqp_tab[shift_dqp_hash(qp)],
+					      __ATOMIC_ACQUIRE);
+
+	while (shift_unlikely(d->qp != qp)) {
+		if (d == &shift_dqp_none)
+			return unprotected_post_send(qp, wr, bad_wr);
+		d = __atomic_load_n(&d->next_by_qp, __ATOMIC_ACQUIRE);
+	}
+	if (shift_likely(shift_dqp_send_is_common(wr))) {
+		shift_dqp_lock(d);
+		/* (the bound is 0 in any other state than Default; a mirror
+		 * that looks full goes to shift_post_send(), which syncs) */
+		if (shift_likely(d->sq_head < d->sq_limit)) {
+			int rc;
+
+			shift_dqp_record_one(d, wr);
+			rc = d->prov_post_send(qp, wr, bad_wr);
+			if (shift_unlikely(rc))
+				return post_send_refused(d, rc);
+			/* (rc is 0 here: returned as is, not made again) */
+			__asm__("" : "+r"(rc));
+			shift_dqp_unlock(d);
+			return rc;
+		}
+		shift_dqp_unlock(d);
+	}
+	return shift_post_send(qp, wr, bad_wr);
+}
+
+__attribute__((hot)) int shift_dp_post_recv(struct ibv_qp *qp, struct ibv_recv_wr *wr,
+						     struct ibv_recv_wr **bad_wr)
+{
+	struct shift_dqp *d = __atomic_load_n(&shift_dqp_tab[shift_dqp_hash(qp)],
+					      __ATOMIC_ACQUIRE);
+
+	while (shift_unlikely(d->qp != qp)) {
+		if (d == &shift_dqp_none)
+			return unprotected_post_recv(qp, wr, bad_wr);
+		d = __atomic_load_n(&d->next_by_qp, __ATOMIC_ACQUIRE);
+	}
+	if (shift_likely(!wr->next && wr->num_sge == 1)) {
+		shift_dqp_lock(d);
+		/* (rq_room fails unless both states are Default) */
+		if (shift_likely(shift_dqp_rq_room(d))) {
+			int rc;
+
+			shift_dqp_record_recv_one(d, wr);
+			rc = d->prov_post_recv(qp, wr, bad_wr);
+			if (shift_unlikely(rc))
+				return post_recv_refused(d, rc);
+			/* (rc is 0 here: returned as is, not made again) */
+			__asm__("" : "+r"(rc));
+			shift_dqp_unlock(d);
+			return rc;
+		}
+		shift_dqp_unlock(d);
+	}
+	return shift_post_recv(qp, wr, bad_wr);
+}
+
+int shift_dp_post_srq_recv(struct ibv_srq *srq, struct ibv_recv_wr *wr,
+			       struct ibv_recv_wr **bad_wr)
+{
+	struct shift_ctx *s = shift_ctx_of(srq->context);
+
+	if (shift_unlikely(!s)) {
+		*bad_wr = wr;
+		return EINVAL;
+	}
+	return s->post_srq_recv(srq, wr, bad_wr);
+}
