@@ -1,0 +1,286 @@
+/*
+ * The background pass of a context (on its RNIC's thread, or inline): the
+ * backup CQs nobody polls while Default, the port watch, answering a
+ * passive peer, failing over on a refused post or a peer's failover never
+ * seen here, then the failback work of every failed-over QP.
+ */
+#include "shift/fo/fo_int.h"
+
+static void background(struct shift_ctx *s);
+
+/* ---- the port watch ----------------------------------------------------------
+ *
+ * An error completion is the usual trigger of a failover. A port that stops
+ * being ACTIVE is another, and sometimes the only one: soft-RoCE retries
+ * for ever on a cut link and never completes a WR in error, and hardware
+ * reports the failure only once its retry budget is spent. When the default
+ * port of protected QPs has not been ACTIVE for SHIFT_PORT_DOWN_MS, they
+ * fail over as if an error had been polled: fo_start() flushes the default QP
+ * and keeps its successful completions for the application. The context
+ * goes to the slow path as soon as the port is seen down, so by then no
+ * poll of the application is inside the fast path.
+ */
+static void watch_ports(struct shift_ctx *s, uint64_t now_ms)
+{
+	int st[SHIFT_WATCH_PORTS + 1] = { 0 }; /* 0 not asked, 1 active, 2 down */
+	uint64_t t = now_ms + 1;
+	uint64_t limit = shift_config.port_down_ms;
+	bool down = false;
+
+	if (!limit) {
+		s->ports_down = false;
+		return;
+	}
+	if (limit < shift_config.bg_grace_ms)
+		limit = shift_config.bg_grace_ms;
+	for (int i = 0; i < SHIFT_DQP_BUCKETS; i++) {
+		for (struct shift_dqp *d = __atomic_load_n(&s->dqp[i], __ATOMIC_ACQUIRE); d;
+		     d = d->next_in_bucket) {
+			if (d->send_state != SHIFT_SEND_DEFAULT || !d->scq || !d->rcq ||
+			    !d->shadow ||
+			    __atomic_load_n(&d->shadow->state, __ATOMIC_ACQUIRE) != SHIFT_SHADOW_READY)
+				continue;
+			pthread_mutex_lock(&s->rnic->lock);
+			unsigned port = d->shadow->attr.port_num;
+			bool connected = (d->shadow->attr_mask & IBV_QP_AV) != 0;
+			pthread_mutex_unlock(&s->rnic->lock);
+			if (!connected)
+				continue;
+			if (port < 1 || port > SHIFT_WATCH_PORTS)
+				port = 1;
+			if (!st[port]) {
+				/* a port that cannot be queried counts as up */
+				st[port] = fo_port_state(s, port) ? 1 : 2;
+				if (st[port] == 1) {
+					s->port_down_since[port] = 0;
+				} else if (!s->port_down_since[port]) {
+					s->port_down_since[port] = t;
+					shift_info("%s: port %u is down: its QPs fail over in %llu %s unless it "
+						   "comes back", d->dev, port, (unsigned long long)limit,
+						   "ms");
+				}
+			}
+			if (st[port] == 1)
+				continue;
+			down = true;
+			shift_ctx_set_slow(s, true);
+			if (t - s->port_down_since[port] < limit)
+				continue;
+			fo_lock_cqs(d);
+			if (d->send_state == SHIFT_SEND_DEFAULT) {
+				struct out o = { .wc = NULL, .n = 0, .max = 0, .c = d->scq };
+
+				shift_info("%s QP %u: port %u down for %llu %s: failing over without an "
+					   "error completion", d->dev, d->qpn, port,
+					   (unsigned long long)(t - s->port_down_since[port]),
+					   "ms");
+				if (fo_start(s, d, &o, NULL) && d->send_state == SHIFT_SEND_UNPROTECTED) {
+					/* given up: the application sees its QP fail, as
+					 * the provider would have shown it sooner or later */
+					struct ibv_qp_attr e = { .qp_state = IBV_QPS_ERR };
+
+					shift_lower->modify_qp(d->qp, &e, IBV_QP_STATE);
+				}
+			}
+			fo_unlock_cqs(d);
+		}
+	}
+	s->ports_down = down;
+}
+
+/* Held by a whole background pass and by shift_failover_forget(): a pass
+ * never walks a QP state that destroy_qp is about to free. */
+static pthread_mutex_t bg_lock = PTHREAD_MUTEX_INITIALIZER;
+
+struct shift_dqp *shift_failover_forget(struct shift_ctx *s, struct ibv_qp *qp)
+{
+	pthread_mutex_lock(&bg_lock);
+	struct shift_dqp *d = shift_ctx_remove_dqp(s, qp);
+
+	if (d)
+		fo_remove(s, d);
+	pthread_mutex_unlock(&bg_lock);
+	return d;
+}
+
+static bool waiting_seen;
+
+bool shift_failover_waiting(void)
+{
+	bool w = __atomic_exchange_n(&waiting_seen, false, __ATOMIC_ACQ_REL);
+
+	return w;
+}
+
+void shift_failover_background(struct shift_ctx *s)
+{
+	if (!s->rnic)
+		return;
+	pthread_mutex_lock(&bg_lock);
+	pthread_mutex_lock(&s->slow_lock);
+	background(s);
+	pthread_mutex_unlock(&s->slow_lock);
+	pthread_mutex_unlock(&bg_lock);
+}
+
+/* Has the grace passed since `since` (ms) that lets a poll which entered
+ * the fast path before its context went slow finish? (Synchronous replay
+ * has no such poll.) */
+static bool grace_passed(uint64_t since, uint64_t now)
+{
+	return now - since >= shift_config.bg_grace_ms;
+}
+
+/* A peer's handshake message the background thread noticed, for a passive
+ * application: answered here once the grace has passed (see background()). */
+static void answer_peer(struct shift_ctx *s, struct shift_dqp *d, uint64_t now)
+{
+	if (!d->ctrl_pending)
+		return;
+	if (!d->ctrl_seen_ms)
+		d->ctrl_seen_ms = now;
+	if (!grace_passed(d->ctrl_seen_ms, now))
+		return;
+	fo_lock_cqs(d);
+	if (d->ctrl_pending) {
+		struct out o = { .wc = NULL, .n = 0, .max = 0, .c = d->rcq ? d->rcq : d->scq };
+		fo_on_ctrl(s, d, &o);
+	}
+	fo_unlock_cqs(d);
+}
+
+/* A QP whose provider refused a post because it failed, with no error
+ * completion to start its failover (shift_failover_post_refused()). */
+static void fail_over_refused(struct shift_ctx *s, struct shift_dqp *d, uint64_t now)
+{
+	if (!__atomic_load_n(&d->post_failed, __ATOMIC_ACQUIRE))
+		return;
+	/* (as for a port that went down: a poll that entered the fast path
+	 * before the context went slow finishes first) */
+	if (!grace_passed(d->post_failed_ms, now))
+		return;
+	fo_lock_cqs(d);
+	if (d->post_failed && (d->send_state == SHIFT_SEND_DEFAULT || d->need_rearm)) {
+		struct out o = { .wc = NULL, .n = 0, .max = 0, .c = d->scq };
+
+		shift_info("%s QP %u: failing over on a refused post", d->dev, d->qpn);
+		fo_start(s, d, &o, NULL);
+	}
+	d->post_failed = false; /* (a failover holds its WRs now) */
+	fo_unlock_cqs(d);
+}
+
+/* A Default-state QP whose peer started failover peer_started without it
+ * (fo_poke_read()): it follows that failover. */
+void fo_join_peer(struct shift_ctx *s, struct shift_dqp *d, uint64_t now)
+{
+	if (!__atomic_load_n(&d->peer_join, __ATOMIC_ACQUIRE))
+		return;
+	if (!grace_passed(d->peer_join_ms, now))
+		return;
+	fo_lock_cqs(d);
+	if (d->peer_join && d->send_state == SHIFT_SEND_DEFAULT && !d->need_rearm &&
+	    d->peer_started > d->failovers) {
+		struct out o = { .wc = NULL, .n = 0, .max = 0, .c = d->scq };
+
+		shift_info("%s QP %u: the peer started failover %u, which never reached me (its "
+			   "backup path failed): following it", d->dev, d->qpn, d->peer_started);
+		d->failovers = d->peer_started - 1; /* (fo_start() counts it) */
+		if (fo_start(s, d, &o, NULL) == 0 && d->send_state != SHIFT_SEND_UNPROTECTED &&
+		    d->published_ep != d->failovers)
+			fo_ep_publish(s, d);
+	}
+	d->peer_join = false;
+	fo_unlock_cqs(d);
+}
+
+/* Nothing failed over any more: polls take the fast path again once
+ * every completion SHIFT kept has been handed out. */
+static void fast_again(struct shift_ctx *s, struct shift_cq *head)
+{
+	if (__atomic_load_n(&s->slow, __ATOMIC_ACQUIRE) && !__atomic_load_n(&s->nfo, __ATOMIC_ACQUIRE)) {
+		bool quiet = !s->ports_down;
+
+		for (struct shift_cq *c = head; c && quiet; c = c->next) {
+			pthread_mutex_lock(&c->dp_lock);
+			quiet = c->kept_head == c->kept_tail;
+			pthread_mutex_unlock(&c->dp_lock);
+		}
+		for (int i = 0; quiet && i < SHIFT_DQP_BUCKETS; i++)
+			for (struct shift_dqp *d = __atomic_load_n(&s->dqp[i], __ATOMIC_ACQUIRE); d;
+			     d = d->next_in_bucket)
+				if (d->ctrl_pending)
+					quiet = false;
+		if (quiet)
+			shift_ctx_set_slow(s, false);
+	}
+}
+
+static void background(struct shift_ctx *s)
+{
+	struct shift_rnic *r = s->rnic;
+
+	/* a peer's handshake message lands in a backup CQ nobody else polls
+	 * while this side is in the Default state */
+	pthread_mutex_lock(&r->lock);
+	struct shift_cq *head = r->cqs;
+	pthread_mutex_unlock(&r->lock);
+	for (struct shift_cq *c = head; c; c = c->next) {
+		if (!c->bk || c->dead || pthread_mutex_trylock(&c->dp_lock))
+			continue;
+		struct out o = { .wc = NULL, .n = 0, .max = 0, .c = c };
+		fo_poll_backup(s, c, &o, false);
+		pthread_mutex_unlock(&c->dp_lock);
+	}
+
+	/*
+	 * A passive application (a perftest server waiting on its socket)
+	 * may never poll: answer the peer here. The context went to the slow
+	 * path when the message was seen; once a grace period has passed, no
+	 * poll of the application can still be inside the fast path (it is a
+	 * few hundred instructions), so the default CQ is ours under dp_lock.
+	 */
+	uint64_t now = fo_fb_now();
+	watch_ports(s, now);
+	fo_poke_read(s, now);
+	for (int i = 0; i < SHIFT_DQP_BUCKETS; i++) {
+		for (struct shift_dqp *d = __atomic_load_n(&s->dqp[i], __ATOMIC_ACQUIRE); d;
+		     d = d->next_in_bucket) {
+			if (!d->scq)
+				continue;
+			answer_peer(s, d, now);
+			fail_over_refused(s, d, now);
+			fo_join_peer(s, d, now);
+		}
+	}
+
+	/* failback: probes, switching back, re-arming the backup */
+	shift_clock_tick();
+	uint64_t fbt = fo_fb_now();
+	int nfo = __atomic_load_n(&s->nfo, __ATOMIC_ACQUIRE);
+	fo_ep_prefetch(s, nfo, fbt);
+	for (int i = 0; i < nfo; i++) {
+		struct shift_dqp *d = __atomic_load_n(&s->fo[i], __ATOMIC_ACQUIRE);
+
+		if (!d || !d->scq)
+			continue;
+		/* the application may be inside the fast path of a poll that
+		 * started before the context went slow: let it finish */
+		uint64_t te = d->t_error_us / 1000u; /* (may be later than now) */
+		if (te > now || now - te < shift_config.bg_grace_ms)
+			continue;
+		fo_lock_cqs(d);
+		fo_failback_work(s, d, fbt);
+		if (d->wait_reset || d->wait_peer || d->bk_error || d->ret_wait)
+			__atomic_store_n(&waiting_seen, true, __ATOMIC_RELEASE);
+		fo_unlock_cqs(d);
+	}
+	/* (a batched read the pass did not use is stale by the next one) */
+	for (int i = 0; i < nfo; i++) {
+		struct shift_dqp *d = __atomic_load_n(&s->fo[i], __ATOMIC_ACQUIRE);
+
+		if (d)
+			d->kv_pref = 0;
+	}
+	fast_again(s, head);
+}

@@ -1,0 +1,292 @@
+/*
+ * Failover episodes: each end's record in the KV store (its backup QP's
+ * generation, the episode it started, a return episode's receive counter,
+ * a failed backup), read ahead in batches; resetting and re-arming the
+ * backup QP for an episode; asking a peer that never saw a failover to
+ * follow it (poke).
+ */
+#include "shift/fo/fo_int.h"
+
+/* ---- failover episodes ------------------------------------------------------
+ *
+ * Failover number k of a connection runs on backup QPs reset at both ends
+ * for it: generation k - 1 (the replay is generation 0), whose PSNs both
+ * ends derive alike, with a fresh control receive at the head of the
+ * receive queue and no stale receive behind it. After a full failback each
+ * end resets its own backup for the next failover. If the default path
+ * fails again before that (one direction still on the backup, or the peer
+ * not reset yet), the end that sees it flushes both its QPs, resets its
+ * backup, and publishes the episode it started in the KV store; the peer,
+ * which reads that record while its backup is used, does the same. A
+ * handshake message is only sent to a backup reset for its episode: the
+ * peer's record says so, or the peer's own message proves it.
+ */
+
+void fo_ep_publish(struct shift_ctx *s, struct shift_dqp *d)
+{
+	struct shift_rnic *r = s->rnic;
+	char key[SHIFT_EXCHANGE_KEY_MAX], val[64];
+	int n;
+
+	if (!r || !r->kv || shift_exchange_ep_key(&d->shadow->my_key, key, sizeof(key)) < 0)
+		return;
+	struct shift_ep_value ev = {
+		.gen = d->bk_gen, .started = (unsigned)d->failovers,
+		.ret = d->ret_ep && d->ret_ep == d->failovers, .count = d->ret_count,
+		.bkfail = d->bk_error, .nosend = !fo_app_sends(s, d),
+	};
+
+	n = shift_exchange_ep_encode_ex(&ev, val, sizeof(val));
+	d->bkfail_published = d->bk_error;
+	d->published_ep = d->failovers;
+	if (n < 0 || shift_kv_put(r->kv, key, val, (size_t)n, 0))
+		shift_warn("%s QP %u: cannot publish failover %lu in the KV store: the peer may not "
+			   "follow it", d->dev, d->qpn, d->failovers);
+	else
+		shift_debug("%s QP %u: published %s = %.*s", d->dev, d->qpn, key, n, val);
+}
+
+/* A peer record read into d. */
+static void ep_take(struct shift_dqp *d, const struct shift_ep_value *ev)
+{
+	d->peer_gen = ev->gen;
+	d->peer_started = ev->started;
+	d->peer_ret = ev->ret;
+	d->peer_ret_count = ev->count;
+	d->peer_bkfail = ev->bkfail;
+	if (ev->nosend)
+		d->peer_nosend = true; /* (as its handshake message says, which may be lost) */
+}
+
+/* The peer's record into d->peer_gen and d->peer_started: 0, or -1 (none,
+ * or the store cannot be read: d keeps what it knew). */
+int fo_ep_read(struct shift_ctx *s, struct shift_dqp *d)
+{
+	struct shift_rnic *r = s->rnic;
+	char key[SHIFT_EXCHANGE_KEY_MAX];
+	struct shift_ep_value ev;
+	void *v;
+	size_t len;
+
+	if (!r || !r->kv || shift_exchange_ep_key(&d->shadow->peer_key, key, sizeof(key)) < 0)
+		return -1;
+	int rc = shift_kv_get(r->kv, key, &v, &len);
+
+	__atomic_fetch_add(&shift_stats.ep_read_commands, 1, __ATOMIC_RELAXED);
+	__atomic_fetch_add(&shift_stats.ep_records_read, 1, __ATOMIC_RELAXED);
+	if (rc) {
+		shift_debug("%s QP %u: no peer record %s (%d)", d->dev, d->qpn, key, rc);
+		return -1;
+	}
+	rc = shift_exchange_ep_decode_ex(v, len, &ev);
+	free(v);
+	if (rc) {
+		shift_debug("%s QP %u: peer record %s malformed", d->dev, d->qpn, key);
+		return -1;
+	}
+	ep_take(d, &ev);
+	return 0;
+}
+
+/* Does d read the peer's record at this pass (failback_work)? */
+bool fo_ep_due(const struct shift_dqp *d, uint64_t now)
+{
+	return (d->need_rearm || d->wait_peer || d->wait_reset || d->bk_error || d->ret_wait) &&
+	       now >= d->kv_at;
+}
+
+/*
+ * The peers' records of ds[0..n) (n <= SHIFT_KV_MGET_MAX) in one KV read,
+ * each taken into its QP (ep_take) and got[k] set if it was read: 0, or the
+ * read's error (then none was).
+ */
+int fo_ep_mget(struct shift_ctx *s, struct shift_dqp **ds, size_t n, bool *got)
+{
+	char keys[SHIFT_KV_MGET_MAX][SHIFT_EXCHANGE_KEY_MAX];
+	const char *kp[SHIFT_KV_MGET_MAX] = { NULL };
+	void *v[SHIFT_KV_MGET_MAX];
+	size_t len[SHIFT_KV_MGET_MAX];
+
+	if (!n || n > SHIFT_KV_MGET_MAX)
+		return -EINVAL;
+	for (size_t k = 0; k < n; k++) {
+		if (shift_exchange_ep_key(&ds[k]->shadow->peer_key, keys[k], sizeof(keys[k])) < 0)
+			keys[k][0] = '\0'; /* (never there) */
+		kp[k] = keys[k];
+	}
+	int rc = shift_kv_mget(s->rnic->kv, kp, n, v, len);
+
+	__atomic_fetch_add(&shift_stats.ep_read_commands, 1, __ATOMIC_RELAXED);
+	__atomic_fetch_add(&shift_stats.ep_records_read, n, __ATOMIC_RELAXED);
+	for (size_t k = 0; k < n; k++) {
+		struct shift_ep_value ev;
+
+		got[k] = !rc && v[k] && keys[k][0] && !shift_exchange_ep_decode_ex(v[k], len[k], &ev);
+		if (got[k])
+			ep_take(ds[k], &ev);
+		free(v[k]);
+	}
+	return rc;
+}
+
+/*
+ * The peer records of every failed-over QP of s that reads it at this pass,
+ * in one KV command per SHIFT_KV_MGET_MAX QPs instead of one each (after a
+ * NIC failure every QP on it reads its record at each probe period):
+ * fo_failback_work() then takes d->kv_pref (1 read, -1 none or unreadable)
+ * instead of reading. Background pass, slow_lock held.
+ */
+void fo_ep_prefetch(struct shift_ctx *s, int nfo, uint64_t now)
+{
+	struct shift_rnic *r = s->rnic;
+	struct shift_dqp *ds[SHIFT_KV_MGET_MAX];
+	bool got[SHIFT_KV_MGET_MAX];
+	int i = 0;
+
+	bool any = false;
+
+	if (!r || !r->kv)
+		return;
+	for (int k = 0; k < nfo && !any; k++) {
+		struct shift_dqp *d = __atomic_load_n(&s->fo[k], __ATOMIC_ACQUIRE);
+
+		any = d && fo_ep_due(d, now);
+	}
+	if (!any)
+		return;
+	while (i < nfo) {
+		size_t n = 0;
+
+		for (; i < nfo && n < SHIFT_KV_MGET_MAX; i++) {
+			struct shift_dqp *d = __atomic_load_n(&s->fo[i], __ATOMIC_ACQUIRE);
+
+			/* due, or due within half its period: read with the
+			 * others (the schedules of QPs that failed over
+			 * together line up after one batch) */
+			if (!d || !d->scq || !d->shadow || d->send_state == SHIFT_SEND_UNPROTECTED ||
+			    !fo_ep_due(d, now + fo_probe_wait(d) / 2))
+				continue;
+			ds[n++] = d;
+		}
+		if (n < 2)
+			continue; /* (one alone reads its own) */
+		int rc = fo_ep_mget(s, ds, n, got);
+
+		for (size_t k = 0; k < n; k++)
+			ds[k]->kv_pref = got[k] ? 1 : -1;
+		shift_debug("%s: %zu peer records in one KV read (%d)", ds[0]->dev, n, rc);
+	}
+}
+
+/* fo_ep_read(), or what fo_ep_prefetch() read for d at this pass. */
+int fo_ep_read_pass(struct shift_ctx *s, struct shift_dqp *d)
+{
+	int8_t p = d->kv_pref;
+
+	d->kv_pref = 0;
+	return p ? (p > 0 ? 0 : -1) : fo_ep_read(s, d);
+}
+
+/* Is the peer's backup reset for my current episode? */
+bool fo_peer_armed(const struct shift_dqp *d)
+{
+	return d->failovers <= 1 || d->peer_gen + 1 >= (unsigned)d->failovers;
+}
+
+/* Has the peer stopped the backup QP of its last failover (so a reset of
+ * mine cannot acknowledge its packets as duplicates)? It joined my
+ * failover, or it reset its own for it. */
+bool fo_peer_old_dead(const struct shift_dqp *d)
+{
+	return d->peer_started >= (unsigned)d->failovers || d->peer_gen + 1 >= (unsigned)d->failovers;
+}
+
+/*
+ * Stop my backup QP (ERR) and drain its CQs of d: successes are the
+ * application's (kept, in order) when keep, else dropped with d off the
+ * failed-over list; errors and flushes are SHIFT's. Its CQs locked.
+ */
+/*
+ * Pokes. An end that fails over alone (the peer's retry budget outlasted
+ * the fault, so its QP never failed) reaches the peer through its handshake
+ * message on the backup path. If its backup NIC dies before that message
+ * arrives, the peer never learns of the failover: it stays on its default
+ * QP, which still answers the old connection's PSNs, so even a probe of the
+ * default path may be answered (as a duplicate) while the two ends no longer
+ * agree on anything. Such an end is "unjoined": it neither probes nor
+ * restarts its failover; it pokes the peer instead, writing under the
+ * peer's poke key (its default GID), and publishes its record. Every
+ * process reads the poke keys of its contexts' default GIDs every
+ * SHIFT_POKE_MS (one KV read per context); when a value changes it reads
+ * the peer records of its Default-state QPs on that GID, and a QP whose
+ * peer started a failover it never saw follows it (fo_start(), its number
+ * taken from the peer). From there on it is the failover both ends saw,
+ * whose backup path failed: both ends publish that, the prober probes the
+ * reset default QPs, and both go back to them (ret_start).
+ */
+bool fo_unjoined(const struct shift_dqp *d)
+{
+	return d->bk_error && !d->handshake_done && d->peer_started < d->failovers;
+}
+
+void fo_poke_peer(struct shift_ctx *s, struct shift_dqp *d)
+{
+	struct shift_rnic *r = s->rnic;
+	char key[SHIFT_EXCHANGE_KEY_MAX], val[48];
+	int n;
+
+	if (!r || !r->kv || !shift_config.poke_ms ||
+	    shift_exchange_poke_key(&d->shadow->peer_key.gid, key, sizeof(key)) < 0)
+		return;
+	n = snprintf(val, sizeof(val), "%u.%lu.%llu", d->qpn, d->failovers,
+		     (unsigned long long)fo_mono_us());
+	if (n < 0 || (size_t)n >= sizeof(val) || shift_kv_put(r->kv, key, val, (size_t)n, 0))
+		return; /* (again at the next pass) */
+	d->poked_ep = d->failovers;
+	shift_info("%s QP %u: my backup path failed before the peer answered failover %lu: "
+		   "asking the peer to follow it (%s)", d->dev, d->qpn, d->failovers, key);
+}
+
+void fo_flush_backup(struct shift_ctx *s, struct shift_dqp *d, bool keep)
+{
+	struct ibv_qp_attr a = { .qp_state = IBV_QPS_ERR };
+	struct shift_cq *cs[2] = { d->scq, d->rcq != d->scq ? d->rcq : NULL };
+
+	if (!keep)
+		fo_remove(s, d);
+	shift_lower->modify_qp(d->bk, &a, IBV_QP_STATE);
+	d->bk_flushing = true;
+	for (int k = 0; k < 2; k++) {
+		if (!cs[k])
+			continue;
+		struct out o = { .wc = NULL, .n = 0, .max = 0, .c = cs[k] };
+		fo_poll_backup(s, cs[k], &o, false);
+	}
+	d->bk_flushing = false;
+}
+
+/* Reset my (stopped) backup QP as generation gen, with a fresh control
+ * receive, and publish it. Its CQs locked. */
+int fo_reset_backup(struct shift_ctx *s, struct shift_dqp *d, unsigned gen)
+{
+	d->handshake_done = false;
+	d->ctrl_sent = false;
+	d->bk_error = false;
+	d->bk_gen = gen & 0x3fffu;
+	if (shift_shadow_rearm(s->rnic, d->shadow, gen)) {
+		fo_give_up(d, "its backup QP could not be reset for the next failover");
+		return -1;
+	}
+	d->need_rearm = false;
+	d->last_switch_s = shift_clock_wall_s();
+	fo_ep_publish(s, d);
+	return 0;
+}
+
+/* After a full failback: both directions left the backup QP, whose last
+ * packets were all acknowledged: reset it for the next failover. */
+int fo_rearm_backup(struct shift_ctx *s, struct shift_dqp *d)
+{
+	fo_flush_backup(s, d, false);
+	return fo_reset_backup(s, d, (unsigned)d->failovers);
+}

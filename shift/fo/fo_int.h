@@ -1,0 +1,117 @@
+/*
+ * The failover layer's internal interface: what the files of shift/fo/
+ * share. Nothing outside fo/ includes it (shift/fo/failover.h is the
+ * layer's interface).
+ */
+#ifndef SHIFT_FO_INT_H
+#define SHIFT_FO_INT_H
+
+#include "shift/fo/failover.h"
+#include "shift/shadow/exchange.h"
+#include "shift/shadow/shadow.h"
+#include "shift/base/clock.h"
+#include "shift/base/config.h"
+#include "shift/base/lower.h"
+#include "shift/dp/ctx.h"
+#include "shift/dp/state.h"
+#include "kv/kv.h"
+#include "providers/quirks.h"
+
+#include <endian.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define TMP_WC 16
+/* after a backup failure the peer did not follow up: my own new failover,
+ * after shift_config.bk_restart_ms, at most this many times in a row (how
+ * long a failover after the first waits for the peer's part, its record in
+ * the KV store or its handshake message, is shift_config.episode_wait_ms) */
+#define SHIFT_BK_RESTARTS 3
+/* The handshake message's immediate: the sender's receive counter (31 bits,
+ * compared modulo 2^31), or ABORT: the sender cannot fail over (an atomic
+ * was in flight), so the connection fails for the application at both ends. */
+#define CTRL_ABORT 0x80000000u
+/* ... and NOSEND: the sender's application never brought its QP to RTS (a
+ * receive-only peer): it will never send, nor notify a failback */
+#define CTRL_NOSEND 0x40000000u
+#define CTRL_COUNT(x) ((x) & 0x3fffffffu)
+struct out {
+	struct ibv_wc *wc;
+	int n, max;
+	struct shift_cq *c;
+	/* completions already taken from c's default CQ and not filtered yet
+	 * (the rest of the batch being filtered): older than anything still
+	 * in the CQ, so a drain of c must filter them first */
+	struct ibv_wc *rest;
+	size_t nrest;
+	struct out *up; /* the caller's, when filtering inside a drain */
+};
+
+uint64_t fo_mono_us(void);
+uint64_t fo_fb_now(void);
+uint64_t fo_probe_wait(const struct shift_dqp *d);
+int fo_add(struct shift_ctx *s, struct shift_dqp *d);
+void fo_remove(struct shift_ctx *s, struct shift_dqp *d);
+void fo_emit(struct out *o, const struct ibv_wc *wc);
+struct shift_dqp *fo_dqp_of_bk(struct shift_ctx *s, uint32_t bk_qpn);
+int fo_post_mirrored(struct shift_dqp *d, uint64_t idx, bool dflt);
+enum ibv_wc_opcode fo_send_wc_opcode(unsigned opcode);
+int fo_post_bk_placeholder(struct shift_dqp *d, uint64_t idx);
+int fo_post_bk_send(struct shift_dqp *d, uint64_t idx);
+int fo_post_bk_recv(struct shift_dqp *d, uint64_t idx);
+void fo_give_up(struct shift_dqp *d, const char *why);
+void fo_from_default_batch(struct shift_ctx *s, struct ibv_wc *wc, size_t n, struct out *o);
+void fo_drain_default(struct shift_ctx *s, struct shift_cq *c, struct out *up);
+void fo_empty_read(struct ibv_send_wr *wr, uint64_t wr_id, unsigned flags);
+int fo_send_ctrl(struct shift_dqp *d, uint32_t imm);
+void fo_flush_held(struct shift_dqp *d, struct out *o, const struct ibv_wc *err,
+		       uint64_t sq_from, uint64_t rq_from);
+void fo_fail_connection(struct shift_ctx *s, struct shift_dqp *d, struct out *o,
+			    bool tell_peer, const struct ibv_wc *err);
+void fo_ep_publish(struct shift_ctx *s, struct shift_dqp *d);
+int fo_ep_read(struct shift_ctx *s, struct shift_dqp *d);
+bool fo_ep_due(const struct shift_dqp *d, uint64_t now);
+int fo_ep_mget(struct shift_ctx *s, struct shift_dqp **ds, size_t n, bool *got);
+void fo_ep_prefetch(struct shift_ctx *s, int nfo, uint64_t now);
+int fo_ep_read_pass(struct shift_ctx *s, struct shift_dqp *d);
+bool fo_peer_armed(const struct shift_dqp *d);
+bool fo_peer_old_dead(const struct shift_dqp *d);
+bool fo_unjoined(const struct shift_dqp *d);
+void fo_poke_peer(struct shift_ctx *s, struct shift_dqp *d);
+void fo_flush_backup(struct shift_ctx *s, struct shift_dqp *d, bool keep);
+int fo_reset_backup(struct shift_ctx *s, struct shift_dqp *d, unsigned gen);
+int fo_rearm_backup(struct shift_ctx *s, struct shift_dqp *d);
+bool fo_app_sends(struct shift_ctx *s, struct shift_dqp *d);
+int fo_start(struct shift_ctx *s, struct shift_dqp *d, struct out *o,
+		 const struct ibv_wc *err);
+int fo_finish_start(struct shift_ctx *s, struct shift_dqp *d, bool reset);
+void fo_send_my_ctrl(struct shift_ctx *s, struct shift_dqp *d);
+uint64_t fo_executed_end(struct shift_dqp *d, uint32_t peer_count, uint32_t mask,
+			     uint64_t *rd, uint32_t *done_out);
+void fo_complete_executed(struct shift_dqp *d, struct out *os, uint64_t i);
+void fo_retransmit(struct shift_dqp *d, struct out *o);
+void fo_on_ctrl(struct shift_ctx *s, struct shift_dqp *d, struct out *o);
+int fo_port_state(struct shift_ctx *s, unsigned port);
+bool fo_port_active(struct shift_ctx *s, struct shift_dqp *d);
+bool fo_bk_port_active(struct shift_ctx *s, struct shift_dqp *d);
+int fo_reset_default(struct shift_ctx *s, struct shift_dqp *d);
+bool fo_prober(struct shift_dqp *d);
+int fo_post_probe(struct shift_dqp *d);
+int fo_receives_back(struct shift_dqp *d);
+void fo_switch_back(struct shift_dqp *d);
+void fo_try_notify(struct shift_dqp *d);
+void fo_on_default_ctrl(struct shift_ctx *s, struct shift_dqp *d, struct ibv_wc *wc,
+			    struct out *o);
+int fo_ret_start(struct shift_ctx *s, struct shift_dqp *d, struct out *o);
+void fo_ret_finish(struct shift_ctx *s, struct shift_dqp *d, struct out *o);
+void fo_failback_work(struct shift_ctx *s, struct shift_dqp *d, uint64_t now);
+void fo_from_default(struct shift_ctx *s, struct ibv_wc *wc, struct out *o);
+void fo_poll_backup(struct shift_ctx *s, struct shift_cq *c, struct out *o, bool app);
+void fo_lock_cqs(struct shift_dqp *d);
+void fo_unlock_cqs(struct shift_dqp *d);
+void fo_poke_read(struct shift_ctx *s, uint64_t now);
+void fo_join_peer(struct shift_ctx *s, struct shift_dqp *d, uint64_t now);
+bool fo_take_refused(struct shift_dqp *d, int rc, uint64_t sq_from, uint64_t rq_from);
+
+#endif /* SHIFT_FO_INT_H */

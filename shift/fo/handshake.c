@@ -1,0 +1,143 @@
+/*
+ * The two-way handshake on the backup QPs and what follows it: the peer's
+ * receive counter says which outstanding sends it executed already (they
+ * complete without being sent again); the rest are retransmitted on the
+ * backup QP, in order.
+ */
+#include "shift/fo/fo_int.h"
+
+/*
+ * The outstanding send WRs (sq synced) that the peer has executed, by its
+ * receive counter (compared under mask, the bits the counter carries): my
+ * consumers done before them plus those among them make the counter, so
+ * they end with the peer_count - done -th consumer: returns the index after
+ * it (sq_tail if none). *rd is the first RDMA READ among them (UINT64_MAX if
+ * none), *done_out my consumers done before them.
+ */
+uint64_t fo_executed_end(struct shift_dqp *d, uint32_t peer_count, uint32_t mask,
+			     uint64_t *rd, uint32_t *done_out)
+{
+	uint64_t outstanding_consumers = 0, skip, end;
+
+	for (uint64_t i = d->sq_tail; i < d->sq_head; i++)
+		outstanding_consumers += shift_wr_consumes_recv(shift_dqp_swqe(d, i)->opcode);
+	uint32_t done = (uint32_t)(shift_dqp_consumers_posted(d) - outstanding_consumers) & mask;
+
+	skip = (peer_count - done) & mask;
+	shift_debug("%s QP %u: peer counter %u, mine: %u done, %llu outstanding consumers", d->dev,
+		    d->qpn, peer_count, done, (unsigned long long)outstanding_consumers);
+	if (skip > outstanding_consumers) {
+		shift_warn("%s QP %u: the peer's receive counter (%u) is ahead of what was sent; "
+			   "sending everything again", d->dev, d->qpn, peer_count);
+		skip = 0;
+	}
+	*rd = UINT64_MAX;
+	for (end = d->sq_tail; skip && end < d->sq_head; end++) {
+		struct shift_swqe *e = shift_dqp_swqe(d, end);
+
+		if (shift_wr_consumes_recv(e->opcode))
+			skip--;
+		if (e->opcode == IBV_WR_RDMA_READ && *rd == UINT64_MAX)
+			*rd = end;
+	}
+	if (done_out)
+		*done_out = done;
+	return end;
+}
+
+/* Mirrored send WR i was executed at the peer, its ACK lost: its
+ * completion, if signaled, without sending it again. */
+void fo_complete_executed(struct shift_dqp *d, struct out *os, uint64_t i)
+{
+	struct shift_swqe *e = shift_dqp_swqe(d, i);
+
+	if ((e->send_flags & IBV_SEND_SIGNALED) || d->sq_sig_all) {
+		struct ibv_wc wc = {
+			.wr_id = e->wr_id, .status = IBV_WC_SUCCESS,
+			.opcode = fo_send_wc_opcode(e->opcode), .qp_num = d->qpn,
+		};
+		shift_dqp_retire(d, &wc); /* sq_tail follows at the next sync */
+		fo_emit(os, &wc);
+	}
+}
+
+/* Both messages exchanged: retransmit what the peer has not executed. */
+void fo_retransmit(struct shift_dqp *d, struct out *o)
+{
+	uint64_t rd, i;
+	/* executed at the peer, ACK lost: complete them, do not send again
+	 * (on the send CQ: o may be the receive CQ's, when they differ) */
+	struct out so = { .wc = NULL, .n = 0, .max = 0, .c = d->scq };
+	struct out *os = o->c == d->scq ? o : &so;
+
+	shift_dqp_sync(d);
+	/* An RDMA READ among the executed WRs was executed, but its response
+	 * may not have arrived: its data is not known to be here. From the
+	 * first such READ on, the READs are sent again and the executed WRs
+	 * after it are replaced by empty WRITEs (placeholders) on the backup,
+	 * so every completion still comes in order. */
+	uint64_t end = fo_executed_end(d, d->peer_recv_count, CTRL_COUNT(~0u), &rd, NULL);
+
+	for (i = d->sq_tail; i < end && i < rd; i++)
+		fo_complete_executed(d, os, i);
+	unsigned long before = d->retransmitted;
+	uint64_t skipped = end - d->sq_tail;
+
+	shift_dqp_lock(d);
+	d->handshake_done = true;
+	for (; i < end; i++) {
+		bool again = shift_dqp_swqe(d, i)->opcode == IBV_WR_RDMA_READ;
+
+		if (again ? fo_post_bk_send(d, i) : fo_post_bk_placeholder(d, i)) {
+			shift_dqp_unlock(d);
+			fo_give_up(d, "cannot post a WR on the backup QP");
+			return;
+		}
+		skipped -= again;
+	}
+	for (; i < d->sq_head; i++) {
+		if (fo_post_bk_send(d, i)) {
+			shift_dqp_unlock(d);
+			fo_give_up(d, "cannot post a WR on the backup QP");
+			return;
+		}
+	}
+	shift_dqp_unlock(d);
+	d->switch_us = fo_mono_us() - d->t_error_us;
+	shift_info("%s QP %u: on backup QP %u (failover %lu): %lu WRs retransmitted, %llu already "
+		   "executed at the peer completed, switch time %llu us", d->dev, d->qpn, d->bk->qp_num,
+		   d->failovers, d->retransmitted - before, (unsigned long long)skipped,
+		   (unsigned long long)d->switch_us);
+}
+
+/* The peer's handshake message arrived for d. */
+void fo_on_ctrl(struct shift_ctx *s, struct shift_dqp *d, struct out *o)
+{
+	d->ctrl_pending = false;
+	if (d->peer_recv_count & CTRL_ABORT) {
+		if (d->send_state != SHIFT_SEND_UNPROTECTED) {
+			shift_warn("%s QP %u: the peer cannot fail over (an atomic was in flight): "
+				   "the connection fails for the application", d->dev, d->qpn);
+			fo_fail_connection(s, d, o, false, NULL);
+		}
+		return;
+	}
+	if (d->send_state == SHIFT_SEND_UNPROTECTED) {
+		/* the peer waits for my answer: tell it the connection is over
+		 * here (the application closed it, or it cannot be saved) */
+		if (!d->ctrl_sent && d->shadow &&
+		    __atomic_load_n(&d->shadow->state, __ATOMIC_ACQUIRE) == SHIFT_SHADOW_READY) {
+			if (!d->bk)
+				d->bk = d->shadow->bk;
+			d->ctrl_sent = fo_send_ctrl(d, CTRL_ABORT) == 0;
+		}
+		return;
+	}
+	if (d->send_state == SHIFT_SEND_DEFAULT && fo_start(s, d, o, NULL))
+		return;
+	/* waiting for the peer's backup: its message proves it is ready */
+	if (d->send_state != SHIFT_SEND_UNPROTECTED && !d->ctrl_sent)
+		fo_send_my_ctrl(s, d);
+	if (d->send_state != SHIFT_SEND_UNPROTECTED && !d->handshake_done)
+		fo_retransmit(d, o);
+}

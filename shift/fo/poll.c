@@ -1,0 +1,231 @@
+/*
+ * The slow poll: a context with a failed-over QP, or a poll whose provider
+ * results hold an error. Kept completions first, then the default CQ (its
+ * successes kept in order, SHIFT's own and the failed QP's errors dropped),
+ * then the backup CQ, whose completions are translated back to the
+ * application's wr_ids and QP numbers.
+ */
+#include "shift/fo/fo_int.h"
+
+/* ---- polling ---------------------------------------------------------------- */
+
+/* A completion from a default CQ, in the slow path. */
+void fo_from_default(struct shift_ctx *s, struct ibv_wc *wc, struct out *o)
+{
+	struct shift_dqp *d = shift_dqp_by_qpn(s, wc->qp_num);
+
+	if (d && d->failovers && (wc->wr_id & ~0xfull) == (SHIFT_WRID_CTRL_RECV & ~0xfull) &&
+	    (wc->wr_id & 0xf) - 1 < 5) {
+		/* SHIFT's own (probe, notification) never reach the application */
+		if (d->send_state != SHIFT_SEND_UNPROTECTED)
+			fo_on_default_ctrl(s, d, wc, o);
+		return;
+	}
+	if (!d || d->send_state == SHIFT_SEND_UNPROTECTED) {
+		fo_emit(o, wc);
+		return;
+	}
+	if (wc->status == IBV_WC_SUCCESS) {
+		shift_dqp_retire(d, wc);
+		fo_emit(o, wc);
+		return;
+	}
+	/* a flush of a QP already on its backup; unless a direction came
+	 * back to the default QP (my receives) and it failed again */
+	if (d->send_state != SHIFT_SEND_DEFAULT &&
+	    !(d->need_rearm && d->recv_state == SHIFT_RECV_DEFAULT))
+		return;
+	shift_debug("%s QP %u: error completion %d (opcode %d, wr %#llx) starts a failover", d->dev,
+		    d->qpn, (int)wc->status, (int)wc->opcode, (unsigned long long)wc->wr_id);
+	int rc = fo_start(s, d, o, wc);
+
+	if (rc == 0) {
+		if (d->ctrl_pending)
+			fo_on_ctrl(s, d, o);
+		return; /* the error itself is SHIFT's, not the application's */
+	}
+	if (rc == -2)
+		return; /* the connection failed: wc was passed on with the flushes */
+	shift_debug("%s QP %u: error %d passed to the application", d->dev, d->qpn, (int)wc->status);
+	fo_emit(o, wc);
+}
+
+/* A completion from a backup CQ: SHIFT's own, or one to translate. */
+/* The peer's handshake message landed in my backup QP's control receive. */
+static void ctrl_received(struct shift_ctx *s, struct shift_dqp *d, struct ibv_wc *wc,
+			  struct out *o, bool app)
+{
+	if (!d) {
+		/* the peer failed over first: find my QP by its backup */
+		for (int i = 0; i < SHIFT_DQP_BUCKETS && !d; i++)
+			for (struct shift_dqp *x = s->dqp[i]; x; x = x->next_in_bucket)
+				if (x->shadow && x->shadow->bk && x->shadow->bk->qp_num == wc->qp_num)
+					d = x;
+	}
+	shift_debug("control message on backup QP %u: status %d, QP %u, app %d", wc->qp_num,
+		    (int)wc->status, d ? d->qpn : 0, app);
+	if (!d || wc->status != IBV_WC_SUCCESS)
+		return;
+	d->peer_recv_count = be32toh(wc->imm_data);
+	d->peer_nosend = !!(d->peer_recv_count & CTRL_NOSEND);
+	d->peer_recv_count &= ~CTRL_NOSEND;
+	d->ctrl_pending = true;
+	shift_ctx_set_slow(s, true);
+	if (app || d->send_state == SHIFT_SEND_UNPROTECTED)
+		fo_on_ctrl(s, d, o); /* the latter only answers ABORT */
+}
+
+/* A WR on my backup QP failed (d not unprotected): a failure of the backup
+ * path, unless the completion is SHIFT's own. */
+static void backup_failed(struct shift_dqp *d, struct ibv_wc *wc)
+{
+	/* flushes of a reset, late ones of an earlier generation, and what
+	 * follows a failure already seen are SHIFT's */
+	if (d->bk_flushing || d->bk_error ||
+	    (wc->wr_id != SHIFT_WRID_CTRL_SEND && SHIFT_WRID_GEN_OF(wc->wr_id) != d->bk_gen))
+		return;
+	/* The backup failed: the peer may have reset its own for a new
+	 * failover (its default path failed again), which its record in the
+	 * KV store shows; fo_failback_work() decides. The WR stays
+	 * outstanding. */
+	shift_info("%s QP %u: backup QP %u failed (%d): checking for a new failover at the peer",
+		   d->dev, d->qpn, wc->qp_num, (int)wc->status);
+	if (!d->bk_error)
+		d->bk_probe_fails = d->probe_fails;
+	d->bk_error = true;
+	d->bk_error_at = fo_fb_now();
+	d->kv_at = 0;
+}
+
+/* An application WR completed on the backup QP: its wr_id and QP number
+ * back, retired, handed out; the fence's completion switches back. */
+static void app_completion(struct shift_dqp *d, struct ibv_wc *wc, struct out *o)
+{
+	uint64_t idx = SHIFT_WRID_INDEX(wc->wr_id);
+
+	if (wc->wr_id & SHIFT_WRID_RECV) {
+		wc->wr_id = shift_dqp_rwqe(d, idx)->wr_id;
+	} else {
+		struct shift_swqe *e = shift_dqp_swqe(d, idx);
+
+		wc->wr_id = e->wr_id;
+		/* (a placeholder's completion is its WR's) */
+		if (wc->status == IBV_WC_SUCCESS)
+			wc->opcode = fo_send_wc_opcode(e->opcode);
+	}
+	wc->qp_num = d->qpn;
+	if (wc->status == IBV_WC_SUCCESS) {
+		shift_dqp_retire(d, wc);
+		d->bk_restarts = 0; /* the backup path works */
+		if (!d->fallback_us && d->t_error_us) {
+			d->fallback_us = fo_mono_us() - d->t_error_us;
+			if (!d->fallback_us)
+				d->fallback_us = 1;
+			shift_info("%s QP %u: failover-timing dev=%s qp=%u switch_us=%llu fallback_us=%llu",
+				   d->dev, d->qpn, d->dev, d->qpn, (unsigned long long)d->switch_us,
+				   (unsigned long long)d->fallback_us);
+		}
+	}
+	fo_emit(o, wc);
+	if (d->send_state == SHIFT_SEND_WAIT_DRAINED) {
+		shift_dqp_lock(d);
+		shift_dqp_sync_locked(d);
+		/* the fence completed: everything before it has executed */
+		if (d->send_state == SHIFT_SEND_WAIT_DRAINED && !d->notify_inflight &&
+		    d->sq_tail > d->fence)
+			fo_switch_back(d);
+		shift_dqp_unlock(d);
+	}
+	if (d->notify_pending)
+		fo_try_notify(d);
+}
+
+static void from_backup(struct shift_ctx *s, struct ibv_wc *wc, struct out *o, bool app)
+{
+	struct shift_dqp *d = fo_dqp_of_bk(s, wc->qp_num);
+
+	if (wc->wr_id == SHIFT_WRID_CTRL_RECV) {
+		ctrl_received(s, d, wc, o, app);
+		return;
+	}
+	if (wc->wr_id == SHIFT_WRID_CTRL_SEND || !d) {
+		if (d && wc->wr_id == SHIFT_WRID_CTRL_SEND && wc->status == IBV_WC_SUCCESS)
+			d->bk_rd_stale = false; /* its empty READ, if any, went first */
+		if (wc->status != IBV_WC_SUCCESS)
+			shift_debug("backup QP %u: SHIFT's WR %llx failed: %d", wc->qp_num,
+				    (unsigned long long)wc->wr_id, (int)wc->status);
+		/* my handshake message failed: the backup failed as surely as
+		 * with a WR of the application on it (which there may be none
+		 * of: an end that only sends, before the handshake) */
+		if (!d || wc->status == IBV_WC_SUCCESS || d->bk_flushing || d->bk_error ||
+		    d->send_state == SHIFT_SEND_UNPROTECTED || !d->need_rearm)
+			return;
+	} else if (!(wc->wr_id & SHIFT_WRID_DATA)) {
+		return;
+	}
+	if (wc->status != IBV_WC_SUCCESS && d->send_state != SHIFT_SEND_UNPROTECTED) {
+		backup_failed(d, wc);
+		return;
+	}
+	app_completion(d, wc, o);
+}
+
+void fo_poll_backup(struct shift_ctx *s, struct shift_cq *c, struct out *o, bool app)
+{
+	struct ibv_wc tmp[TMP_WC];
+	int n;
+
+	if (!c->bk)
+		return;
+	while ((!app || o->n < o->max) && (n = ibv_poll_cq(c->bk, TMP_WC, tmp)) > 0)
+		for (int i = 0; i < n; i++)
+			from_backup(s, &tmp[i], o, app);
+}
+
+int shift_poll_slow(struct shift_ctx *s, struct ibv_cq *cq, int num_entries,
+		    struct ibv_wc *wc, int done, int have)
+{
+	struct shift_cq *c = s->rnic ? shift_shadow_cq_of(s->rnic, cq) : NULL;
+	struct out o = { .wc = wc, .n = done, .max = num_entries, .c = c };
+	struct ibv_wc tmp[TMP_WC];
+	int n;
+
+	if (!c) {
+		/* not shadowed: nothing can be failed over on it */
+		if (have)
+			return have;
+		return s->poll_cq(cq, num_entries, wc);
+	}
+	pthread_mutex_lock(&s->slow_lock);
+	pthread_mutex_lock(&c->dp_lock);
+	/* completions the fast path already took from the provider */
+	if (have > done) {
+		int m = have - done;
+		struct ibv_wc *src = m <= TMP_WC ? tmp : malloc(sizeof(*wc) * (size_t)m);
+
+		if (!src) {
+			pthread_mutex_unlock(&c->dp_lock);
+			pthread_mutex_unlock(&s->slow_lock);
+			return have; /* cannot look: the application gets them as they are */
+		}
+		memcpy(src, wc + done, sizeof(*wc) * (size_t)m);
+		fo_from_default_batch(s, src, (size_t)m, &o);
+		if (src != tmp)
+			free(src);
+	}
+	while (o.n < o.max && c->kept_tail != c->kept_head)
+		o.wc[o.n++] = c->kept[c->kept_tail++ % c->kept_cap];
+	/* peers' handshake messages noticed by the background thread */
+	for (int i = 0; i < SHIFT_DQP_BUCKETS; i++)
+		for (struct shift_dqp *d = s->dqp[i]; d; d = d->next_in_bucket)
+			if (d->ctrl_pending && (d->scq == c || d->rcq == c))
+				fo_on_ctrl(s, d, &o);
+	while (o.n < o.max && c->kept_tail != c->kept_head)
+		o.wc[o.n++] = c->kept[c->kept_tail++ % c->kept_cap];
+	while (o.n < o.max && (n = s->poll_cq(cq, TMP_WC < o.max - o.n ? TMP_WC : o.max - o.n, tmp)) > 0)
+		fo_from_default_batch(s, tmp, (size_t)n, &o);
+	fo_poll_backup(s, c, &o, true);
+	pthread_mutex_unlock(&c->dp_lock);
+	pthread_mutex_unlock(&s->slow_lock);
+	return o.n;
+}

@@ -1,0 +1,120 @@
+/*
+ * Posting on a QP that is not in the Default state, and the provider
+ * refusing a post on a failed QP (the WRs are kept and the QP fails over).
+ */
+#include "shift/fo/fo_int.h"
+
+/* ---- failed posts ----------------------------------------------------------
+ *
+ * A provider may refuse WRs on a QP that failed: some refuse every post in
+ * ERR, and a device that is gone fails the system call of the doorbell. To
+ * the application that is the same failure as an error completion, and
+ * SHIFT hides it the same way: the refused WRs stay in the mirror behind
+ * those the provider took (and flushes), the post succeeds, and the QP
+ * fails over, in the application's next poll if an error completion comes
+ * first, else in the next background pass (after the grace that lets a poll
+ * inside the fast path finish, as for a port gone down). The QP's own state
+ * tells the two apart: a refusal while the QP is not in ERR (a bad WR, a
+ * full queue) is the application's, as without SHIFT, and so is every
+ * refusal on a QP SHIFT could not fail over anyway. If the failover cannot
+ * start after all, the taken WRs complete with a flush error.
+ */
+/* The default QP refused WRs (post_lock held): has it failed? Then the
+ * WRs from sq_from and rq_from on are SHIFT's (see above). */
+bool fo_take_refused(struct shift_dqp *d, int rc, uint64_t sq_from, uint64_t rq_from)
+{
+	struct ibv_qp_attr attr;
+	struct ibv_qp_init_attr init;
+	struct shift_ctx *s = shift_ctx_of(d->qp->context);
+	int q;
+
+	if (!s || !s->rnic || !d->shadow || !d->scq || !d->rcq ||
+	    __atomic_load_n(&d->shadow->state, __ATOMIC_ACQUIRE) != SHIFT_SHADOW_READY)
+		return false;
+	memset(&attr, 0, sizeof(attr));
+	q = shift_lower->query_qp(d->qp, &attr, IBV_QP_STATE, &init);
+	if (!q && attr.qp_state != IBV_QPS_ERR && attr.qp_state != IBV_QPS_SQE)
+		return false;
+	if (!d->post_failed) {
+		d->sq_taken = sq_from;
+		d->rq_taken = rq_from;
+		d->post_failed_ms = fo_mono_us() / 1000u;
+		shift_info("%s QP %u: the provider refused a post (%s) on a failed QP (%s): "
+			   "SHIFT keeps the WRs for its backup QP", d->dev, d->qpn, strerror(rc),
+			   q ? "cannot query it" : "ERR");
+		__atomic_store_n(&d->post_failed, true, __ATOMIC_RELEASE);
+	}
+	shift_ctx_set_slow(s, true);
+	return true;
+}
+
+bool shift_failover_post_refused(struct shift_dqp *d, int rc, uint64_t sq_from, uint64_t rq_from)
+{
+	return d->send_state == SHIFT_SEND_DEFAULT && fo_take_refused(d, rc, sq_from, rq_from);
+}
+
+/* ---- posting while failed over --------------------------------------------- */
+
+int shift_post_send_fallback(struct shift_dqp *d, struct ibv_send_wr *wr,
+			     struct ibv_send_wr **bad_wr)
+{
+	uint64_t head = d->sq_head;
+
+	if (shift_dqp_record_send(d, wr)) {
+		*bad_wr = wr;
+		return ENOMEM;
+	}
+	if (!d->handshake_done || d->send_state == SHIFT_SEND_WAIT_DRAINED)
+		return 0; /* held: fo_retransmit() or fo_switch_back() posts them */
+	for (uint64_t i = head; i < d->sq_head; i++) {
+		struct shift_swqe *e = shift_dqp_swqe(d, i);
+		bool fence = d->send_state == SHIFT_SEND_WAIT_SIGNALED &&
+			     ((e->send_flags & IBV_SEND_SIGNALED) || d->sq_sig_all);
+
+		/* the fence: set before it can complete; what follows it is held */
+		if (fence) {
+			d->fence = i;
+			shift_dqp_set_send_state(d, SHIFT_SEND_WAIT_DRAINED, "fence posted");
+		}
+		if (fo_post_bk_send(d, i)) {
+			if (fence)
+				shift_dqp_set_send_state(d, SHIFT_SEND_WAIT_SIGNALED, "the fence could not be posted");
+			/* report the first WR that did not go out */
+			struct ibv_send_wr *w = wr;
+
+			for (uint64_t k = head; k < i; k++)
+				w = w->next;
+			shift_dqp_unrecord_send(d, wr, w, head);
+			*bad_wr = w;
+			return EIO;
+		}
+		if (fence)
+			break;
+	}
+	return 0;
+}
+
+int shift_post_recv_fallback(struct shift_dqp *d, struct ibv_recv_wr *wr,
+			     struct ibv_recv_wr **bad_wr)
+{
+	uint64_t head = d->rq_head;
+
+	if (shift_dqp_record_recv(d, wr)) {
+		*bad_wr = wr;
+		return ENOMEM;
+	}
+	if (d->notify_pending || d->recv_hold)
+		return 0; /* fo_try_notify() or fo_start() posts them */
+	for (uint64_t i = head; i < d->rq_head; i++) {
+		if (fo_post_bk_recv(d, i)) {
+			struct ibv_recv_wr *w = wr;
+
+			for (uint64_t k = head; k < i; k++)
+				w = w->next;
+			shift_dqp_unrecord_recv(d, wr, w, head);
+			*bad_wr = w;
+			return EIO;
+		}
+	}
+	return 0;
+}

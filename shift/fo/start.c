@@ -1,0 +1,439 @@
+/*
+ * Failover: moving an application QP's traffic to its backup QP when the
+ * default path fails, invisibly to the application (SHIFT paper §4.3.2).
+ *
+ * Detection: an error completion of a protected QP while polling. Before
+ * anything moves, the default CQ is drained: completions that succeeded are
+ * kept for the application, in order (appendix B.2), and the QP's error and
+ * flush completions are dropped.
+ *
+ * The boundary: if an atomic is among the outstanding send WRs, it may or
+ * may not have executed at the peer and retrying could apply it twice, so
+ * the error goes to the application and nothing is retransmitted.
+ *
+ * The two-way handshake on the backup QPs: each side reposts its
+ * outstanding receives on its backup QP, then sends one WRITE_WITH_IMM whose
+ * immediate is its receive counter (receives consumed so far). That message
+ * lands in the control receive SHIFT keeps at the head of the peer's backup
+ * receive queue, so it never consumes or reorders an application receive.
+ * A side that gets the peer's message first does the same (reposts, answers
+ * with its own counter); a side that has both sent and received one
+ * retransmits its outstanding sends, skipping those the peer's counter says
+ * were executed already (the request arrived, the ACK was lost): those
+ * complete to the application without being sent again.
+ *
+ * Completions: once a context has a failed-over QP its polls take the slow
+ * path here: kept completions first, then the default CQ, then the backup
+ * CQ, whose completions are translated (the application's wr_id and QP
+ * number). SHIFT's own completions never reach the application.
+ *
+ * The rest of fo/: handshake.c (retransmission after the handshake),
+ * episode.c (episode records, backup resets), failback.c (probing and
+ * switching back, SHIFT paper §4.3.3), return.c (return episodes), work.c
+ * (a failed-over QP's background work), poll.c (the slow poll),
+ * background.c (the background pass), poke.c, post.c (posting while failed
+ * over, refused posts), common.c (shared helpers). fo_int.h is their
+ * internal interface. docs/architecture.md has the path of one failover.
+ */
+#include "shift/fo/fo_int.h"
+
+/* ---- failing over --------------------------------------------------------- */
+
+void fo_give_up(struct shift_dqp *d, const char *why)
+{
+	if (d->send_state != SHIFT_SEND_UNPROTECTED)
+		shift_warn("%s QP %u: cannot fail over (%s): the error goes to the application",
+			   d->dev, d->qpn, why);
+	shift_dqp_set_send_state(d, SHIFT_SEND_UNPROTECTED, why);
+}
+
+/* Filter n completions taken from o->c's default CQ, in order. */
+void fo_from_default_batch(struct shift_ctx *s, struct ibv_wc *wc, size_t n, struct out *o)
+{
+	o->rest = wc;
+	o->nrest = n;
+	while (o->nrest) {
+		o->nrest--;
+		fo_from_default(s, o->rest++, o);
+	}
+	o->rest = NULL;
+}
+
+/* Drain one default CQ after d's QP went to ERR. Everything in it goes
+ * through the usual filter into the kept completions, in order: d's
+ * successes are retired and kept, its errors dropped; another QP's error
+ * may start that QP's own failover. A caller filtering a batch taken from
+ * this CQ (the error that started this drain was in it) has not filtered
+ * the rest of it: those come first, before the receive counter is read. */
+void fo_drain_default(struct shift_ctx *s, struct shift_cq *c, struct out *up)
+{
+	struct ibv_wc *all = NULL, tmp[TMP_WC];
+	size_t n_all = 0, cap = 0;
+	int n;
+
+	for (struct out *p = up; p; p = p->up) {
+		if (p->c != c || !p->nrest)
+			continue;
+		all = malloc(p->nrest * sizeof(*all));
+		if (!all)
+			break;
+		memcpy(all, p->rest, p->nrest * sizeof(*all));
+		n_all = cap = p->nrest;
+		p->nrest = 0;
+		break; /* only the innermost batch of c can have a rest */
+	}
+	while ((n = s->poll_cq(c->app, TMP_WC, tmp)) > 0) {
+		if (n_all + (size_t)n > cap) {
+			size_t ncap = cap ? cap * 2 : 64;
+
+			while (ncap < n_all + (size_t)n)
+				ncap *= 2;
+			struct ibv_wc *na = realloc(all, ncap * sizeof(*na));
+
+			if (!na)
+				break;
+			all = na;
+			cap = ncap;
+		}
+		memcpy(all + n_all, tmp, sizeof(*tmp) * (size_t)n);
+		n_all += (size_t)n;
+	}
+	struct out o = { .wc = NULL, .n = 0, .max = 0, .c = c, .up = up };
+	fo_from_default_batch(s, all, n_all, &o);
+	free(all);
+}
+
+/*
+ * Stale read-response state (soft-RoCE). rxe's completer remembers the
+ * opcode of the last read response packet it accepted (FIRST or MIDDLE
+ * while a multi-packet read response is coming in) and a QP reset does not
+ * clear it (rxe_qp_reset clears the requester's and responder's opcodes,
+ * not the completer's). A QP that went to ERR inside a read response and
+ * was reset therefore refuses the ACK of its next WRITE or SEND as out of
+ * sequence: it completes that WR with a success status (the WQE's status
+ * was never set: the kernel's WARN_ON_ONCE in rxe_completer) and moves the
+ * QP to ERR, so the WR after it completes flushed with no error before it.
+ * Only a read response packet is accepted in that state, and a
+ * RESPONSE_ONLY (an empty READ's) ends it. So after a failover with an
+ * RDMA READ outstanding (the only way into that state), the first WR SHIFT
+ * posts on the reset QP is an empty RDMA READ: the probe (prober), or one
+ * ahead of the notification (the other end), or ahead of the handshake
+ * message on a backup QP reset for a new episode. The application's own
+ * READs prove the peer grants remote reads and read resources on that QP.
+ */
+void fo_empty_read(struct ibv_send_wr *wr, uint64_t wr_id, unsigned flags)
+{
+	memset(wr, 0, sizeof(*wr));
+	wr->wr_id = wr_id;
+	wr->opcode = IBV_WR_RDMA_READ;
+	wr->send_flags = flags;
+}
+
+/* Is an RDMA READ among the outstanding send WRs (mirror synced)? */
+static bool reads_outstanding(struct shift_dqp *d)
+{
+	for (uint64_t i = d->sq_tail; i < d->sq_head; i++)
+		if (shift_dqp_swqe(d, i)->opcode == IBV_WR_RDMA_READ)
+			return true;
+	return false;
+}
+
+int fo_send_ctrl(struct shift_dqp *d, uint32_t imm)
+{
+	struct ibv_send_wr rd, wr, *bad;
+
+	memset(&wr, 0, sizeof(wr));
+	wr.wr_id = SHIFT_WRID_CTRL_SEND;
+	wr.opcode = IBV_WR_RDMA_WRITE_WITH_IMM;
+	wr.send_flags = IBV_SEND_SIGNALED;
+	wr.imm_data = htobe32(imm);
+	if (!d->bk_rd_stale)
+		return ibv_post_send(d->bk, &wr, &bad);
+	/* (its completions, if any, are CTRL_SEND's: SHIFT's own) */
+	fo_empty_read(&rd, SHIFT_WRID_CTRL_SEND, 0);
+	rd.next = &wr;
+	return ibv_post_send(d->bk, &rd, &bad);
+}
+
+/*
+ * The connection cannot be saved (an atomic in flight at either end): the
+ * application gets errors, as it would without SHIFT. The default QP goes
+ * to ERR so its outstanding WRs flush to the application now, and WRs SHIFT
+ * was holding for the backup complete with a flush error too.
+ */
+/*
+ * The application's WRs SHIFT holds, from sq_from and rq_from to the heads
+ * (their provider flushes were dropped, or the provider never had them),
+ * complete with a flush error, each to the CQ of its queue (o is one of
+ * them); err, the error that started it, in its place with its status. The
+ * mirror retires them all.
+ */
+void fo_flush_held(struct shift_dqp *d, struct out *o, const struct ibv_wc *err,
+		       uint64_t sq_from, uint64_t rq_from)
+{
+	struct out so = { .wc = NULL, .n = 0, .max = 0, .c = d->scq };
+	struct out ro = { .wc = NULL, .n = 0, .max = 0, .c = d->rcq };
+	struct out *os = d->scq == o->c ? o : &so, *orq = d->rcq == o->c ? o : &ro;
+
+	for (uint64_t i = sq_from; i < d->sq_head; i++) {
+		struct ibv_wc wc = { .wr_id = shift_dqp_swqe(d, i)->wr_id,
+				     .status = IBV_WC_WR_FLUSH_ERR, .qp_num = d->qpn };
+		if (err && i == sq_from && err->wr_id == wc.wr_id) {
+			wc = *err;
+			err = NULL;
+		}
+		fo_emit(os, &wc);
+	}
+	shift_dqp_retire_all_send(d);
+	for (uint64_t i = rq_from; i < d->rq_head; i++) {
+		struct ibv_wc wc = { .wr_id = shift_dqp_rwqe(d, i)->wr_id,
+				     .status = IBV_WC_WR_FLUSH_ERR, .qp_num = d->qpn,
+				     .opcode = IBV_WC_RECV };
+		if (err && i == rq_from && err->wr_id == wc.wr_id) {
+			wc = *err;
+			err = NULL;
+		}
+		fo_emit(orq, &wc);
+	}
+	__atomic_store_n(&d->rq_tail, d->rq_head, __ATOMIC_RELAXED);
+	shift_dqp_set_recv_state(d, SHIFT_RECV_DEFAULT, "held receives flushed");
+	d->post_failed = false;
+}
+
+/*
+ * The connection cannot be saved (an atomic in flight at either end): the
+ * application gets errors, as it would without SHIFT. The default QP goes
+ * to ERR so its outstanding WRs flush to the application now, and WRs SHIFT
+ * was holding for the backup complete with a flush error too.
+ */
+void fo_fail_connection(struct shift_ctx *s, struct shift_dqp *d, struct out *o,
+			    bool tell_peer, const struct ibv_wc *err)
+{
+	struct ibv_qp_attr a = { .qp_state = IBV_QPS_ERR };
+	bool held = d->send_state == SHIFT_SEND_FALLBACK;
+
+	(void)s;
+	if (tell_peer && d->shadow &&
+	    __atomic_load_n(&d->shadow->state, __ATOMIC_ACQUIRE) == SHIFT_SHADOW_READY) {
+		if (!d->bk)
+			d->bk = d->shadow->bk;
+		d->ctrl_sent = fo_send_ctrl(d, CTRL_ABORT) == 0;
+	}
+	shift_dqp_set_send_state(d, SHIFT_SEND_UNPROTECTED, "the connection cannot be saved");
+	if (!held) {
+		shift_lower->modify_qp(d->qp, &a, IBV_QP_STATE);
+		return;
+	}
+	shift_dqp_sync(d);
+	fo_flush_held(d, o, err, d->sq_tail, d->rq_tail);
+}
+
+/*
+ * A failover that cannot start after all on a QP whose refused posts SHIFT
+ * took (shift_failover_post_refused): the provider never had those WRs, so
+ * they complete with a flush error (after the ones it flushes itself, which
+ * reach the application unfiltered from now on).
+ */
+static void give_up_taken(struct shift_dqp *d, struct out *o)
+{
+	if (!d->post_failed)
+		return;
+	fo_flush_held(d, o, NULL, d->sq_taken, d->rq_taken);
+}
+
+/* Did the application bring its QP to RTS (can it ever send)? */
+bool fo_app_sends(struct shift_ctx *s, struct shift_dqp *d)
+{
+	bool yes;
+
+	pthread_mutex_lock(&s->rnic->lock);
+	yes = (d->shadow->attr_mask & IBV_QP_SQ_PSN) != 0;
+	pthread_mutex_unlock(&s->rnic->lock);
+	return yes;
+}
+
+/* Can d fail over at all? Else it gives up (its outstanding WRs flushed). */
+static int start_possible(struct shift_ctx *s, struct shift_dqp *d, struct out *o)
+{
+	if (!d->shadow || !d->scq || !d->rcq ||
+	    __atomic_load_n(&d->shadow->state, __ATOMIC_ACQUIRE) != SHIFT_SHADOW_READY) {
+		fo_give_up(d, "its backup QP is not ready");
+		give_up_taken(d, o);
+		return -1;
+	}
+	if (fo_add(s, d)) {
+		fo_give_up(d, "too many failed-over QPs in this context");
+		give_up_taken(d, o);
+		return -1;
+	}
+	return 0;
+}
+
+/* Stop the default QP and hold every post (again: the backup served the
+ * last failover and was not reset since). */
+static void stop_default(struct shift_ctx *s, struct shift_dqp *d, bool again)
+{
+	struct ibv_qp_attr a = { .qp_state = IBV_QPS_ERR };
+
+	d->bk = d->shadow->bk;
+	/* posters hold everything from here: sends until the handshake,
+	 * receives until they are reposted below, in order */
+	shift_dqp_lock(d);
+	d->handshake_done = false;
+	d->recv_hold = true;
+	d->post_failed = false; /* (its WRs are in the mirror like the others) */
+	shift_dqp_set_send_state(d, SHIFT_SEND_FALLBACK, "failover");
+	shift_dqp_set_recv_state(d, SHIFT_RECV_FALLBACK, "failover");
+	shift_dqp_unlock(d);
+	shift_lower->modify_qp(d->qp, &a, IBV_QP_STATE);
+	d->t_error_us = fo_mono_us();
+	d->switch_us = d->fallback_us = 0;
+	d->dflt = SHIFT_DFLT_ERR;
+	d->probe_fails = 0;
+	d->probe_at = fo_fb_now() + fo_probe_wait(d);
+	d->notify_pending = false;
+	d->notify_inflight = false; /* (its flush, if any, is SHIFT's) */
+	d->notify_sent = false;     /* (the peer resets its default QP again) */
+	d->ret_wait = false;
+	d->wait_peer = false;
+	d->last_switch_s = shift_clock_wall_s();
+	shift_ctx_set_slow(s, true);
+	if (again) {
+		/* completions of the old backup first: older than the default
+		 * QP's in each queue (a direction left it only once drained) */
+		shift_info("%s QP %u: the default path failed again before the backup QP was reset: "
+			   "both QPs stopped for failover %lu", d->dev, d->qpn, d->failovers + 1);
+		fo_flush_backup(s, d, true);
+	}
+	d->need_rearm = true;
+}
+
+/*
+ * The boundary, judged only once the default CQs are drained: an atomic
+ * whose successful completion was still in the default CQ is done, not in
+ * flight. The QP's error and flush completions were dropped by the drain:
+ * the application gets its outstanding WRs flushed (fail_connection, held).
+ * true if the connection failed.
+ */
+static bool atomic_in_flight(struct shift_ctx *s, struct shift_dqp *d, struct out *o,
+			     const struct ibv_wc *err)
+{
+	shift_dqp_sync(d);
+	for (uint64_t i = d->sq_tail; i < d->sq_head; i++) {
+		if (shift_wr_is_atomic(shift_dqp_swqe(d, i)->opcode)) {
+			d->atomic_boundary_hit = true;
+			shift_warn("%s QP %u: cannot fail over (an atomic was in flight: retrying it "
+				   "could apply it twice): the error goes to the application",
+				   d->dev, d->qpn);
+			fo_fail_connection(s, d, o, true, err);
+			return true;
+		}
+	}
+	return false;
+}
+
+/*
+ * My side of the handshake: stop the default QP, account for everything it
+ * completed, repost my outstanding receives on the backup, and tell the peer
+ * my receive counter. Called with d's CQs locked.
+ */
+int fo_start(struct shift_ctx *s, struct shift_dqp *d, struct out *o,
+	     const struct ibv_wc *err)
+{
+	/* my backup served the last failover and was not reset since: the
+	 * default path failed again before the failback finished at both
+	 * ends (or it never did) */
+	bool again = d->need_rearm;
+
+	if (d->send_state == SHIFT_SEND_UNPROTECTED)
+		return -1;
+	if (d->send_state != SHIFT_SEND_DEFAULT && !again)
+		return 0;
+	if (start_possible(s, d, o))
+		return -1;
+	stop_default(s, d, again);
+	fo_drain_default(s, d->scq, o);
+	if (d->rcq != d->scq)
+		fo_drain_default(s, d->rcq, o);
+	if (atomic_in_flight(s, d, o, err))
+		return -2;
+	if (reads_outstanding(d)) {
+		/* either QP may have stopped inside a read response */
+		d->dflt_rd_stale = true;
+		if (again)
+			d->bk_rd_stale = true;
+	}
+	d->failovers++;
+	d->wait_since = fo_fb_now();
+	if (again && !fo_peer_old_dead(d) && (fo_ep_read(s, d), !fo_peer_old_dead(d))) {
+		/* the peer's old backup may still send: reset mine only once
+		 * it has stopped it (it follows my record) */
+		d->wait_reset = true;
+		d->kv_at = 0;
+		fo_ep_publish(s, d);
+		shift_info("%s QP %u: failover %lu waits for the peer to stop its backup QP", d->dev,
+			   d->qpn, d->failovers);
+		return 0;
+	}
+	if (fo_finish_start(s, d, again) && d->send_state == SHIFT_SEND_UNPROTECTED) {
+		/* the default QP's flushes were dropped above: the
+		 * application gets its outstanding WRs back as flushes */
+		shift_dqp_sync(d);
+		fo_flush_held(d, o, err, d->sq_tail, d->rq_tail);
+		return -2;
+	}
+	return 0;
+}
+
+/* The rest of fo_start(), once my backup QP may be (re)set: my receives on
+ * it, my record, my handshake message (or a wait for the peer's backup). */
+int fo_finish_start(struct shift_ctx *s, struct shift_dqp *d, bool reset)
+{
+	d->wait_reset = false;
+	if (reset && fo_reset_backup(s, d, (unsigned)d->failovers - 1)) {
+		d->recv_hold = false;
+		return -1;
+	}
+	d->need_rearm = true; /* this failover uses it */
+	shift_dqp_lock(d);
+	for (uint64_t i = d->rq_tail; i < d->rq_head; i++) {
+		if (fo_post_bk_recv(d, i)) {
+			d->recv_hold = false;
+			shift_dqp_unlock(d);
+			fo_give_up(d, "cannot repost a receive on the backup QP");
+			return -1;
+		}
+	}
+	d->recv_hold = false;
+	shift_dqp_unlock(d);
+	if (d->failovers > 1) {
+		if (!reset) /* (fo_reset_backup() published it) */
+			fo_ep_publish(s, d);
+		if (!fo_peer_armed(d))
+			(void)fo_ep_read(s, d);
+	}
+	shift_info("%s QP %u: failing over to backup QP %u (receive counter %u, failover %lu)",
+		   d->dev, d->qpn, d->bk->qp_num, (uint32_t)d->rq_tail, d->failovers);
+	if (fo_peer_armed(d)) {
+		fo_send_my_ctrl(s, d);
+	} else {
+		/* the peer's backup still serves the last failover: it reads
+		 * my record and answers first, or its record says it is ready */
+		d->wait_peer = true;
+		d->kv_at = 0;
+		shift_info("%s QP %u: waiting for the peer to reset its backup QP for failover %lu",
+			   d->dev, d->qpn, d->failovers);
+	}
+	return d->send_state == SHIFT_SEND_UNPROTECTED ? -1 : 0;
+}
+
+/* My handshake message of this failover: my receive counter. */
+void fo_send_my_ctrl(struct shift_ctx *s, struct shift_dqp *d)
+{
+	d->wait_peer = false;
+	if (fo_send_ctrl(d, CTRL_COUNT((uint32_t)d->rq_tail) | (fo_app_sends(s, d) ? 0 : CTRL_NOSEND))) {
+		fo_give_up(d, "cannot send the handshake message");
+		return;
+	}
+	d->ctrl_sent = true;
+}
