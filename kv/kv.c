@@ -12,6 +12,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "kv/kv.h"
 #include "kv/kv_backend.h"
 
 static _Thread_local char kv_errbuf[320];

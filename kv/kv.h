@@ -6,7 +6,9 @@
  * surface: open a handle from a URL (redis://... in production, mem://NAME in
  * unit tests), put/get/delete byte values, wait for a key to appear with a
  * bounded timeout, and remove the keys this handle published.  Every key is
- * stored as "shift:<namespace>:<key>".
+ * stored as "shift:<namespace>:<key>".  The limits and data types it uses
+ * (SHIFT_KV_*_MAX, shift_kv, struct shift_kv_options, struct shift_kv_url)
+ * are in kv/kv_types.h, which this header includes.
  *
  * Return convention: 0 (or a non-negative count/length) on success, a
  * negative errno value on failure; shift_kv_last_error() then holds a
@@ -34,48 +36,18 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "kv/kv_types.h" /* limits, shift_kv, options and URL structs */
+
 #define SHIFT_KV_DEFAULT_URL "redis://127.0.0.1:6379"
 #define SHIFT_KV_DEFAULT_NAMESPACE "default"
 #define SHIFT_KV_ENV_URL "SHIFT_KV_URL"
 #define SHIFT_KV_ENV_NAMESPACE "SHIFT_KV_NAMESPACE"
-
-#define SHIFT_KV_NS_MAX 64        /* namespace: 1..64 of [A-Za-z0-9_.-] */
-#define SHIFT_KV_KEY_MAX 400      /* key: 1..400 bytes, any but NUL */
-#define SHIFT_KV_VALUE_MAX (1u << 20) /* largest value put() accepts */
-#define SHIFT_KV_URL_MAX 1024
-#define SHIFT_KV_MEM_NAME_MAX 64  /* mem://NAME: 1..64 of [A-Za-z0-9_.-] */
 
 #define SHIFT_KV_DEFAULT_CONNECT_TIMEOUT_MS 500
 #define SHIFT_KV_DEFAULT_COMMAND_TIMEOUT_MS 500
 #define SHIFT_KV_DEFAULT_RETRY_MIN_MS 50
 #define SHIFT_KV_DEFAULT_RETRY_MAX_MS 2000
 #define SHIFT_KV_DEFAULT_POLL_MAX_MS 20
-
-typedef struct shift_kv shift_kv;
-
-/* Tunables; a zero field means "use the default" above.  Negative -> -EINVAL. */
-struct shift_kv_options {
-	int connect_timeout_ms; /* bound on one TCP connect (+AUTH/SELECT) */
-	int command_timeout_ms; /* bound on one command round trip */
-	int retry_min_ms;       /* first reconnect back-off after a failure */
-	int retry_max_ms;       /* back-off doubles up to this */
-	int poll_max_ms;        /* wait() on redis: longest sleep between GETs */
-	bool lazy_connect;      /* open() does not connect; first op does */
-};
-
-enum shift_kv_scheme { SHIFT_KV_SCHEME_REDIS = 1, SHIFT_KV_SCHEME_MEM = 2 };
-
-/* A parsed URL.  user/password are empty when absent; password is never
- * printed by this library. */
-struct shift_kv_url {
-	enum shift_kv_scheme scheme;
-	char user[128];
-	char password[256];
-	char host[256];   /* redis: hostname or IP (IPv6 without brackets) */
-	int port;         /* redis: 1..65535 (6379 when omitted) */
-	int db;           /* redis: 0..65535 (0 when omitted) */
-	char name[SHIFT_KV_MEM_NAME_MAX + 1]; /* mem: store name */
-};
 
 /* Parse and validate url (NULL or "" -> SHIFT_KV_DEFAULT_URL) into *out.
  * Accepted: redis://[user:password@]host[:port][/db], redis://:password@...,
@@ -113,13 +85,10 @@ int shift_kv_put(shift_kv *h, const char *key, const void *val, size_t len,
  * extra NUL byte after the value for convenience) and *len its length. */
 int shift_kv_get(shift_kv *h, const char *key, void **val, size_t *len);
 
-/* Fetch key into buf (capacity cap).  *len receives the value length; if it
- * exceeds cap nothing is copied and -EMSGSIZE is returned. */
 /* The values of n keys (n <= SHIFT_KV_MGET_MAX) in one round trip (redis
  * MGET): vals[i] and lens[i] as shift_kv_get() returns them, vals[i] NULL
  * for an absent key.  0, or a negative errno for the whole call (then every
  * vals[i] is NULL).  The caller frees each vals[i]. */
-#define SHIFT_KV_MGET_MAX 256
 int shift_kv_mget(shift_kv *h, const char *const *keys, size_t n, void **vals,
 		  size_t *lens);
 
@@ -127,6 +96,8 @@ int shift_kv_mget(shift_kv *h, const char *const *keys, size_t n, void **vals,
  * mget, and each poll of a wait.  For tests and statistics. */
 uint64_t shift_kv_commands(shift_kv *h);
 
+/* Fetch key into buf (capacity cap).  *len receives the value length; if it
+ * exceeds cap nothing is copied and -EMSGSIZE is returned. */
 int shift_kv_get_buf(shift_kv *h, const char *key, void *buf, size_t cap,
 		     size_t *len);
 

@@ -6,43 +6,20 @@
  * ConnectionType: kv.c validates arguments, builds the namespaced key and
  * holds the handle lock, then makes one indirect call.  Backends only see
  * full keys ("shift:<ns>:<key>") and absolute CLOCK_MONOTONIC deadlines.
+ *
+ * Dependencies go one way: this header needs only the kv types
+ * (kv_types.h) and the map (kv_map.h), never the public API (kv.h).  The
+ * front end (kv.c) sits above it; the backends implement it below.
  */
 #ifndef SHIFT_KV_BACKEND_H
 #define SHIFT_KV_BACKEND_H
 
 #include <pthread.h>
+#include <stddef.h>
+#include <stdint.h>
 
-#include "kv/kv.h"
-
-/* ---- string-keyed hash map (kv_map.c); not thread-safe by itself ---- */
-
-struct kv_entry {
-	struct kv_entry *next; /* bucket chain */
-	char *key;             /* NUL-terminated, owned */
-	size_t klen;
-	void *val;             /* owned (malloc), may be NULL */
-	size_t vlen;
-	uint64_t expire_ns;    /* CLOCK_MONOTONIC deadline, 0 = never */
-};
-
-struct kv_map {
-	struct kv_entry **buckets;
-	size_t nbuckets; /* power of two, or 0 before the first insert */
-	size_t count;
-};
-
-/* Find key; NULL if absent. */
-struct kv_entry *kv_map_find(struct kv_map *m, const char *key, size_t klen);
-/* Find key or insert an empty entry for it (val NULL).  NULL on ENOMEM. */
-struct kv_entry *kv_map_upsert(struct kv_map *m, const char *key, size_t klen);
-/* Remove key; returns 1 if removed, 0 if absent. */
-int kv_map_remove(struct kv_map *m, const char *key, size_t klen);
-/* Call fn on every entry.  fn returns 1 to remove the entry, 0 to keep it,
- * negative to stop (that value is returned).  Returns 0 after a full pass. */
-int kv_map_each(struct kv_map *m, int (*fn)(void *arg, struct kv_entry *e),
-		void *arg);
-/* Drop every entry and the bucket array. */
-void kv_map_clear(struct kv_map *m);
+#include "kv/kv_map.h"
+#include "kv/kv_types.h"
 
 /* ---- handle and backend table ---- */
 

@@ -8,7 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "kv/kv_backend.h"
+#include "kv/kv_map.h"
 
 static uint64_t kv_hash(const char *key, size_t klen)
 {

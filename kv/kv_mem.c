@@ -15,6 +15,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "kv/kv.h"
 #include "kv/kv_backend.h"
 
 struct kv_mem_store {

@@ -29,6 +29,7 @@
 
 #include <hiredis/hiredis.h>
 
+#include "kv/kv.h"
 #include "kv/kv_backend.h"
 
 struct kv_redis {

@@ -11,6 +11,7 @@
 #include <errno.h>
 #include <string.h>
 
+#include "kv/kv.h"
 #include "kv/kv_backend.h"
 
 static bool kv_name_char(char c)
@@ -108,81 +109,113 @@ static bool kv_host_char(char c)
 	return kv_name_char(c);
 }
 
-static int kv_parse_redis(const char *p, struct shift_kv_url *u)
+/* Userinfo of the redis URL p..end, decoded into u->user and u->password;
+ * *host receives where the host starts.  Userinfo ends at the last '@':
+ * host, port and db cannot hold one, so a password may contain '@' or '/'
+ * unescaped. */
+static int kv_parse_userinfo(const char *p, const char *end,
+			     struct shift_kv_url *u, const char **host)
 {
-	const char *end = p + strlen(p);
-	const char *at = NULL, *hp, *slash, *port = NULL, *hend;
+	const char *at = NULL, *colon;
+	int rc;
 
-	/* userinfo ends at the last '@': host, port and db cannot hold one,
-	 * so a password may contain '@' or '/' unescaped. */
+	*host = p;
 	for (const char *q = p; q < end; q++)
 		if (*q == '@')
 			at = q;
-	if (at) {
-		const char *colon = memchr(p, ':', (size_t)(at - p));
-		int rc;
+	if (!at)
+		return 0;
+	colon = memchr(p, ':', (size_t)(at - p));
+	if (!colon)
+		return kv_err(-EINVAL,
+			      "kv URL: credentials must be 'user:password@' or ':password@'");
+	rc = kv_pct_decode(p, (size_t)(colon - p), u->user, sizeof(u->user),
+			   "user");
+	if (rc)
+		return rc;
+	rc = kv_pct_decode(colon + 1, (size_t)(at - colon - 1), u->password,
+			   sizeof(u->password), "password");
+	if (rc)
+		return rc;
+	if (!u->password[0])
+		return kv_err(-EINVAL, "kv URL: empty password");
+	*host = at + 1;
+	return 0;
+}
 
-		if (!colon)
-			return kv_err(-EINVAL,
-				      "kv URL: credentials must be 'user:password@' or ':password@'");
-		rc = kv_pct_decode(p, (size_t)(colon - p), u->user,
-				   sizeof(u->user), "user");
-		if (rc)
-			return rc;
-		rc = kv_pct_decode(colon + 1, (size_t)(at - colon - 1),
-				   u->password, sizeof(u->password), "password");
-		if (rc)
-			return rc;
-		if (!u->password[0])
-			return kv_err(-EINVAL, "kv URL: empty password");
-		hp = at + 1;
-	} else {
-		hp = p;
+/* "[IPv6]" or "[IPv6]:port" in hp..hend into u->host; *port receives where
+ * the port starts, if there is one. */
+static int kv_parse_ipv6_host(const char *hp, const char *hend,
+			      struct shift_kv_url *u, const char **port)
+{
+	const char *rb = memchr(hp, ']', (size_t)(hend - hp));
+	size_t n;
+
+	if (!rb)
+		return kv_err(-EINVAL, "kv URL: unterminated '[' in host");
+	n = (size_t)(rb - hp - 1);
+	if (n == 0 || n >= sizeof(u->host))
+		return kv_err(-EINVAL, "kv URL: bad IPv6 host");
+	for (size_t i = 0; i < n; i++) {
+		char c = hp[1 + i];
+
+		if (!(kv_hexval(c) >= 0 || c == ':' || c == '.'))
+			return kv_err(-EINVAL, "kv URL: bad IPv6 host");
 	}
+	memcpy(u->host, hp + 1, n);
+	u->host[n] = '\0';
+	if (rb + 1 < hend) {
+		if (rb[1] != ':')
+			return kv_err(-EINVAL, "kv URL: junk after ']'");
+		*port = rb + 2;
+	}
+	return 0;
+}
+
+/* "name" or "name:port" in hp..hend into u->host; *port receives where the
+ * port starts, if there is one. */
+static int kv_parse_name_host(const char *hp, const char *hend,
+			      struct shift_kv_url *u, const char **port)
+{
+	const char *colon = memchr(hp, ':', (size_t)(hend - hp));
+	const char *he = colon ? colon : hend;
+	size_t n = (size_t)(he - hp);
+
+	if (n == 0)
+		return kv_err(-EINVAL, "kv URL: missing host");
+	if (n >= sizeof(u->host))
+		return kv_err(-EINVAL, "kv URL: host too long");
+	for (size_t i = 0; i < n; i++)
+		if (!kv_host_char(hp[i]))
+			return kv_err(-EINVAL,
+				      "kv URL: bad character '%c' in host",
+				      hp[i] > 0x20 && hp[i] < 0x7f ? hp[i] : '?');
+	memcpy(u->host, hp, n);
+	u->host[n] = '\0';
+	if (colon)
+		*port = colon + 1;
+	return 0;
+}
+
+/* The part of a redis URL after "redis://": [userinfo@]host[:port][/db]. */
+static int kv_parse_redis(const char *p, struct shift_kv_url *u)
+{
+	const char *end = p + strlen(p);
+	const char *hp, *slash, *hend, *port = NULL;
+	int rc;
+
+	rc = kv_parse_userinfo(p, end, u, &hp);
+	if (rc)
+		return rc;
 
 	slash = strchr(hp, '/');
 	hend = slash ? slash : end;
-	if (hp < hend && *hp == '[') { /* [IPv6]:port */
-		const char *rb = memchr(hp, ']', (size_t)(hend - hp));
-		size_t n;
-
-		if (!rb)
-			return kv_err(-EINVAL, "kv URL: unterminated '[' in host");
-		n = (size_t)(rb - hp - 1);
-		if (n == 0 || n >= sizeof(u->host))
-			return kv_err(-EINVAL, "kv URL: bad IPv6 host");
-		for (size_t i = 0; i < n; i++) {
-			char c = hp[1 + i];
-
-			if (!(kv_hexval(c) >= 0 || c == ':' || c == '.'))
-				return kv_err(-EINVAL, "kv URL: bad IPv6 host");
-		}
-		memcpy(u->host, hp + 1, n);
-		u->host[n] = '\0';
-		if (rb + 1 < hend) {
-			if (rb[1] != ':')
-				return kv_err(-EINVAL, "kv URL: junk after ']'");
-			port = rb + 2;
-		}
-	} else {
-		const char *colon = memchr(hp, ':', (size_t)(hend - hp));
-		const char *he = colon ? colon : hend;
-		size_t n = (size_t)(he - hp);
-
-		if (n == 0)
-			return kv_err(-EINVAL, "kv URL: missing host");
-		if (n >= sizeof(u->host))
-			return kv_err(-EINVAL, "kv URL: host too long");
-		for (size_t i = 0; i < n; i++)
-			if (!kv_host_char(hp[i]))
-				return kv_err(-EINVAL,
-					      "kv URL: bad character '%c' in host",
-					      hp[i] > 0x20 && hp[i] < 0x7f ? hp[i] : '?');
-		memcpy(u->host, hp, n);
-		u->host[n] = '\0';
-		if (colon)
-			port = colon + 1;
-	}
+	if (hp < hend && *hp == '[')
+		rc = kv_parse_ipv6_host(hp, hend, u, &port);
+	else
+		rc = kv_parse_name_host(hp, hend, u, &port);
+	if (rc)
+		return rc;
 
 	u->port = 6379;
 	if (port && kv_parse_uint(port, (size_t)(hend - port), 1, 65535,

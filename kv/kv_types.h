@@ -1,0 +1,47 @@
+/*
+ * kv/kv_types.h - the kv layer's limits and plain data types.
+ *
+ * Shared by the public API (kv.h, which includes this file; other modules
+ * include kv.h, not this) and the backend interface (kv_backend.h), so that
+ * neither of those needs the other.  Types and constants only.
+ */
+#ifndef SHIFT_KV_TYPES_H
+#define SHIFT_KV_TYPES_H
+
+#include <stdbool.h>
+
+#define SHIFT_KV_NS_MAX 64        /* namespace: 1..64 of [A-Za-z0-9_.-] */
+#define SHIFT_KV_KEY_MAX 400      /* key: 1..400 bytes, any but NUL */
+#define SHIFT_KV_VALUE_MAX (1u << 20) /* largest value put() accepts */
+#define SHIFT_KV_URL_MAX 1024
+#define SHIFT_KV_MEM_NAME_MAX 64  /* mem://NAME: 1..64 of [A-Za-z0-9_.-] */
+#define SHIFT_KV_MGET_MAX 256     /* most keys one shift_kv_mget() takes */
+
+typedef struct shift_kv shift_kv;
+
+/* Tunables; a zero field means "use the default" (SHIFT_KV_DEFAULT_* in
+ * kv.h).  Negative -> -EINVAL. */
+struct shift_kv_options {
+	int connect_timeout_ms; /* bound on one TCP connect (+AUTH/SELECT) */
+	int command_timeout_ms; /* bound on one command round trip */
+	int retry_min_ms;       /* first reconnect back-off after a failure */
+	int retry_max_ms;       /* back-off doubles up to this */
+	int poll_max_ms;        /* wait() on redis: longest sleep between GETs */
+	bool lazy_connect;      /* open() does not connect; first op does */
+};
+
+enum shift_kv_scheme { SHIFT_KV_SCHEME_REDIS = 1, SHIFT_KV_SCHEME_MEM = 2 };
+
+/* A parsed URL.  user/password are empty when absent; password is never
+ * printed by this library. */
+struct shift_kv_url {
+	enum shift_kv_scheme scheme;
+	char user[128];
+	char password[256];
+	char host[256];   /* redis: hostname or IP (IPv6 without brackets) */
+	int port;         /* redis: 1..65535 (6379 when omitted) */
+	int db;           /* redis: 0..65535 (0 when omitted) */
+	char name[SHIFT_KV_MEM_NAME_MAX + 1]; /* mem: store name */
+};
+
+#endif /* SHIFT_KV_TYPES_H */
