@@ -4,7 +4,6 @@
  * work SHIFT adds to a post; it touches preallocated memory only.
  */
 #include "shift/dp/dqp.h"
-#include "shift/dp/state.h"
 
 #include <stddef.h>
 #include <stdio.h>
@@ -240,4 +239,26 @@ void shift_dqp_unrecord_recv(struct shift_dqp *d, const struct ibv_recv_wr *wr,
 		keep++;
 	if (d->rq_head > keep)
 		d->rq_head = keep;
+}
+
+void shift_dqp_set_send_state(struct shift_dqp *d, enum shift_send_state to, const char *why)
+{
+	enum shift_send_state from = __atomic_load_n(&d->send_state, __ATOMIC_RELAXED);
+
+	/* (an illegal change is made all the same: the caller's view of the
+	 * QP must hold; the count and the error line say it happened) */
+	if (from != to)
+		shift_state_send_change(from, to, d->dev, d->qpn, why);
+	__atomic_store_n(&d->send_state, to, __ATOMIC_RELEASE);
+	d->sq_limit = 0;
+	d->rq_limit = 0;
+}
+
+void shift_dqp_set_recv_state(struct shift_dqp *d, enum shift_recv_state to, const char *why)
+{
+	enum shift_recv_state from = __atomic_load_n(&d->recv_state, __ATOMIC_RELAXED);
+
+	if (from != to)
+		shift_state_recv_change(from, to, d->dev, d->qpn, why);
+	__atomic_store_n(&d->recv_state, to, __ATOMIC_RELEASE);
 }

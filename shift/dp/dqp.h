@@ -47,19 +47,7 @@
 #include <infiniband/verbs.h>
 
 #include "shift/base/log.h"
-
-enum shift_send_state {
-	SHIFT_SEND_DEFAULT,
-	SHIFT_SEND_FALLBACK,
-	SHIFT_SEND_WAIT_SIGNALED,
-	SHIFT_SEND_WAIT_DRAINED,
-	SHIFT_SEND_UNPROTECTED, /* mirror overflowed or the QP failed for good */
-};
-
-enum shift_recv_state {
-	SHIFT_RECV_DEFAULT,
-	SHIFT_RECV_FALLBACK,
-};
+#include "shift/dp/state.h"
 
 /* wr_ids of what SHIFT posts on a backup QP (it posts nothing else there) */
 /*
@@ -316,6 +304,16 @@ static inline uint64_t shift_dqp_consumers_posted(const struct shift_dqp *d)
 			n += d->posted_by_op[op];
 	return n;
 }
+
+/*
+ * The only writers of the send and receive states (shift/dp/state.h has
+ * the state machine): each checks the change against the transition table,
+ * counts it and logs it at debug level. A send state change also shuts the
+ * fast paths' bounds: they are computed again, for the new state, at the
+ * next post. Send changes happen with post_lock held.
+ */
+void shift_dqp_set_send_state(struct shift_dqp *d, enum shift_send_state to, const char *why);
+void shift_dqp_set_recv_state(struct shift_dqp *d, enum shift_recv_state to, const char *why);
 
 /* Was mirrored send WR i signaled? */
 static inline bool shift_dqp_signaled(const struct shift_dqp *d, uint64_t i)

@@ -1,8 +1,7 @@
 /*
- * The per-QP state machine's one writer (see state.h): every send and
- * receive state change of every protected QP goes through the two setters
- * below, which check it against the transition table, count it and log it
- * at debug level.
+ * The per-QP state machine (see state.h): the transition table, and the
+ * check, count and debug log of every change the two setters in dp/dqp.c
+ * make.
  */
 #include "shift/dp/state.h"
 #include "shift/base/log.h"
@@ -45,44 +44,36 @@ const char *shift_recv_state_name(enum shift_recv_state s)
 
 /* Count from -> to (a change), or an illegal one; false if illegal. */
 static bool account(unsigned long *cell, unsigned legal, unsigned to, const char *dir,
-		    const char *from_name, const char *to_name, const struct shift_dqp *d,
+		    const char *from_name, const char *to_name, const char *dev, unsigned qpn,
 		    const char *why)
 {
 	if (!(legal & TO(to))) {
 		__atomic_fetch_add(&illegal, 1, __ATOMIC_RELAXED);
-		shift_err("%s QP %u: illegal %s state change %s -> %s (%s)", d->dev, d->qpn, dir,
+		shift_err("%s QP %u: illegal %s state change %s -> %s (%s)", dev, qpn, dir,
 			  from_name, to_name, why);
 		return false;
 	}
 	__atomic_fetch_add(cell, 1, __ATOMIC_RELAXED);
-	shift_debug("%s QP %u: %s %s -> %s (%s)", d->dev, d->qpn, dir, from_name, to_name, why);
+	shift_debug("%s QP %u: %s %s -> %s (%s)", dev, qpn, dir, from_name, to_name, why);
 	return true;
 }
 
-void shift_dqp_set_send_state(struct shift_dqp *d, enum shift_send_state to, const char *why)
+bool shift_state_send_change(enum shift_send_state from, enum shift_send_state to,
+			     const char *dev, unsigned qpn, const char *why)
 {
-	enum shift_send_state from = __atomic_load_n(&d->send_state, __ATOMIC_RELAXED);
-
-	if (from != to)
-		account(&send_count[from][to], send_legal[from], to, "send",
-			shift_send_state_name(from), shift_send_state_name(to), d, why);
-	/* (an illegal change is made all the same: the caller's view of the
-	 * QP must hold; the count and the error line say it happened) */
-	__atomic_store_n(&d->send_state, to, __ATOMIC_RELEASE);
-	/* the fast paths' bounds are computed again, for the new state, at
-	 * the next post */
-	d->sq_limit = 0;
-	d->rq_limit = 0;
+	if ((unsigned)from >= SHIFT_SEND_NSTATES || (unsigned)to >= SHIFT_SEND_NSTATES)
+		return false;
+	return account(&send_count[from][to], send_legal[from], to, "send",
+		       shift_send_state_name(from), shift_send_state_name(to), dev, qpn, why);
 }
 
-void shift_dqp_set_recv_state(struct shift_dqp *d, enum shift_recv_state to, const char *why)
+bool shift_state_recv_change(enum shift_recv_state from, enum shift_recv_state to,
+			     const char *dev, unsigned qpn, const char *why)
 {
-	enum shift_recv_state from = __atomic_load_n(&d->recv_state, __ATOMIC_RELAXED);
-
-	if (from != to)
-		account(&recv_count[from][to], recv_legal[from], to, "receive",
-			shift_recv_state_name(from), shift_recv_state_name(to), d, why);
-	__atomic_store_n(&d->recv_state, to, __ATOMIC_RELEASE);
+	if ((unsigned)from >= SHIFT_RECV_NSTATES || (unsigned)to >= SHIFT_RECV_NSTATES)
+		return false;
+	return account(&recv_count[from][to], recv_legal[from], to, "receive",
+		       shift_recv_state_name(from), shift_recv_state_name(to), dev, qpn, why);
 }
 
 unsigned long shift_dqp_transitions(bool send, unsigned from, unsigned to)

@@ -14,26 +14,43 @@
  * switch), WaitDrained -> WaitSignaled (the fence could not be posted).
  * Receive: Default <-> Fallback.
  *
- * shift_dqp_set_send_state() and shift_dqp_set_recv_state() are the only
- * code that writes a state (tests/structure checks it). Each checks the
- * change against the table, counts it (shift_dqp_transitions()) and logs it
- * at debug level; an illegal change is logged as an error and counted in
- * shift_dqp_illegal_transitions(), which the campaigns and tests require
- * to stay 0. Setting the state a QP is in already is no change.
- * Send changes happen with post_lock held.
+ * shift_dqp_set_send_state() and shift_dqp_set_recv_state() (dp/dqp.c) are
+ * the only code that writes a state (tests/structure checks it). Each has
+ * the change checked against the table here, counted
+ * (shift_dqp_transitions()) and logged at debug level; an illegal change is
+ * logged as an error and counted in shift_dqp_illegal_transitions(), which
+ * the campaigns and tests require to stay 0. Setting the state a QP is in
+ * already is no change. Send changes happen with post_lock held.
  */
 #ifndef SHIFT_DP_STATE_H
 #define SHIFT_DP_STATE_H
 
 #include <stdbool.h>
 
-#include "shift/dp/dqp.h"
+enum shift_send_state {
+	SHIFT_SEND_DEFAULT,
+	SHIFT_SEND_FALLBACK,
+	SHIFT_SEND_WAIT_SIGNALED,
+	SHIFT_SEND_WAIT_DRAINED,
+	SHIFT_SEND_UNPROTECTED, /* mirror overflowed or the QP failed for good */
+};
+
+enum shift_recv_state {
+	SHIFT_RECV_DEFAULT,
+	SHIFT_RECV_FALLBACK,
+};
 
 #define SHIFT_SEND_NSTATES (SHIFT_SEND_UNPROTECTED + 1)
 #define SHIFT_RECV_NSTATES (SHIFT_RECV_FALLBACK + 1)
 
-void shift_dqp_set_send_state(struct shift_dqp *d, enum shift_send_state to, const char *why);
-void shift_dqp_set_recv_state(struct shift_dqp *d, enum shift_recv_state to, const char *why);
+/* A change of a QP's send (receive) state from -> to, by its setter in
+ * dp/dqp.c: false if the table does not allow it (logged as an error and
+ * counted); else counted and logged at debug level. dev and qpn name the
+ * QP in the log. */
+bool shift_state_send_change(enum shift_send_state from, enum shift_send_state to,
+			     const char *dev, unsigned qpn, const char *why);
+bool shift_state_recv_change(enum shift_recv_state from, enum shift_recv_state to,
+			     const char *dev, unsigned qpn, const char *why);
 
 const char *shift_send_state_name(enum shift_send_state s);
 const char *shift_recv_state_name(enum shift_recv_state s);

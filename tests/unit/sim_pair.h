@@ -13,6 +13,7 @@
 #include "shift_inline.h"
 #include "shift/shadow/shadow.h"
 #include "shift/shift.h"
+#include "shift/dp/state.h"
 #include "sim.h"
 #include "ep.h"
 #include "test_env.h"
@@ -110,6 +111,8 @@ static inline void sim_pair_connect(struct sim_pair *p)
  * (test_setenv) goes back to what it was. */
 static inline void sim_pair_close(struct sim_pair *p)
 {
+	/* every state change SHIFT made was one its state machine allows */
+	assert_int_equal(shift_dqp_illegal_transitions(), 0);
 	sim_ep_close(p->a);
 	sim_ep_close(p->b);
 	sim_world_destroy(p->world);

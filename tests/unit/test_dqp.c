@@ -348,6 +348,44 @@ static void test_receive_overflow(void **state)
 	assert_int_equal(shift_dqp_rwqe(d, 3)->wr_id, 3);
 }
 
+/* The state machine: legal changes counted, an illegal one counted as
+ * such (and made: the caller's view holds), no change is no change, and a
+ * send state change shuts the fast paths' bounds. */
+static void test_state_machine(void **state)
+{
+	struct fixture *f = *state;
+	struct shift_dqp *d = f->d;
+	unsigned long fb = shift_dqp_transitions(true, SHIFT_SEND_DEFAULT, SHIFT_SEND_FALLBACK);
+	unsigned long ws = shift_dqp_transitions(true, SHIFT_SEND_FALLBACK, SHIFT_SEND_WAIT_SIGNALED);
+	unsigned long rf = shift_dqp_transitions(false, SHIFT_RECV_DEFAULT, SHIFT_RECV_FALLBACK);
+	unsigned long bad = shift_dqp_illegal_transitions();
+
+	d->sq_limit = d->sq_size;
+	d->rq_limit = d->rq_size;
+	shift_dqp_set_send_state(d, SHIFT_SEND_FALLBACK, "test");
+	assert_int_equal(d->send_state, SHIFT_SEND_FALLBACK);
+	assert_int_equal(d->sq_limit, 0);
+	assert_int_equal(d->rq_limit, 0);
+	shift_dqp_set_recv_state(d, SHIFT_RECV_FALLBACK, "test");
+	shift_dqp_set_recv_state(d, SHIFT_RECV_FALLBACK, "test"); /* no change */
+	shift_dqp_set_send_state(d, SHIFT_SEND_WAIT_SIGNALED, "test");
+	assert_int_equal(shift_dqp_transitions(true, SHIFT_SEND_DEFAULT, SHIFT_SEND_FALLBACK), fb + 1);
+	assert_int_equal(shift_dqp_transitions(true, SHIFT_SEND_FALLBACK, SHIFT_SEND_WAIT_SIGNALED),
+			 ws + 1);
+	assert_int_equal(shift_dqp_transitions(false, SHIFT_RECV_DEFAULT, SHIFT_RECV_FALLBACK), rf + 1);
+	assert_int_equal(shift_dqp_illegal_transitions(), bad);
+	/* WaitSignaled -> Default skips the fence: illegal */
+	shift_dqp_set_send_state(d, SHIFT_SEND_DEFAULT, "test");
+	assert_int_equal(shift_dqp_illegal_transitions(), bad + 1);
+	assert_int_equal(d->send_state, SHIFT_SEND_DEFAULT);
+	/* Unprotected is final */
+	shift_dqp_set_send_state(d, SHIFT_SEND_UNPROTECTED, "test");
+	shift_dqp_set_send_state(d, SHIFT_SEND_FALLBACK, "test");
+	assert_int_equal(shift_dqp_illegal_transitions(), bad + 2);
+	assert_string_equal(shift_send_state_name(SHIFT_SEND_WAIT_DRAINED), "waitdrain");
+	assert_string_equal(shift_recv_state_name(SHIFT_RECV_FALLBACK), "fallback");
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -358,6 +396,7 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_consumers_posted, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_bound_follows_state, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_receive_overflow, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_state_machine, setup, teardown),
 	};
 
 	return test_env_run_group_tests(tests);
