@@ -10,7 +10,7 @@
  */
 #include "shift/shift.h"
 #include "shift/dp/state.h"
-#include "providers/quirks.h"
+#include "providers/provider.h"
 #include "shift/shadow/shadow.h"
 #include "shift/shadow/chan.h"
 #include "shift/fo/failover.h"
@@ -84,6 +84,7 @@ int shift_ibv_close_device(struct ibv_context *context)
 	if (s)
 		shift_vctx_give_back(s);
 	shift_ctx_detach(context);
+	shift_provider_forget(context);
 	return L->close_device(context);
 }
 

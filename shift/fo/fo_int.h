@@ -15,7 +15,7 @@
 #include "shift/dp/ctx.h"
 #include "shift/dp/state.h"
 #include "kv/kv.h"
-#include "providers/quirks.h"
+#include "providers/provider.h"
 
 #include <endian.h>
 #include <pthread.h>

@@ -24,7 +24,7 @@
 #include "shift/dp/ctx.h"
 #include "shift/fo/failover.h"
 #include "kv/kv.h"
-#include "providers/quirks.h"
+#include "providers/provider.h"
 
 #include <errno.h>
 #include <fcntl.h>

@@ -1,0 +1,90 @@
+/*
+ * Finding a device's provider table (see provider.h): by its device
+ * attributes, once per context.
+ */
+#include "providers/provider.h"
+#include "shift/base/lower.h"
+
+#include <pthread.h>
+
+static const struct shift_provider *const providers[] = {
+	&shift_provider_rxe,
+	&shift_provider_mlx5,
+	&shift_provider_sim,
+	&shift_provider_generic, /* last: takes everything */
+};
+
+#define CACHE 64
+
+static struct {
+	struct ibv_context *ctx;
+	const struct shift_provider *p;
+} cache[CACHE];
+static pthread_mutex_t cache_lock = PTHREAD_MUTEX_INITIALIZER;
+
+const struct shift_provider *shift_provider_match(const struct ibv_device_attr *attr)
+{
+	for (unsigned i = 0; i < sizeof(providers) / sizeof(providers[0]); i++)
+		if (providers[i]->match(attr))
+			return providers[i];
+	return &shift_provider_generic;
+}
+
+static const struct shift_provider *cached(struct ibv_context *ctx)
+{
+	const struct shift_provider *p = NULL;
+
+	pthread_mutex_lock(&cache_lock);
+	for (int i = 0; i < CACHE && !p; i++)
+		if (cache[i].ctx == ctx)
+			p = cache[i].p;
+	pthread_mutex_unlock(&cache_lock);
+	return p;
+}
+
+const struct shift_provider *shift_provider_of(struct ibv_context *ctx)
+{
+	struct ibv_device_attr attr;
+	const struct shift_provider *p;
+
+	if (!ctx)
+		return &shift_provider_generic;
+	p = cached(ctx);
+	if (p)
+		return p;
+	p = shift_lower->query_device(ctx, &attr) == 0 ? shift_provider_match(&attr)
+						       : &shift_provider_generic;
+	pthread_mutex_lock(&cache_lock);
+	for (int i = 0; i < CACHE; i++) {
+		if (!cache[i].ctx || cache[i].ctx == ctx) {
+			cache[i].ctx = ctx;
+			cache[i].p = p;
+			break;
+		}
+	}
+	pthread_mutex_unlock(&cache_lock);
+	return p;
+}
+
+void shift_provider_forget(struct ibv_context *ctx)
+{
+	pthread_mutex_lock(&cache_lock);
+	for (int i = 0; i < CACHE; i++)
+		if (cache[i].ctx == ctx)
+			cache[i].ctx = NULL;
+	pthread_mutex_unlock(&cache_lock);
+}
+
+uint8_t shift_provider_retry_cnt(struct ibv_context *ctx, uint8_t want)
+{
+	const struct shift_provider *p = shift_provider_of(ctx);
+
+	if (!p->retry_cnt)
+		return want;
+	return p->retry_cnt(ctx && ctx->device ? ctx->device->name : "?", want);
+}
+
+const char *shift_provider_wq_name(const struct shift_provider *p)
+{
+	return p->wq == SHIFT_WQ_NATIVE ? "native" : "mirror";
+}
