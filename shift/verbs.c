@@ -49,7 +49,9 @@ __be64 shift_ibv_get_device_guid(struct ibv_device *device)
 }
 
 /* The data path reaches the failover layer and the completion channels
- * only through these (shift/dp/ctx.h): set before the first attach. */
+ * only through these (shift/dp/ctx.h), and the RNIC's pass reaches the
+ * failover layer only through its background hook (shift/shadow/shadow.h):
+ * both set before the first attach. */
 static const struct shift_dp_upcalls upcalls = {
 	.poll_slow = shift_poll_slow,
 	.post_refused = shift_failover_post_refused,
@@ -65,6 +67,7 @@ struct ibv_context *shift_ibv_open_device(struct ibv_device *device)
 
 	if (ctx) {
 		shift_dp_set_upcalls(&upcalls);
+		shift_shadow_set_background(shift_failover_background);
 		s = shift_ctx_attach(ctx); /* on failure: unprotected, logged */
 		if (s) {
 			shift_vctx_take(s);

@@ -39,6 +39,7 @@
  * RNIC thread's arm at creation may otherwise race in the provider).
  */
 #include "shift/shadow/chan.h"
+#include "shift/shadow/types.h"
 #include "shift/shadow/shadow.h"
 #include "shift/base/lower.h"
 #include "shift/dp/ctx.h"

@@ -3,7 +3,7 @@
  *
  * Once a QP failed over, its completions arrive on the backup CQ, which
  * lives on the backup NIC's context and reports to its own backup channel
- * (shadow.c creates one per application CQ that has a channel). An
+ * (replay.c creates one per application CQ that has a channel). An
  * application blocked in ibv_get_cq_event() on its own channel must still
  * wake up: SHIFT's ibv_get_cq_event waits on the application's channel and
  * on the backup channels of the CQs attached to it, and reports a backup

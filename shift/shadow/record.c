@@ -1,0 +1,366 @@
+/*
+ * Recording the application's objects (see shadow.h), on the application's
+ * threads, after the lower verb succeeded: an allocation and a list insert
+ * (or a mark) under rnic->lock, and a kick of the RNIC's thread, which does
+ * the replay (replay.c). Nothing here waits for a verb or the KV store.
+ * Also the lookups tests and tools use (shift_shadow_*_of, bk_lkey,
+ * qp_info, mr_backup).
+ */
+#include "shift/shadow/shadow_int.h"
+#include "shift/base/log.h"
+#include "shift/dp/ctx.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Something to replay (rnic->lock held). Only an idle thread is woken:
+ * one that is already collecting a burst notices by itself, so a burst of
+ * control verbs costs the application one wake-up, not one each. */
+static void kick(struct shift_rnic *r)
+{
+	bool was = r->dirty;
+
+	r->dirty = true;
+	if (!was && r->idle)
+		pthread_cond_signal(&r->kick);
+}
+
+#define PUSH(r, list, obj)                       \
+	do {                                     \
+		pthread_mutex_lock(&(r)->lock);  \
+		(obj)->next = (r)->list;         \
+		(r)->list = (obj);               \
+		kick(r);                         \
+		pthread_mutex_unlock(&(r)->lock); \
+	} while (0)
+
+/* The application destroyed o (may be NULL): the replay thread reaps its
+ * backup. rnic->lock held. */
+#define MARK_DEAD(r, o)                         \
+	do {                                    \
+		__typeof__(o) o_ = (o);         \
+		if (o_) {                       \
+			o_->dead = true;        \
+			kick(r);                \
+		}                               \
+	} while (0)
+
+static struct shift_pd *find_pd(struct shift_rnic *r, struct ibv_pd *pd)
+{
+	for (struct shift_pd *p = r->pds; p; p = p->next)
+		if (p->app == pd && !p->dead)
+			return p;
+	return NULL;
+}
+
+static struct shift_cq *find_cq(struct shift_rnic *r, struct ibv_cq *cq)
+{
+	for (struct shift_cq *c = r->cqs; c; c = c->next)
+		if (c->app == cq && !c->dead)
+			return c;
+	return NULL;
+}
+
+void shift_shadow_pd(struct shift_rnic *r, struct ibv_pd *pd)
+{
+	struct shift_pd *p = calloc(1, sizeof(*p));
+
+	if (!p)
+		return; /* the objects on it will run unprotected */
+	p->app = pd;
+	PUSH(r, pds, p);
+}
+
+void shift_shadow_pd_gone(struct shift_rnic *r, struct ibv_pd *pd)
+{
+	pthread_mutex_lock(&r->lock);
+	MARK_DEAD(r, find_pd(r, pd));
+	pthread_mutex_unlock(&r->lock);
+}
+
+void shift_shadow_mr(struct shift_rnic *r, struct ibv_mr *mr,
+		     enum shift_mr_kind kind, void *addr, size_t length,
+		     uint64_t iova, uint64_t dmabuf_offset, int dmabuf_fd,
+		     unsigned int access)
+{
+	struct shift_mr *m = calloc(1, sizeof(*m));
+
+	if (!m)
+		return;
+	m->app = mr;
+	m->kind = kind;
+	m->addr = addr;
+	m->length = length;
+	m->iova = iova;
+	m->dmabuf_offset = dmabuf_offset;
+	m->access = access;
+	m->app_lkey = mr->lkey;
+	m->app_rkey = mr->rkey;
+	m->dmabuf_fd = -1;
+	if (kind == SHIFT_MR_DMABUF) {
+		/* NCCL closes the fd right after registering: keep our own */
+		m->dmabuf_fd = fcntl(dmabuf_fd, F_DUPFD_CLOEXEC, 0);
+		if (m->dmabuf_fd < 0) {
+			m->state = SHIFT_SHADOW_UNPROTECTED;
+			shift_warn("%s: dmabuf MR: cannot keep the fd (%s): MR unprotected",
+				   r->name, strerror(errno));
+		}
+	}
+	pthread_mutex_lock(&r->lock);
+	m->pd = find_pd(r, mr->pd);
+	m->next = r->mrs;
+	r->mrs = m;
+	kick(r);
+	pthread_mutex_unlock(&r->lock);
+}
+
+void shift_shadow_mr_gone(struct shift_rnic *r, struct ibv_mr *mr)
+{
+	pthread_mutex_lock(&r->lock);
+	for (struct shift_mr *m = r->mrs; m; m = m->next) {
+		if (m->app == mr && !m->dead) {
+			m->dead = true;
+			kick(r);
+			break;
+		}
+	}
+	pthread_mutex_unlock(&r->lock);
+}
+
+void shift_shadow_mr_rereg(struct shift_rnic *r, struct ibv_mr *mr, int flags,
+			   int access)
+{
+	unsigned int old_access = 0;
+	enum shift_mr_kind kind = SHIFT_MR_PLAIN;
+	uint64_t iova = 0;
+
+	pthread_mutex_lock(&r->lock);
+	for (struct shift_mr *m = r->mrs; m; m = m->next) {
+		if (m->app == mr && !m->dead) {
+			old_access = m->access;
+			kind = m->kind == SHIFT_MR_DMABUF ? SHIFT_MR_PLAIN : m->kind;
+			iova = m->iova;
+			m->dead = true;
+			break;
+		}
+	}
+	pthread_mutex_unlock(&r->lock);
+	if (flags & IBV_REREG_MR_CHANGE_TRANSLATION)
+		kind = SHIFT_MR_PLAIN;
+	shift_shadow_mr(r, mr, kind, mr->addr, mr->length, iova, 0, -1,
+			(flags & IBV_REREG_MR_CHANGE_ACCESS) ? (unsigned int)access : old_access);
+}
+
+void shift_shadow_cq(struct shift_rnic *r, struct ibv_cq *cq, int cqe,
+		     struct ibv_comp_channel *channel, int comp_vector)
+{
+	struct shift_cq *c = calloc(1, sizeof(*c));
+
+	if (!c)
+		return;
+	c->app = cq;
+	c->cqe = cqe;
+	pthread_mutex_init(&c->dp_lock, NULL);
+	c->app_has_channel = channel != NULL;
+	c->app_channel = channel;
+	c->comp_vector = comp_vector;
+	PUSH(r, cqs, c);
+}
+
+void shift_shadow_cq_gone(struct shift_rnic *r, struct ibv_cq *cq)
+{
+	pthread_mutex_lock(&r->lock);
+	MARK_DEAD(r, find_cq(r, cq));
+	pthread_mutex_unlock(&r->lock);
+}
+
+static struct shift_qp *find_qp(struct shift_rnic *r, struct ibv_qp *qp)
+{
+	for (struct shift_qp *q = r->qps; q; q = q->next)
+		if (q->app == qp && !q->dead)
+			return q;
+	return NULL;
+}
+
+void shift_qp_unprotected_locked(struct shift_qp *q, const char *why)
+{
+	if (q->state != SHIFT_SHADOW_UNPROTECTED) {
+		q->state = SHIFT_SHADOW_UNPROTECTED;
+		q->why = why;
+		stat_add(&shift_shadow_counters.qps_unprotected, 1);
+	}
+}
+
+void shift_shadow_qp(struct shift_rnic *r, struct ibv_qp *qp,
+		     enum ibv_qp_type type, struct ibv_cq *send_cq,
+		     struct ibv_cq *recv_cq, const struct ibv_qp_cap *cap,
+		     int sq_sig_all, bool has_srq)
+{
+	struct shift_qp *q = calloc(1, sizeof(*q));
+
+	if (!q)
+		return;
+	q->app = qp;
+	q->app_qpn = qp->qp_num;
+	q->cap = *cap;
+	q->sq_sig_all = sq_sig_all;
+	q->app_state = IBV_QPS_RESET;
+	q->bk_state = IBV_QPS_RESET;
+	pthread_mutex_lock(&r->lock);
+	q->pd = find_pd(r, qp->pd);
+	q->send_cq = find_cq(r, send_cq);
+	q->recv_cq = find_cq(r, recv_cq);
+	if (type != IBV_QPT_RC)
+		shift_qp_unprotected_locked(q, "not an RC QP");
+	else if (has_srq)
+		shift_qp_unprotected_locked(q, "uses an SRQ (not shadowed yet)");
+	else if (!q->pd || !q->send_cq || !q->recv_cq)
+		shift_qp_unprotected_locked(q, "its PD or CQ is not shadowed");
+	else if (r->unprotected)
+		shift_qp_unprotected_locked(q, r->why);
+	q->next = r->qps;
+	r->qps = q;
+	kick(r);
+	pthread_mutex_unlock(&r->lock);
+	if (q->state == SHIFT_SHADOW_UNPROTECTED)
+		shift_info("%s: QP %u unprotected: %s", r->name, q->app_qpn, q->why);
+}
+
+/*
+ * Merge what the application set into the recorded attributes: the mask
+ * bits say which fields are meaningful. A copy of a fixed-size struct and
+ * an OR, under a lock nobody holds for long: no query_qp, no allocation.
+ */
+void shift_shadow_qp_modified(struct shift_rnic *r, struct ibv_qp *qp,
+			      const struct ibv_qp_attr *attr, int mask)
+{
+	pthread_mutex_lock(&r->lock);
+	struct shift_qp *q = find_qp(r, qp);
+	if (q) {
+		struct ibv_qp_attr *a = &q->attr;
+
+		if (mask & IBV_QP_STATE) {
+			q->app_state = attr->qp_state;
+			a->qp_state = attr->qp_state;
+		}
+		if (mask & IBV_QP_PKEY_INDEX)
+			a->pkey_index = attr->pkey_index;
+		if (mask & IBV_QP_PORT)
+			a->port_num = attr->port_num;
+		if (mask & IBV_QP_ACCESS_FLAGS)
+			a->qp_access_flags = attr->qp_access_flags;
+		if (mask & IBV_QP_AV)
+			a->ah_attr = attr->ah_attr;
+		if (mask & IBV_QP_PATH_MTU)
+			a->path_mtu = attr->path_mtu;
+		if (mask & IBV_QP_DEST_QPN)
+			a->dest_qp_num = attr->dest_qp_num;
+		if (mask & IBV_QP_RQ_PSN)
+			a->rq_psn = attr->rq_psn;
+		if (mask & IBV_QP_MAX_DEST_RD_ATOMIC)
+			a->max_dest_rd_atomic = attr->max_dest_rd_atomic;
+		if (mask & IBV_QP_MIN_RNR_TIMER)
+			a->min_rnr_timer = attr->min_rnr_timer;
+		if (mask & IBV_QP_TIMEOUT)
+			a->timeout = attr->timeout;
+		if (mask & IBV_QP_RETRY_CNT)
+			a->retry_cnt = attr->retry_cnt;
+		if (mask & IBV_QP_RNR_RETRY)
+			a->rnr_retry = attr->rnr_retry;
+		if (mask & IBV_QP_SQ_PSN)
+			a->sq_psn = attr->sq_psn;
+		if (mask & IBV_QP_MAX_QP_RD_ATOMIC)
+			a->max_rd_atomic = attr->max_rd_atomic;
+		q->attr_mask |= mask;
+		kick(r);
+	}
+	pthread_mutex_unlock(&r->lock);
+}
+
+void shift_shadow_qp_gone(struct shift_rnic *r, struct ibv_qp *qp)
+{
+	pthread_mutex_lock(&r->lock);
+	MARK_DEAD(r, find_qp(r, qp));
+	pthread_mutex_unlock(&r->lock);
+}
+
+/* ---- introspection ------------------------------------------------------ */
+
+struct shift_rnic *shift_rnic_of(struct ibv_context *ctx)
+{
+	struct shift_ctx *s = ctx ? shift_ctx_of(ctx) : NULL;
+
+	return s ? s->rnic : NULL;
+}
+
+int shift_shadow_qp_info(struct ibv_qp *qp, struct shift_qp_info *out)
+{
+	struct shift_rnic *r = shift_rnic_of(qp->context);
+	int rc = -ENOENT;
+
+	if (!r)
+		return rc;
+	pthread_mutex_lock(&r->lock);
+	struct shift_qp *q = find_qp(r, qp);
+	if (q) {
+		out->state = q->state;
+		out->why = q->why;
+		out->bk = q->bk;
+		out->bk_state = q->bk_state;
+		out->peer_bk_qpn = q->peer_known ? q->peer_bk.qpn : 0;
+		out->published = q->published;
+		out->bk_dev = r->bk_name;
+		rc = 0;
+	}
+	pthread_mutex_unlock(&r->lock);
+	return rc;
+}
+
+struct shift_cq *shift_shadow_cq_of(struct shift_rnic *r, struct ibv_cq *cq)
+{
+	pthread_mutex_lock(&r->lock);
+	struct shift_cq *c = find_cq(r, cq);
+	pthread_mutex_unlock(&r->lock);
+	return c;
+}
+
+struct shift_qp *shift_shadow_qp_of(struct shift_rnic *r, struct ibv_qp *qp)
+{
+	pthread_mutex_lock(&r->lock);
+	struct shift_qp *q = find_qp(r, qp);
+	pthread_mutex_unlock(&r->lock);
+	return q;
+}
+
+int shift_shadow_bk_lkey(struct shift_rnic *r, uint32_t app_lkey, uint32_t *bk_lkey)
+{
+	int rc = -ENOENT;
+
+	pthread_mutex_lock(&r->lock);
+	for (struct shift_mr *m = r->mrs; m; m = m->next) {
+		if (!m->dead && m->app_lkey == app_lkey && m->state == SHIFT_SHADOW_READY) {
+			*bk_lkey = m->bk->lkey;
+			rc = 0;
+			break;
+		}
+	}
+	pthread_mutex_unlock(&r->lock);
+	return rc;
+}
+
+struct ibv_mr *shift_shadow_mr_backup(struct ibv_mr *mr)
+{
+	struct shift_rnic *r = shift_rnic_of(mr->context);
+	struct ibv_mr *bk = NULL;
+
+	if (!r)
+		return NULL;
+	pthread_mutex_lock(&r->lock);
+	for (struct shift_mr *m = r->mrs; m; m = m->next)
+		if (m->app == mr && !m->dead)
+			bk = m->bk;
+	pthread_mutex_unlock(&r->lock);
+	return bk;
+}

@@ -1,0 +1,260 @@
+/*
+ * The replay pass (see shadow.h), run by the RNIC's thread (rnic.c) or, in
+ * synchronous mode, by the caller of shift_rnic_pass: first the reap (the
+ * backup side of the objects the application destroyed is destroyed, their
+ * keys deleted), then the layer above's share (the background hook), then
+ * PD, CQ, QP (connect.c) and MR creation replayed on the backup NIC, each
+ * MR's backup rkey published to the KV store under every default GID in
+ * use.
+ *
+ * Replay is best effort (SHIFT paper, appendix B.1): an object whose
+ * dependencies are not there yet (a QP whose peer has not published its
+ * backup attributes) is skipped and retried on the next pass, so two
+ * processes whose threads wait on each other's QPs in opposite orders
+ * still both complete.
+ *
+ * Nothing here may hurt the application: every failure turns the object
+ * unprotected, with one log line, and the application keeps running on its
+ * default NIC exactly as without SHIFT. No lock is held across a verb or a
+ * KV round trip: only this thread unlinks objects and writes the
+ * thread-owned fields; state changes are made under rnic->lock.
+ */
+#include "shift/shadow/shadow_int.h"
+#include "shift/shadow/chan.h"
+#include "shift/base/log.h"
+#include "shift/base/lower.h"
+#include "kv/kv.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+/* The layer above's share of each pass (shift_shadow_set_background). */
+static void (*background)(struct shift_ctx *s);
+
+void shift_shadow_set_background(void (*fn)(struct shift_ctx *s))
+{
+	__atomic_store_n(&background, fn, __ATOMIC_RELAXED);
+}
+
+bool shift_shadow_kv_ok(struct shift_rnic *r, int rc, const char *what)
+{
+	if (rc >= 0 || rc == -ENOENT)
+		return true;
+	stat_add(&shift_shadow_counters.kv_errors, 1);
+	if (!r->kv_warned) {
+		r->kv_warned = true;
+		shift_warn("%s: KV store %s failed (%s): QPs stay unprotected until it answers",
+			   r->name, what, shift_kv_last_error());
+	}
+	return false;
+}
+
+static void replay_pd(struct shift_rnic *r, struct shift_pd *p)
+{
+	if (p->bk || p->state != SHIFT_SHADOW_PENDING)
+		return;
+	p->bk = shift_lower->alloc_pd(r->bk_ctx);
+	pthread_mutex_lock(&r->lock);
+	p->state = p->bk ? SHIFT_SHADOW_READY : SHIFT_SHADOW_UNPROTECTED;
+	pthread_mutex_unlock(&r->lock);
+	if (!p->bk)
+		shift_warn("%s: backup PD on %s: %s", r->name, r->bk_name, strerror(errno));
+}
+
+static void replay_cq(struct shift_rnic *r, struct shift_cq *c)
+{
+	if (c->bk || c->state != SHIFT_SHADOW_PENDING)
+		return;
+	if (c->app_has_channel && !c->bk_channel)
+		c->bk_channel = shift_lower->create_comp_channel(r->bk_ctx);
+	/* one more entry than the app's: room for SHIFT's control completions */
+	c->bk = shift_lower->create_cq(r->bk_ctx, c->cqe + 1, c, c->bk_channel,
+				       c->comp_vector % (r->bk_ctx->num_comp_vectors > 0 ?
+							 r->bk_ctx->num_comp_vectors : 1));
+	pthread_mutex_lock(&r->lock);
+	c->state = c->bk ? SHIFT_SHADOW_READY : SHIFT_SHADOW_UNPROTECTED;
+	pthread_mutex_unlock(&r->lock);
+	if (!c->bk)
+		shift_warn("%s: backup CQ on %s: %s", r->name, r->bk_name, strerror(errno));
+	else
+		shift_chan_backup_ready(r, c);
+}
+
+static void publish_mr(struct shift_rnic *r, struct shift_mr *m)
+{
+	char key[SHIFT_EXCHANGE_KEY_MAX], val[SHIFT_EXCHANGE_VALUE_MAX];
+
+	for (int i = 0; i < r->ngids; i++) {
+		if (m->published & (1u << i))
+			continue;
+		int kl = shift_exchange_mr_key(&r->gids[i], m->app_rkey, key, sizeof(key));
+		int vl = shift_exchange_mr_encode(m->bk->rkey, val, sizeof(val));
+
+		if (kl < 0 || vl < 0)
+			continue;
+		if (!shift_shadow_kv_ok(r, shift_kv_put(r->kv, key, val, (size_t)vl,
+							 SHIFT_KV_TTL_MS), "put"))
+			return;
+		m->published |= 1u << i;
+	}
+}
+
+static void replay_mr(struct shift_rnic *r, struct shift_mr *m)
+{
+	if (m->state == SHIFT_SHADOW_UNPROTECTED)
+		return;
+	if (!m->bk) {
+		if (!m->pd || m->pd->state == SHIFT_SHADOW_UNPROTECTED) {
+			pthread_mutex_lock(&r->lock);
+			m->state = SHIFT_SHADOW_UNPROTECTED;
+			pthread_mutex_unlock(&r->lock);
+			return;
+		}
+		if (!m->pd->bk)
+			return; /* next pass */
+		switch (m->kind) {
+		case SHIFT_MR_PLAIN:
+			m->bk = shift_lower->reg_mr(m->pd->bk, m->addr, m->length, (int)m->access);
+			break;
+		case SHIFT_MR_IOVA:
+			m->bk = shift_lower->reg_mr_iova2(m->pd->bk, m->addr, m->length,
+							  m->iova, m->access);
+			break;
+		case SHIFT_MR_DMABUF:
+			m->bk = shift_lower->reg_dmabuf_mr(m->pd->bk, m->dmabuf_offset,
+							   m->length, m->iova, m->dmabuf_fd,
+							   (int)m->access);
+			close(m->dmabuf_fd);
+			m->dmabuf_fd = -1;
+			break;
+		}
+		pthread_mutex_lock(&r->lock);
+		m->state = m->bk ? SHIFT_SHADOW_READY : SHIFT_SHADOW_UNPROTECTED;
+		pthread_mutex_unlock(&r->lock);
+		if (!m->bk) {
+			shift_warn("%s: backup MR (rkey %u) on %s: %s", r->name, m->app_rkey,
+				   r->bk_name, strerror(errno));
+			return;
+		}
+		stat_add(&shift_shadow_counters.mrs_ready, 1);
+	}
+	if (r->kv)
+		publish_mr(r, m);
+}
+
+static void kv_del(struct shift_rnic *r, const char *key)
+{
+	if (r->kv)
+		(void)shift_kv_delete(r->kv, key);
+}
+
+/* Destroy the backup side of dead objects and unlink them. Children
+ * before parents: QPs, MRs, CQs, PDs. */
+void shift_rnic_reap(struct shift_rnic *r)
+{
+	char key[SHIFT_EXCHANGE_KEY_MAX];
+
+#define REAP(list, type, destroy)                                              \
+	do {                                                                   \
+		pthread_mutex_lock(&r->lock);                                  \
+		for (type **pp = &r->list; *pp;) {                             \
+			type *o = *pp;                                         \
+			if (!o->dead) {                                        \
+				pp = &o->next;                                 \
+				continue;                                      \
+			}                                                      \
+			*pp = o->next;                                         \
+			pthread_mutex_unlock(&r->lock);                        \
+			destroy;                                               \
+			free(o);                                               \
+			pthread_mutex_lock(&r->lock);                          \
+		}                                                              \
+		pthread_mutex_unlock(&r->lock);                                \
+	} while (0)
+
+	REAP(qps, struct shift_qp, {
+		if (o->published && shift_exchange_qp_key(&o->my_key, key, sizeof(key)) >= 0)
+			kv_del(r, key);
+		if (o->bk)
+			shift_lower->destroy_qp(o->bk);
+		if (o->state == SHIFT_SHADOW_READY)
+			stat_add(&shift_shadow_counters.qps_ready, -1);
+	});
+	REAP(mrs, struct shift_mr, {
+		for (int i = 0; i < r->ngids; i++)
+			if ((o->published & (1u << i)) &&
+			    shift_exchange_mr_key(&r->gids[i], o->app_rkey, key, sizeof(key)) >= 0)
+				kv_del(r, key);
+		if (o->bk) {
+			shift_lower->dereg_mr(o->bk);
+			stat_add(&shift_shadow_counters.mrs_ready, -1);
+		}
+		if (o->dmabuf_fd >= 0)
+			close(o->dmabuf_fd);
+	});
+	REAP(cqs, struct shift_cq, {
+		if (o->bk)
+			shift_lower->destroy_cq(o->bk);
+		if (o->bk_channel)
+			shift_lower->destroy_comp_channel(o->bk_channel);
+		free(o->kept);
+		pthread_mutex_destroy(&o->dp_lock);
+	});
+	REAP(pds, struct shift_pd, {
+		if (o->bk)
+			shift_lower->dealloc_pd(o->bk);
+	});
+#undef REAP
+}
+
+/* Is anything still to do on a later pass? */
+static int pending(struct shift_rnic *r)
+{
+	int n = 0;
+
+	pthread_mutex_lock(&r->lock);
+	for (struct shift_qp *q = r->qps; q; q = q->next)
+		n += q->state == SHIFT_SHADOW_PENDING;
+	for (struct shift_mr *m = r->mrs; m; m = m->next)
+		n += m->state == SHIFT_SHADOW_PENDING ||
+		     (m->state == SHIFT_SHADOW_READY && r->kv &&
+		      m->published != (1u << r->ngids) - 1);
+	for (struct shift_cq *c = r->cqs; c; c = c->next)
+		n += c->state == SHIFT_SHADOW_PENDING;
+	for (struct shift_pd *p = r->pds; p; p = p->next)
+		n += p->state == SHIFT_SHADOW_PENDING;
+	pthread_mutex_unlock(&r->lock);
+	return n;
+}
+
+/* Walk one list without holding the lock across the work: only this thread
+ * unlinks nodes, application threads only push at the head. */
+#define EACH(r, list, type, var)                                    \
+	for (type *var = (pthread_mutex_lock(&(r)->lock), (r)->list), \
+		  *var##_unlocked = (pthread_mutex_unlock(&(r)->lock), var); \
+	     (void)var##_unlocked, var; var = var->next)
+
+int shift_rnic_pass(struct shift_rnic *r)
+{
+	if (!r->bk_ctx)
+		return 0;
+	shift_rnic_reap(r);
+	void (*bg)(struct shift_ctx *s) = __atomic_load_n(&background, __ATOMIC_RELAXED);
+	if (bg)
+		bg(r->sctx);
+	EACH(r, pds, struct shift_pd, p)
+		if (!p->dead)
+			replay_pd(r, p);
+	EACH(r, cqs, struct shift_cq, c)
+		if (!c->dead)
+			replay_cq(r, c);
+	EACH(r, qps, struct shift_qp, q)
+		if (!q->dead)
+			shift_replay_qp(r, q);
+	EACH(r, mrs, struct shift_mr, m)
+		if (!m->dead)
+			replay_mr(r, m);
+	return pending(r);
+}

@@ -1,0 +1,297 @@
+/*
+ * The per-RNIC side of shadowing (see shadow.h): shift_rnic_start when the
+ * application opens a device, shift_rnic_stop when it closes it, and in
+ * between one background thread per RNIC that opens the backup NIC and the
+ * KV store, then runs the replay pass (replay.c) whenever the application's
+ * control verbs kicked it (a burst of them coalesced into one pass), and
+ * periodically: soon while replay is pending, often while a QP is failed
+ * over, else at the idle period. At exit the threads are stopped and the
+ * RNICs' KV keys deleted. In synchronous mode (shift_config.inline_passes:
+ * tests, the campaign) there is no thread: the caller runs the passes
+ * (shift_rnic_pass, shift_rnic_pass_all).
+ *
+ * Nothing here may hurt the application: no backup NIC, an invalid KV URL,
+ * a thread that cannot start turn the whole RNIC unprotected, with one log
+ * line, and the application keeps running on its default NIC.
+ */
+#include "shift/shadow/shadow_int.h"
+#include "shift/shadow/backup.h"
+#include "shift/base/config.h"
+#include "shift/base/log.h"
+#include "shift/base/lower.h"
+#include "shift/dp/ctx.h"
+#include "kv/kv.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+/* How soon the thread runs its next pass unkicked (rnic_main): replay
+ * pending, a QP failed over, nothing to do. */
+#define SHIFT_PASS_PERIOD_MS 50
+#define SHIFT_FO_PERIOD_MS 10
+#define SHIFT_IDLE_PERIOD_MS 100
+/* replay waits for SHIFT_COALESCE_MS without new control verbs (at most
+ * SHIFT_COALESCE_ROUNDS times) before it runs */
+#define SHIFT_COALESCE_MS 10
+#define SHIFT_COALESCE_ROUNDS 20
+
+/* The RNICs by their context's slot, for pass_all and the exit handler. */
+static pthread_mutex_t rnics_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct shift_rnic *rnics[SHIFT_MAX_CTX];
+
+void shift_rnic_pass_all(void)
+{
+	for (int i = 0; i < SHIFT_MAX_CTX; i++) {
+		pthread_mutex_lock(&rnics_lock);
+		struct shift_rnic *r = rnics[i];
+		pthread_mutex_unlock(&rnics_lock);
+		if (r)
+			shift_rnic_pass(r);
+	}
+}
+
+/* ---- the RNIC's thread ------------------------------------------------- */
+
+static void rnic_unprotected(struct shift_rnic *r, const char *why)
+{
+	pthread_mutex_lock(&r->lock);
+	r->unprotected = true;
+	r->why = why;
+	for (struct shift_qp *q = r->qps; q; q = q->next)
+		shift_qp_unprotected_locked(q, why);
+	pthread_mutex_unlock(&r->lock);
+	shift_warn("%s: running unprotected: %s", r->name, why);
+}
+
+static void backup_open(struct shift_rnic *r)
+{
+	struct ibv_device **list;
+	struct shift_backup_cand *c;
+	int n = 0, rc;
+
+	list = shift_lower->get_device_list(&n);
+	if (!list || n <= 0) {
+		rnic_unprotected(r, "no RDMA device list");
+		if (list)
+			shift_lower->free_device_list(list);
+		return;
+	}
+	c = calloc((size_t)n, sizeof(*c));
+	if (!c) {
+		shift_lower->free_device_list(list);
+		rnic_unprotected(r, "out of memory");
+		return;
+	}
+	for (int i = 0; i < n; i++) {
+		const char *name = shift_lower->get_device_name(list[i]);
+		struct ibv_port_attr pa;
+
+		snprintf(c[i].name, sizeof(c[i].name), "%s", name ? name : "");
+		if (!strcmp(c[i].name, r->name)) {
+			if (!shift_lower->query_port(r->sctx->ibctx, 1, &pa))
+				c[i].link_layer = pa.link_layer;
+			c[i].active = true;
+			continue;
+		}
+		if (shift_config.backup[0])
+			continue; /* explicit map: no need to probe every device */
+		struct ibv_context *ctx = shift_lower->open_device(list[i]);
+		if (!ctx)
+			continue;
+		if (!shift_lower->query_port(ctx, 1, &pa)) {
+			c[i].link_layer = pa.link_layer;
+			c[i].active = pa.state == IBV_PORT_ACTIVE;
+		}
+		shift_lower->close_device(ctx);
+	}
+	rc = shift_backup_pick(c, n, r->name, shift_config.backup, r->bk_name,
+			       sizeof(r->bk_name));
+	free(c);
+	if (rc) {
+		r->bk_name[0] = '\0';
+		shift_lower->free_device_list(list);
+		rnic_unprotected(r, rc == -EINVAL ? "SHIFT_BACKUP is malformed" :
+				    rc == -ENOENT ? "SHIFT_BACKUP does not map this device" :
+						    "no backup NIC (no other active device with the same link layer)");
+		return;
+	}
+	for (int i = 0; i < n; i++) {
+		const char *name = shift_lower->get_device_name(list[i]);
+
+		if (name && !strcmp(name, r->bk_name)) {
+			r->bk_ctx = shift_lower->open_device(list[i]);
+			break;
+		}
+	}
+	shift_lower->free_device_list(list);
+	if (!r->bk_ctx) {
+		rnic_unprotected(r, "cannot open the backup NIC");
+		return;
+	}
+	shift_info("%s: backup NIC %s", r->name, r->bk_name);
+}
+
+static void kv_connect(struct shift_rnic *r)
+{
+	struct shift_kv_options o = { .lazy_connect = true };
+	int rc = shift_kv_open(shift_config.kv_url, shift_config.kv_namespace, &o, &r->kv);
+
+	if (rc) {
+		r->kv = NULL;
+		rnic_unprotected(r, "the KV store URL or namespace is invalid");
+		shift_warn("%s: %s", r->name, shift_kv_last_error());
+	}
+}
+
+static void *rnic_main(void *arg)
+{
+	struct shift_rnic *r = arg;
+	uint64_t last_status = 0;
+
+	backup_open(r);
+	if (r->bk_ctx)
+		kv_connect(r);
+	pthread_mutex_lock(&r->lock);
+	while (!r->stop) {
+		bool work = r->dirty;
+
+		/* Let a burst of control verbs (an application connecting many
+		 * QPs) finish before replaying: on a busy or single CPU the
+		 * replay would otherwise steal time from each of them. */
+		for (int quiet = 0; work && quiet < SHIFT_COALESCE_ROUNDS && !r->stop; quiet++) {
+			struct timespec ts;
+
+			r->dirty = false;
+			clock_gettime(CLOCK_REALTIME, &ts);
+			ts.tv_nsec += SHIFT_COALESCE_MS * 1000000L;
+			if (ts.tv_nsec >= 1000000000L) {
+				ts.tv_sec++;
+				ts.tv_nsec -= 1000000000L;
+			}
+			pthread_cond_timedwait(&r->kick, &r->lock, &ts);
+			if (!r->dirty)
+				break;
+		}
+		r->dirty = false;
+		pthread_mutex_unlock(&r->lock);
+		int left = work || r->bk_ctx ? shift_rnic_pass(r) : 0;
+		if (now_ms() - last_status > 1000 || work) {
+			shift_status_write(r);
+			last_status = now_ms();
+		}
+		pthread_mutex_lock(&r->lock);
+		if (r->stop || r->dirty)
+			continue;
+		struct timespec ts;
+		clock_gettime(CLOCK_REALTIME, &ts);
+		/* replay pending: soon; a QP failed over (probes, failback): often;
+		 * else the idle period, which also bounds how long a passive
+		 * peer's handshake message waits for its answer */
+		uint64_t period = left ? SHIFT_PASS_PERIOD_MS :
+				  __atomic_load_n(&r->sctx->slow, __ATOMIC_ACQUIRE) ? SHIFT_FO_PERIOD_MS :
+										       SHIFT_IDLE_PERIOD_MS;
+		uint64_t ns = (uint64_t)ts.tv_nsec + period * 1000000ull;
+		ts.tv_sec += (time_t)(ns / 1000000000ull);
+		ts.tv_nsec = (long)(ns % 1000000000ull);
+		r->idle = true;
+		pthread_cond_timedwait(&r->kick, &r->lock, &ts);
+		r->idle = false;
+	}
+	pthread_mutex_unlock(&r->lock);
+	return NULL;
+}
+
+static void shadow_atexit(void)
+{
+	for (int i = 0; i < SHIFT_MAX_CTX; i++) {
+		pthread_mutex_lock(&rnics_lock);
+		struct shift_rnic *r = rnics[i];
+		pthread_mutex_unlock(&rnics_lock);
+		if (!r)
+			continue;
+		pthread_mutex_lock(&r->lock);
+		r->stop = true;
+		pthread_cond_signal(&r->kick);
+		pthread_mutex_unlock(&r->lock);
+		if (r->thread_started)
+			pthread_join(r->thread, NULL);
+		r->thread_started = false;
+		if (r->kv)
+			shift_kv_delete_own(r->kv);
+		shift_status_remove(r);
+	}
+}
+
+struct shift_rnic *shift_rnic_start(struct shift_ctx *sctx)
+{
+	struct shift_rnic *r = calloc(1, sizeof(*r));
+
+	if (!r) {
+		shift_warn("out of memory: context unprotected");
+		return NULL;
+	}
+	r->sctx = sctx;
+	snprintf(r->name, sizeof(r->name), "%s",
+		 sctx->ibctx->device ? sctx->ibctx->device->name : "?");
+	pthread_mutex_init(&r->lock, NULL);
+	pthread_cond_init(&r->kick, NULL);
+	pthread_mutex_lock(&rnics_lock);
+	rnics[sctx->slot] = r;
+	pthread_mutex_unlock(&rnics_lock);
+	if (shift_config.inline_passes) {
+		backup_open(r);
+		if (r->bk_ctx)
+			kv_connect(r);
+		return r;
+	}
+	static bool registered;
+	if (!__atomic_exchange_n(&registered, true, __ATOMIC_ACQ_REL))
+		atexit(shadow_atexit);
+	if (pthread_create(&r->thread, NULL, rnic_main, r)) {
+		rnic_unprotected(r, "cannot start its thread");
+		return r;
+	}
+	r->thread_started = true;
+	return r;
+}
+
+void shift_rnic_stop(struct shift_rnic *r)
+{
+	if (!r)
+		return;
+	pthread_mutex_lock(&r->lock);
+	r->stop = true;
+	pthread_cond_signal(&r->kick);
+	pthread_mutex_unlock(&r->lock);
+	if (r->thread_started)
+		pthread_join(r->thread, NULL);
+	shift_status_remove(r);
+	pthread_mutex_lock(&rnics_lock);
+	rnics[r->sctx->slot] = NULL;
+	pthread_mutex_unlock(&rnics_lock);
+
+	/* everything the app left behind dies with its context */
+	pthread_mutex_lock(&r->lock);
+	for (struct shift_qp *q = r->qps; q; q = q->next)
+		q->dead = true;
+	for (struct shift_mr *m = r->mrs; m; m = m->next)
+		m->dead = true;
+	for (struct shift_cq *c = r->cqs; c; c = c->next)
+		c->dead = true;
+	for (struct shift_pd *p = r->pds; p; p = p->next)
+		p->dead = true;
+	pthread_mutex_unlock(&r->lock);
+	shift_rnic_reap(r);
+	if (r->kv) {
+		shift_kv_delete_own(r->kv);
+		shift_kv_close(r->kv);
+	}
+	if (r->bk_ctx)
+		shift_lower->close_device(r->bk_ctx);
+	pthread_cond_destroy(&r->kick);
+	pthread_mutex_destroy(&r->lock);
+	free(r);
+}

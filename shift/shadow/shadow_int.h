@@ -1,0 +1,45 @@
+/*
+ * What the files of shift/shadow/ share among themselves and nobody else
+ * uses (the public verbs are in shadow.h): the counters, marking a QP
+ * unprotected (record.c), the steps of a replay pass that
+ * replay.c, connect.c and rnic.c call across files.
+ */
+#ifndef SHIFT_SHADOW_INT_H
+#define SHIFT_SHADOW_INT_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "shift/base/clock.h"
+#include "shift/shadow/shadow.h"
+
+/* Published keys live a day unless deleted earlier (object gone, exit). */
+#define SHIFT_KV_TTL_MS (24ull * 3600 * 1000)
+
+/* Counters over all RNICs (status.c), relaxed atomics. */
+extern struct shift_shadow_stats shift_shadow_counters;
+
+static inline void stat_add(unsigned long *c, long d)
+{
+	__atomic_fetch_add(c, (unsigned long)d, __ATOMIC_RELAXED);
+}
+
+static inline uint64_t now_ms(void)
+{
+	return shift_clock_ms();
+}
+
+/* record.c: mark q unprotected for why (rnic->lock held; counted once). */
+void shift_qp_unprotected_locked(struct shift_qp *q, const char *why);
+
+/* replay.c: was a KV operation's rc acceptable (success or -ENOENT)? A
+ * failure is counted and warned about once per RNIC. */
+bool shift_shadow_kv_ok(struct shift_rnic *r, int rc, const char *what);
+/* replay.c: destroy the backup side of dead objects and unlink them. */
+void shift_rnic_reap(struct shift_rnic *r);
+
+/* connect.c: one replay step of a QP: create its backup, bring it towards
+ * RTS as far as the application's QP and the peer allow (RNIC thread). */
+void shift_replay_qp(struct shift_rnic *r, struct shift_qp *q);
+
+#endif /* SHIFT_SHADOW_INT_H */
