@@ -22,6 +22,13 @@ _Static_assert(SAME_DISTANCE(opcode, opcode) && SAME_DISTANCE(send_flags, send_f
 _Static_assert(offsetof(struct shift_swqe, num_sge) + 32 == offsetof(struct shift_swqe, compare_add) &&
 	       offsetof(struct ibv_send_wr, num_sge) + 32 <= sizeof(struct ibv_send_wr),
 	       "the 32-byte block stays inside both structures");
+/* dqp.h's hot/cold layout: four hot lines, the cold part after them */
+_Static_assert(offsetof(struct shift_dqp, post_lock) == 0 && offsetof(struct shift_dqp, sig_head) < 64 &&
+	       offsetof(struct shift_dqp, posted_by_op) == 64 &&
+	       offsetof(struct shift_dqp, states) == 128 && offsetof(struct shift_dqp, sq_bmask) < 192 &&
+	       offsetof(struct shift_dqp, sig_tail) == 192 &&
+	       offsetof(struct shift_dqp, next_in_bucket) < 256 && offsetof(struct shift_dqp, dev) == 256,
+	       "struct shift_dqp: the hot fields in their four lines");
 _Static_assert(sizeof(enum shift_send_state) == 4 && sizeof(enum shift_recv_state) == 4 &&
 	       SHIFT_SEND_DEFAULT == 0 && SHIFT_RECV_DEFAULT == 0,
 	       "states: both Default reads as states == 0");
@@ -60,6 +67,12 @@ struct shift_dqp *shift_dqp_create(struct ibv_qp *qp, const struct ibv_qp_cap *c
 						d->max_inline));
 	d->rq_stride = pow2_at_least((uint32_t)(sizeof(struct shift_rwqe) +
 						d->max_recv_sge * sizeof(struct ibv_sge)));
+	/* (ring offsets are 32-bit: a QP asking for more runs unprotected) */
+	if ((uint64_t)d->sq_size * d->sq_stride > UINT32_MAX ||
+	    (uint64_t)d->rq_size * d->rq_stride > UINT32_MAX) {
+		free(d);
+		return NULL;
+	}
 	d->sq_bmask = d->sq_size * d->sq_stride - 1;
 	d->rq_bmask = d->rq_size * d->rq_stride - 1;
 	d->sq_limit = d->sq_size;

@@ -104,54 +104,75 @@ struct shift_rwqe {
 };
 
 struct shift_dqp {
-	int post_lock; /* posters' lock: shift_dqp_lock(); first, for the fast path */
-	union {
-		struct {
-			enum shift_send_state send_state;
-			enum shift_recv_state recv_state;
+	/*
+	 * Hot: what post and poll touch in the Default state, in four cache
+	 * lines (the static assertions in dqp.c hold it there): posting a
+	 * send reads and writes the first, counts its opcode in the second
+	 * and reads its ring geometry from the third; posting a receive
+	 * takes post_lock and looks the QP up in the first and works in the
+	 * third; a poll touches only the fourth, the pollers' own line, so a
+	 * poller on another thread never shares a line a poster writes. The
+	 * rest of the structure (failover and failback, cold) follows on
+	 * lines of its own.
+	 */
+	struct {
+		int post_lock; /* posters' lock: shift_dqp_lock(); first, for the fast path */
+		int sq_sig_all;
+		struct ibv_qp *qp;            /* the application's QP */
+		struct shift_dqp *next_by_qp; /* global lookup chain (post path), ends at shift_dqp_none */
+		/* the provider's post_send of this QP's context */
+		int (*prov_post_send)(struct ibv_qp *qp, struct ibv_send_wr *wr,
+				      struct ibv_send_wr **bad_wr);
+		/* send mirror (posters) */
+		uint8_t *sq;          /* sq_size entries of sq_stride bytes */
+		uint64_t sq_head;     /* posted */
+		uint64_t sq_limit;    /* sq_tail + sq_size in Default, else 0 (see above) */
+		uint64_t sig_head;    /* signaled WRs mirrored */
+	} __attribute__((aligned(64)));
+	struct {
+		/* send WRs posted, by opcode (shift_dqp_opslot()): the receive
+		 * consumers among them are shift_dqp_consumers_posted(), used
+		 * modulo 2^32 */
+		uint32_t posted_by_op[16];
+	} __attribute__((aligned(64)));
+	struct {
+		union {
+			struct {
+				enum shift_send_state send_state;
+				enum shift_recv_state recv_state;
+			};
+			uint64_t states; /* both at once: 0 = both Default (post_recv's test) */
 		};
-		uint64_t states; /* both at once: 0 = both Default (post_recv's test) */
-	};
-	struct ibv_qp *qp;                /* the application's QP */
-	struct shift_dqp *next_by_qp;     /* global lookup chain (post path), ends at shift_dqp_none */
-	struct shift_dqp *next_in_bucket; /* per-context lookup chain (by QPN) */
-	/* the provider's post verbs of this QP's context (hot path) */
-	int (*prov_post_send)(struct ibv_qp *qp, struct ibv_send_wr *wr,
-			      struct ibv_send_wr **bad_wr);
-	int (*prov_post_recv)(struct ibv_qp *qp, struct ibv_recv_wr *wr,
-			      struct ibv_recv_wr **bad_wr);
-	uint32_t qpn;
-	int sq_sig_all;
-	char dev[24];                     /* device name, for logs */
+		/* the provider's post_recv of this QP's context */
+		int (*prov_post_recv)(struct ibv_qp *qp, struct ibv_recv_wr *wr,
+				      struct ibv_recv_wr **bad_wr);
+		/* receive mirror (posters) */
+		uint8_t *rq;
+		uint64_t rq_head;     /* posted */
+		uint64_t rq_limit;    /* a recent rq_tail + rq_size in Default (states 0), else 0 */
+		uint32_t rq_stride;   /* a power of two */
+		uint32_t rq_bmask;    /* rq_size * rq_stride - 1 */
+		uint32_t rq_size;
+		/* the send mirror's geometry */
+		uint32_t sq_stride;   /* a power of two */
+		uint32_t sq_bmask;    /* sq_size * sq_stride - 1 */
+	} __attribute__((aligned(64)));
+	struct {
+		/* pollers: atomic adds only (shift_dqp_retire) */
+		uint64_t sig_tail;    /* signaled send WRs completed */
+		uint64_t rq_tail;     /* receives consumed (= receive counter) */
+		uint32_t qpn;
+		struct shift_dqp *next_in_bucket; /* per-context lookup chain (by QPN) */
+	} __attribute__((aligned(64)));
 
-	/* send mirror (posters) */
-	uint8_t *sq;          /* sq_size entries of sq_stride bytes */
-	uint64_t sq_stride;   /* a power of two */
-	uint64_t sq_bmask;    /* sq_size * sq_stride - 1 */
+	/* ---- cold: on lines of their own (the alignment below) ---- */
+	char dev[24] __attribute__((aligned(64))); /* device name, for logs */
 	uint32_t sq_size;     /* power of two >= 2 x the QP's max_send_wr */
-	uint64_t sq_head;     /* posted */
-	uint64_t sq_limit;    /* sq_tail + sq_size in Default, else 0 (see above) */
 	uint64_t sq_tail;     /* retired, as of the last sync */
-	uint64_t sig_head;    /* signaled WRs mirrored */
 	uint64_t sig_synced;  /* sig_tail as of the last sync */
-	/* send WRs posted, by opcode (shift_dqp_opslot()): the receive
-	 * consumers among them are shift_dqp_consumers_posted() */
-	uint64_t posted_by_op[16];
 	uint32_t max_send_sge;
 	uint32_t max_inline;
-
-	/* receive mirror (posters) */
-	uint8_t *rq;
-	uint64_t rq_stride;   /* a power of two */
-	uint64_t rq_bmask;    /* rq_size * rq_stride - 1 */
-	uint32_t rq_size;
-	uint64_t rq_head;     /* posted */
-	uint64_t rq_limit;    /* a recent rq_tail + rq_size in Default (states 0), else 0 */
 	uint32_t max_recv_sge;
-
-	/* pollers: atomic adds only (shift_dqp_retire), own cache line */
-	uint64_t sig_tail __attribute__((aligned(64))); /* signaled send WRs completed */
-	uint64_t rq_tail;     /* receives consumed (= receive counter) */
 
 	/* failover (shift/failover.c), under the CQs' dp_lock */
 	struct shift_qp *shadow;      /* its shadow (backup QP, peer attributes) */
@@ -295,9 +316,9 @@ void shift_dqp_unrecord_recv(struct shift_dqp *d, const struct ibv_recv_wr *wr,
 
 /* Send WRs posted so far that consume a receive at the peer
  * (shift_wr_consumes_recv()). post_lock held; off the data path. */
-static inline uint64_t shift_dqp_consumers_posted(const struct shift_dqp *d)
+static inline uint32_t shift_dqp_consumers_posted(const struct shift_dqp *d)
 {
-	uint64_t n = 0;
+	uint32_t n = 0;
 
 	for (unsigned op = 0; op < 16; op++)
 		if (shift_wr_consumes_recv(op))
