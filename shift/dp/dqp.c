@@ -275,3 +275,10 @@ void shift_dqp_set_recv_state(struct shift_dqp *d, enum shift_recv_state to, con
 		shift_state_recv_change(from, to, d->dev, d->qpn, why);
 	__atomic_store_n(&d->recv_state, to, __ATOMIC_RELEASE);
 }
+
+void shift_dqp_set_ep_wait(struct shift_dqp *d, enum shift_ep_wait to, const char *why)
+{
+	if (d->ep_wait != to)
+		shift_state_ep_change(d->ep_wait, to, d->dev, d->qpn, why);
+	d->ep_wait = to;
+}

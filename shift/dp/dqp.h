@@ -209,8 +209,8 @@ struct shift_dqp {
 	 * store carries each end's generation and latest episode */
 	unsigned bk_gen;              /* my backup QP's generation */
 	unsigned peer_gen, peer_started; /* the peer's, as last read */
-	bool wait_peer;               /* my handshake message waits for the peer's backup */
-	bool wait_reset;              /* my backup's reset waits for the peer to stop its old one */
+	/* what the episode waits for (shift/dp/state.h; shift_dqp_set_ep_wait()) */
+	enum shift_ep_wait ep_wait;
 	uint64_t wait_since;          /* the failover started (fb clock) */
 	bool bk_flushing;             /* its CQs drained after a reset: errors are SHIFT's */
 	bool recv_hold;               /* receives recorded only: start() reposts them */
@@ -223,7 +223,6 @@ struct shift_dqp {
 	/* return episodes (failover.c): the backup failed while the default
 	 * path works; both ends go back to the default QPs, handshaking
 	 * through the KV store */
-	bool ret_wait;                /* mine started: waiting for the peer's counter */
 	unsigned long ret_ep;         /* the failover number of my last return ... */
 	uint32_t ret_count;           /* ... and my receive counter then (its record
 				       * keeps them for the rest of that episode) */
@@ -335,6 +334,8 @@ static inline uint32_t shift_dqp_consumers_posted(const struct shift_dqp *d)
  */
 void shift_dqp_set_send_state(struct shift_dqp *d, enum shift_send_state to, const char *why);
 void shift_dqp_set_recv_state(struct shift_dqp *d, enum shift_recv_state to, const char *why);
+/* The episode's wait (the failover layer's, under the CQs' dp_lock). */
+void shift_dqp_set_ep_wait(struct shift_dqp *d, enum shift_ep_wait to, const char *why);
 
 /* Was mirrored send WR i signaled? */
 static inline bool shift_dqp_signaled(const struct shift_dqp *d, uint64_t i)

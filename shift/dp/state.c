@@ -23,6 +23,14 @@ static const unsigned recv_legal[SHIFT_RECV_NSTATES] = {
 	[SHIFT_RECV_FALLBACK] = TO(SHIFT_RECV_DEFAULT),
 };
 
+static const unsigned ep_legal[SHIFT_EP_NSTATES] = {
+	[SHIFT_EP_RUNNING] = TO(SHIFT_EP_WAIT_RESET) | TO(SHIFT_EP_WAIT_PEER) | TO(SHIFT_EP_WAIT_RETURN),
+	[SHIFT_EP_WAIT_RESET] = TO(SHIFT_EP_RUNNING),
+	[SHIFT_EP_WAIT_PEER] = TO(SHIFT_EP_RUNNING),
+	[SHIFT_EP_WAIT_RETURN] = TO(SHIFT_EP_RUNNING),
+};
+
+static unsigned long ep_count[SHIFT_EP_NSTATES][SHIFT_EP_NSTATES];
 static unsigned long send_count[SHIFT_SEND_NSTATES][SHIFT_SEND_NSTATES];
 static unsigned long recv_count[SHIFT_RECV_NSTATES][SHIFT_RECV_NSTATES];
 static unsigned long illegal;
@@ -31,6 +39,13 @@ static const char *const send_names[SHIFT_SEND_NSTATES] = {
 	"default", "fallback", "waitsig", "waitdrain", "unprot",
 };
 static const char *const recv_names[SHIFT_RECV_NSTATES] = { "default", "fallback" };
+static const char *const ep_names[SHIFT_EP_NSTATES] = { "running", "wait-reset", "wait-peer",
+							"wait-return" };
+
+const char *shift_ep_wait_name(enum shift_ep_wait w)
+{
+	return (unsigned)w < SHIFT_EP_NSTATES ? ep_names[w] : "?";
+}
 
 const char *shift_send_state_name(enum shift_send_state s)
 {
@@ -74,6 +89,15 @@ bool shift_state_recv_change(enum shift_recv_state from, enum shift_recv_state t
 		return false;
 	return account(&recv_count[from][to], recv_legal[from], to, "receive",
 		       shift_recv_state_name(from), shift_recv_state_name(to), dev, qpn, why);
+}
+
+bool shift_state_ep_change(enum shift_ep_wait from, enum shift_ep_wait to, const char *dev,
+			   unsigned qpn, const char *why)
+{
+	if ((unsigned)from >= SHIFT_EP_NSTATES || (unsigned)to >= SHIFT_EP_NSTATES)
+		return false;
+	return account(&ep_count[from][to], ep_legal[from], to, "episode",
+		       shift_ep_wait_name(from), shift_ep_wait_name(to), dev, qpn, why);
 }
 
 unsigned long shift_dqp_transitions(bool send, unsigned from, unsigned to)

@@ -271,7 +271,7 @@ static void background(struct shift_ctx *s)
 			continue;
 		fo_lock_cqs(d);
 		fo_failback_work(s, d, fbt);
-		if (d->wait_reset || d->wait_peer || d->bk_error || d->ret_wait)
+		if (d->ep_wait != SHIFT_EP_RUNNING || d->bk_error)
 			__atomic_store_n(&waiting_seen, true, __ATOMIC_RELEASE);
 		fo_unlock_cqs(d);
 	}

@@ -91,7 +91,7 @@ int fo_ep_read(struct shift_ctx *s, struct shift_dqp *d)
 /* Does d read the peer's record at this pass (failback_work)? */
 bool fo_ep_due(const struct shift_dqp *d, uint64_t now)
 {
-	return (d->need_rearm || d->wait_peer || d->wait_reset || d->bk_error || d->ret_wait) &&
+	return (d->need_rearm || d->ep_wait != SHIFT_EP_RUNNING || d->bk_error) &&
 	       now >= d->kv_at;
 }
 

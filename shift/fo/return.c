@@ -51,7 +51,8 @@ int fo_ret_start(struct shift_ctx *s, struct shift_dqp *d, struct out *o)
 	/* the backup's successful completions first, its errors dropped */
 	fo_flush_backup(s, d, true);
 	d->bk_error = false;
-	d->wait_peer = d->wait_reset = false;
+	if (d->ep_wait == SHIFT_EP_WAIT_PEER || d->ep_wait == SHIFT_EP_WAIT_RESET)
+		shift_dqp_set_ep_wait(d, SHIFT_EP_RUNNING, "return episode");
 	d->notify_pending = false;
 	shift_dqp_sync(d);
 	for (uint64_t i = d->sq_tail; i < d->sq_head && d->send_state != SHIFT_SEND_DEFAULT; i++) {
@@ -73,7 +74,7 @@ int fo_ret_start(struct shift_ctx *s, struct shift_dqp *d, struct out *o)
 	if (rc)
 		return -1;
 	d->failovers++;
-	d->ret_wait = true;
+	shift_dqp_set_ep_wait(d, SHIFT_EP_WAIT_RETURN, "return episode: the peer's counter");
 	d->ret_ep = d->failovers;
 	d->ret_count = (uint32_t)d->rq_tail;
 	d->wait_since = fo_fb_now();
@@ -90,7 +91,8 @@ void fo_ret_finish(struct shift_ctx *s, struct shift_dqp *d, struct out *o)
 {
 	uint64_t moved = 0, done_n = 0;
 
-	d->ret_wait = false;
+	if (d->ep_wait == SHIFT_EP_WAIT_RETURN)
+		shift_dqp_set_ep_wait(d, SHIFT_EP_RUNNING, "return episode done");
 	shift_dqp_lock(d);
 	if (d->send_state != SHIFT_SEND_DEFAULT) {
 		uint64_t rd, i;

@@ -294,8 +294,8 @@ static void stop_default(struct shift_ctx *s, struct shift_dqp *d, bool again)
 	d->notify_pending = false;
 	d->notify_inflight = false; /* (its flush, if any, is SHIFT's) */
 	d->notify_sent = false;     /* (the peer resets its default QP again) */
-	d->ret_wait = false;
-	d->wait_peer = false;
+	if (d->ep_wait == SHIFT_EP_WAIT_RETURN || d->ep_wait == SHIFT_EP_WAIT_PEER)
+		shift_dqp_set_ep_wait(d, SHIFT_EP_RUNNING, "failover");
 	d->last_switch_s = shift_clock_wall_s();
 	shift_ctx_set_slow(s, true);
 	if (again) {
@@ -368,7 +368,7 @@ int fo_start(struct shift_ctx *s, struct shift_dqp *d, struct out *o,
 	if (again && !fo_peer_old_dead(d) && (fo_ep_read(s, d), !fo_peer_old_dead(d))) {
 		/* the peer's old backup may still send: reset mine only once
 		 * it has stopped it (it follows my record) */
-		d->wait_reset = true;
+		shift_dqp_set_ep_wait(d, SHIFT_EP_WAIT_RESET, "the peer's old backup may still send");
 		d->kv_at = 0;
 		fo_ep_publish(s, d);
 		shift_info("%s QP %u: failover %lu waits for the peer to stop its backup QP", d->dev,
@@ -389,7 +389,8 @@ int fo_start(struct shift_ctx *s, struct shift_dqp *d, struct out *o,
  * it, my record, my handshake message (or a wait for the peer's backup). */
 int fo_finish_start(struct shift_ctx *s, struct shift_dqp *d, bool reset)
 {
-	d->wait_reset = false;
+	if (d->ep_wait == SHIFT_EP_WAIT_RESET)
+		shift_dqp_set_ep_wait(d, SHIFT_EP_RUNNING, "the peer stopped its old backup");
 	if (reset && fo_reset_backup(s, d, (unsigned)d->failovers - 1)) {
 		d->recv_hold = false;
 		return -1;
@@ -419,7 +420,7 @@ int fo_finish_start(struct shift_ctx *s, struct shift_dqp *d, bool reset)
 	} else {
 		/* the peer's backup still serves the last failover: it reads
 		 * my record and answers first, or its record says it is ready */
-		d->wait_peer = true;
+		shift_dqp_set_ep_wait(d, SHIFT_EP_WAIT_PEER, "the peer's backup is not reset yet");
 		d->kv_at = 0;
 		shift_info("%s QP %u: waiting for the peer to reset its backup QP for failover %lu",
 			   d->dev, d->qpn, d->failovers);
@@ -430,7 +431,8 @@ int fo_finish_start(struct shift_ctx *s, struct shift_dqp *d, bool reset)
 /* My handshake message of this failover: my receive counter. */
 void fo_send_my_ctrl(struct shift_ctx *s, struct shift_dqp *d)
 {
-	d->wait_peer = false;
+	if (d->ep_wait == SHIFT_EP_WAIT_PEER)
+		shift_dqp_set_ep_wait(d, SHIFT_EP_RUNNING, "the peer's backup is ready");
 	if (fo_send_ctrl(d, CTRL_COUNT((uint32_t)d->rq_tail) | (fo_app_sends(s, d) ? 0 : CTRL_NOSEND))) {
 		fo_give_up(d, "cannot send the handshake message");
 		return;

@@ -32,7 +32,8 @@ static void follow_peer_record(struct shift_ctx *s, struct shift_dqp *d, uint64_
 	 * it), read the peer's record at the probe period; waiting for the
 	 * peer, or after a backup failure, at every pass. */
 	if (fo_ep_due(d, now) || d->kv_pref) {
-		bool urgent = d->wait_peer || d->wait_reset || d->bk_error;
+		bool urgent = d->ep_wait == SHIFT_EP_WAIT_PEER || d->ep_wait == SHIFT_EP_WAIT_RESET ||
+			      d->bk_error;
 
 		d->kv_at = now + (urgent ? 1 : fo_probe_wait(d));
 		if (fo_ep_read_pass(s, d) == 0) {
@@ -51,23 +52,25 @@ static void follow_peer_record(struct shift_ctx *s, struct shift_dqp *d, uint64_
 				d->followed_ep = d->peer_started;
 				if (can && fo_ret_start(s, d, &o) == 0 && d->peer_started == d->failovers)
 					fo_ret_finish(s, d, &o);
-			} else if (d->ret_wait && d->peer_ret && d->peer_started == d->failovers) {
+			} else if (d->ep_wait == SHIFT_EP_WAIT_RETURN && d->peer_ret &&
+				   d->peer_started == d->failovers) {
 				fo_ret_finish(s, d, &o);
 			} else if (d->peer_started > d->failovers) {
 				shift_info("%s QP %u: the peer started failover %u: following it", d->dev,
 					   d->qpn, d->peer_started);
 				if (d->send_state != SHIFT_SEND_DEFAULT)
 					d->need_rearm = true; /* a new failover from any state */
-				d->ret_wait = false;
+				if (d->ep_wait == SHIFT_EP_WAIT_RETURN)
+					shift_dqp_set_ep_wait(d, SHIFT_EP_RUNNING, "the peer started a new failover");
 				fo_start(s, d, &o, NULL);
-			} else if (d->wait_reset && fo_peer_old_dead(d)) {
+			} else if (d->ep_wait == SHIFT_EP_WAIT_RESET && fo_peer_old_dead(d)) {
 				if (fo_finish_start(s, d, true) && d->send_state == SHIFT_SEND_UNPROTECTED) {
 					shift_dqp_sync(d);
 					fo_flush_held(d, &o, NULL, d->sq_tail, d->rq_tail);
 				}
 				if (d->ctrl_pending && d->send_state != SHIFT_SEND_UNPROTECTED)
 					fo_on_ctrl(s, d, &o);
-			} else if (d->wait_peer && fo_peer_armed(d)) {
+			} else if (d->ep_wait == SHIFT_EP_WAIT_PEER && fo_peer_armed(d)) {
 				fo_send_my_ctrl(s, d);
 				if (d->ctrl_pending)
 					fo_on_ctrl(s, d, &o);
@@ -93,7 +96,7 @@ static void backup_failure_news(struct shift_ctx *s, struct shift_dqp *d)
 	/* either end's backup failed in this episode and my default path
 	 * answered since it started: both back to the default QPs */
 	if ((d->bk_error || (d->peer_bkfail && d->peer_started == d->failovers)) &&
-	    d->dflt == SHIFT_DFLT_OK && d->need_rearm && !d->ret_wait &&
+	    d->dflt == SHIFT_DFLT_OK && d->need_rearm && d->ep_wait != SHIFT_EP_WAIT_RETURN &&
 	    d->peer_started <= d->failovers) {
 		struct out o = { .wc = NULL, .n = 0, .max = 0, .c = d->scq };
 
@@ -143,7 +146,7 @@ static bool episode_expired(struct shift_ctx *s, struct shift_dqp *d, uint64_t n
 	/* (the marks may be set by an application thread after this pass
 	 * read the clock: later than now) */
 	if ((d->bk_error && now > d->bk_error_at && now - d->bk_error_at >= limit) ||
-	    ((d->wait_reset || d->wait_peer || d->ret_wait) && now > d->wait_since &&
+	    (d->ep_wait != SHIFT_EP_RUNNING && now > d->wait_since &&
 	     now - d->wait_since >= limit)) {
 		struct out o = { .wc = NULL, .n = 0, .max = 0, .c = d->scq };
 		struct ibv_qp_attr e = { .qp_state = IBV_QPS_ERR };
