@@ -70,7 +70,7 @@ struct shift_ctx {
 	 * not; taken before any CQ's dp_lock */
 	pthread_mutex_t slow_lock;
 	/* a protected QP has different send and receive CQs: the full fast
-	 * poll, which keeps its cq (shift/ctx.c, cq_of) */
+	 * poll, which keeps its cq (dp/poll.c, cq_of) */
 	bool split_cqs;
 	struct shift_dqp *fo[SHIFT_MAX_FO]; /* the failed-over QPs (slow path) */
 	int nfo;
@@ -79,7 +79,7 @@ struct shift_ctx {
 	 * been ACTIVE (ms, 0 = active), and whether any is down now */
 	uint64_t port_down_since[SHIFT_WATCH_PORTS + 1];
 	bool ports_down;
-	/* pokes (background thread only, failover.c): the values last read
+	/* pokes (background thread only, fo/poke.c): the values last read
 	 * under the poke keys of this context's default GIDs */
 	struct shift_poke {
 		union ibv_gid gid;
@@ -90,7 +90,7 @@ struct shift_ctx {
 	uint64_t poke_at;
 };
 
-/* The contexts SHIFT manages, for the data path's lookup (shift/ctx.c). */
+/* The contexts SHIFT manages, for the data path's lookup (dp/ctx.c). */
 extern struct shift_ctx *shift_ctx_tab[SHIFT_MAX_CTX];
 
 /*

@@ -25,7 +25,7 @@
  *
  * The fast paths test one bound each: sq_limit (rq_limit) is above sq_head
  * (rq_head) only while the mirror has room and the QP is in the Default
- * state. Leaving Default zeroes both (shift_dqp_state_changed(), under
+ * state. Leaving Default zeroes both (shift_dqp_set_send_state(), under
  * post_lock), so the next post takes the slow path; a sync computes them
  * again for the state it finds.
  *
@@ -174,7 +174,7 @@ struct shift_dqp {
 	uint32_t max_inline;
 	uint32_t max_recv_sge;
 
-	/* failover (shift/failover.c), under the CQs' dp_lock */
+	/* failover (shift/fo/), under the CQs' dp_lock */
 	struct shift_qp *shadow;      /* its shadow (backup QP, peer attributes) */
 	struct shift_cq *scq, *rcq;   /* shadows of its send and receive CQs */
 	struct ibv_cq *scq_app, *rcq_app; /* ... and the application's CQs they shadow */
@@ -187,7 +187,7 @@ struct shift_dqp {
 	struct { uint32_t app, bk; } rkeys[16]; /* remote key translations */
 	unsigned nrkeys;
 
-	/* failback (shift/failover.c), under the CQs' dp_lock */
+	/* failback (shift/fo/failback.c), under the CQs' dp_lock */
 	uint8_t dflt;                 /* SHIFT_DFLT_*: the default QP's condition */
 	uint64_t probe_at;            /* next reset + probe (ms; passes in sync mode) */
 	unsigned probe_fails;         /* consecutive failed probes (backoff) */
@@ -201,7 +201,7 @@ struct shift_dqp {
 	/* the default (backup) QP went to ERR with an RDMA READ outstanding,
 	 * maybe inside its response: soft-RoCE keeps its completer's
 	 * read-response state across a reset, so the first ACK of any other
-	 * WR fails the QP silently (see failover.c, stale_read_state). The
+	 * WR fails the QP silently (see fo/failback.c, stale_read_state). The
 	 * QP's next WR is then an empty RDMA READ, whose response clears it. */
 	bool dflt_rd_stale, bk_rd_stale;
 	/* failover episodes: failover number k runs on backup QPs reset at
@@ -220,7 +220,7 @@ struct shift_dqp {
 	unsigned bk_probe_fails;      /* probe_fails when the backup failed */
 	uint64_t kv_at;               /* next read of the peer's record (fb clock) */
 	int8_t kv_pref;               /* this pass's batched read: 1 read, -1 none, 0 not made */
-	/* return episodes (failover.c): the backup failed while the default
+	/* return episodes (fo/return.c): the backup failed while the default
 	 * path works; both ends go back to the default QPs, handshaking
 	 * through the KV store */
 	unsigned long ret_ep;         /* the failover number of my last return ... */
@@ -330,7 +330,8 @@ static inline uint32_t shift_dqp_consumers_posted(const struct shift_dqp *d)
  * the state machine): each checks the change against the transition table,
  * counts it and logs it at debug level. A send state change also shuts the
  * fast paths' bounds: they are computed again, for the new state, at the
- * next post. Send changes happen with post_lock held.
+ * next post. Send changes happen with post_lock held, or, when the
+ * failover layer gives a QP up, under its CQs' dp_lock.
  */
 void shift_dqp_set_send_state(struct shift_dqp *d, enum shift_send_state to, const char *why);
 void shift_dqp_set_recv_state(struct shift_dqp *d, enum shift_recv_state to, const char *why);

@@ -21,7 +21,7 @@
  * (shift_dqp_transitions()) and logged at debug level; an illegal change is
  * logged as an error and counted in shift_dqp_illegal_transitions(), which
  * the campaigns and tests require to stay 0. Setting the state a QP is in
- * already is no change. Send changes happen with post_lock held.
+ * already is no change.
  */
 #ifndef SHIFT_DP_STATE_H
 #define SHIFT_DP_STATE_H

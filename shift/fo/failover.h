@@ -1,5 +1,6 @@
 /*
- * Failover of application QPs to their backup QPs (see failover.c).
+ * The failover layer's interface (shift/fo/: start.c and the files it
+ * names; docs/architecture.md).
  */
 #ifndef SHIFT_FAILOVER_H
 #define SHIFT_FAILOVER_H

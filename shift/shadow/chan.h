@@ -1,5 +1,5 @@
 /*
- * Completion channels across a failover (shift/chan.c).
+ * Completion channels across a failover (shift/shadow/chan.c).
  *
  * Once a QP failed over, its completions arrive on the backup CQ, which
  * lives on the backup NIC's context and reports to its own backup channel

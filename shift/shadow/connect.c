@@ -347,7 +347,7 @@ void shift_replay_qp(struct shift_rnic *r, struct shift_qp *q)
 }
 
 /*
- * Re-arm a backup QP after a failback (shift/failover.c): its receive queue
+ * Re-arm a backup QP after a failback (shift/fo/): its receive queue
  * still holds receives the application has since reposted on the default
  * QP, and its control receive was consumed by the handshake. Reset it and
  * connect it again, with PSNs advanced by gen (both ends use the same gen:

@@ -50,7 +50,7 @@ struct shift_ep_value {
 int shift_exchange_ep_encode_ex(const struct shift_ep_value *v, char *buf, size_t cap);
 int shift_exchange_ep_decode_ex(const char *s, size_t len, struct shift_ep_value *v);
 /* Where the ends that need a NIC's peers to read their records say so
- * (a failover the peer never saw, see failover.c's poke) */
+ * (a failover the peer never saw, see fo/poke.c) */
 int shift_exchange_poke_key(const union ibv_gid *gid, char *buf, size_t cap);
 int shift_exchange_mr_key(const union ibv_gid *gid, uint32_t rkey, char *buf,
 			  size_t cap);

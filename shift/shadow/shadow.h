@@ -4,7 +4,7 @@
  * on a backup NIC of the same host by one background thread per RNIC
  * (shift_rnic). Backup QP and MR attributes are exchanged with the peer
  * through the key-value store, keyed by what the application already
- * exchanged (its default GID and QPN, its rkeys): shift/exchange.c.
+ * exchanged (its default GID and QPN, its rkeys): shadow/exchange.c.
  *
  * The objects themselves, and which lock guards which field, are in
  * types.h. The code: record.c (the application's side), replay.c (the
@@ -51,7 +51,7 @@ void shift_shadow_qp_modified(struct shift_rnic *r, struct ibv_qp *qp,
 void shift_shadow_qp_gone(struct shift_rnic *r, struct ibv_qp *qp);
 
 /* Reset and reconnect a backup QP after a failback, PSNs advanced by gen
- * (shift/failover.c; on the RNIC's thread). 0 or -1. */
+ * (shift/fo/; on the RNIC's thread). 0 or -1. */
 int shift_shadow_rearm(struct shift_rnic *r, struct shift_qp *q, unsigned gen);
 
 /*

@@ -69,11 +69,11 @@ struct shift_cq {
 	struct ibv_cq *bk;           /* thread-owned */
 	struct ibv_comp_channel *bk_channel;
 	unsigned synth_events;       /* backup events reported as the app CQ's,
-				      * not acked yet (atomic; shift/chan.c) */
+				      * not acked yet (atomic; shadow/chan.c) */
 	enum shift_shadow_state state; /* (L) */
 	bool dead;                   /* (L) */
 
-	/* data path after a failover (shift/failover.c), under dp_lock:
+	/* data path after a failover (shift/fo/), under dp_lock:
 	 * completions kept for the application, in order */
 	pthread_mutex_t dp_lock;
 	struct ibv_wc *kept;
