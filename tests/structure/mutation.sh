@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Mutation test of the data-path state machine (shift/dp/state.c): shows
+# Mutation test of the data-path state machine (shift/dp/state.c, its
+# setters in shift/dp/dqp.c): shows
 # the suite goes red when the state setters or the transition table are
 # broken. The state of a protected QP is written only by
 # shift_dqp_set_send_state() and shift_dqp_set_recv_state(); each mutant
@@ -68,7 +69,7 @@ fi
 [ -f "$copy/shift/dp/state.c" ] || die "$copy/shift/dp/state.c missing after the copy"
 
 # Pristine copies of the files the mutants change, to restore between them.
-mutated_files="shift/dp/state.c"
+mutated_files="shift/dp/state.c shift/dp/dqp.c"
 mkdir -p "$scratch/pristine"
 for f in $mutated_files; do
 	mkdir -p "$scratch/pristine/$(dirname "$f")"
@@ -146,22 +147,26 @@ run_checks() { # prefix
 # of the file the script must change (else the script fails: a mutation
 # that no longer applies must not pass as a killed mutant).
 mutant_list() {
-	mutant a "send setter does not store" shift/dp/state.c \
+	mutant a "send setter does not store" shift/dp/dqp.c \
 		'/__atomic_store_n(&d->send_state, to, __ATOMIC_RELEASE);/d' 1
-	mutant b "send setter does not reset the fast-path bounds" shift/dp/state.c \
+	mutant b "send setter does not reset the fast-path bounds" shift/dp/dqp.c \
 		'/^[[:space:]]*d->[sr]q_limit = 0;[[:space:]]*$/d' 2
-	mutant b-sq "send setter does not reset the send fast path's bound" shift/dp/state.c \
+	mutant b-sq "send setter does not reset the send fast path's bound" shift/dp/dqp.c \
 		'/^[[:space:]]*d->sq_limit = 0;[[:space:]]*$/d' 1
-	mutant b-rq "send setter does not reset the receive fast path's bound" shift/dp/state.c \
+	mutant b-rq "send setter does not reset the receive fast path's bound" shift/dp/dqp.c \
 		'/^[[:space:]]*d->rq_limit = 0;[[:space:]]*$/d' 1
 	mutant c "table: WaitSignaled may not go to WaitDrained" shift/dp/state.c \
 		's/\[SHIFT_SEND_WAIT_SIGNALED\] = TO(SHIFT_SEND_WAIT_DRAINED) | /[SHIFT_SEND_WAIT_SIGNALED] = /' 1
 	mutant c2 "table: WaitDrained may not go to Default" shift/dp/state.c \
 		's/\[SHIFT_SEND_WAIT_DRAINED\] = TO(SHIFT_SEND_DEFAULT) | /[SHIFT_SEND_WAIT_DRAINED] = /' 1
-	mutant d "receive setter does not store" shift/dp/state.c \
+	mutant d "receive setter does not store" shift/dp/dqp.c \
 		'/__atomic_store_n(&d->recv_state, to, __ATOMIC_RELEASE);/d' 1
 	mutant e "table: receive Fallback may not go back to Default" shift/dp/state.c \
 		's/\[SHIFT_RECV_FALLBACK\] = TO(SHIFT_RECV_DEFAULT),/[SHIFT_RECV_FALLBACK] = 0,/' 1
+	mutant f "episode table: a wait for the peer's backup may not end" shift/dp/state.c \
+		's/\[SHIFT_EP_WAIT_PEER\] = TO(SHIFT_EP_RUNNING),/[SHIFT_EP_WAIT_PEER] = 0,/' 1
+	mutant g "episode setter does not store" shift/dp/dqp.c \
+		'/^[[:space:]]*d->ep_wait = to;[[:space:]]*$/d' 1
 }
 
 mutate() { # file sed-script expected-changed-lines
