@@ -15,6 +15,7 @@
 #include "shift/shadow/chan.h"
 #include "shift/fo/failover.h"
 
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -60,14 +61,22 @@ static const struct shift_dp_upcalls upcalls = {
 	.cq_armed = shift_chan_arm_backup,
 };
 
+/* Once, before the first context is attached (pthread_once orders these
+ * writes before every reader: no data path runs before an attach). */
+static void install_upcalls(void)
+{
+	shift_dp_set_upcalls(&upcalls);
+	shift_shadow_set_background(shift_failover_background);
+}
+
 struct ibv_context *shift_ibv_open_device(struct ibv_device *device)
 {
+	static pthread_once_t upcalls_once = PTHREAD_ONCE_INIT;
 	struct ibv_context *ctx = L->open_device(device);
 	struct shift_ctx *s;
 
 	if (ctx) {
-		shift_dp_set_upcalls(&upcalls);
-		shift_shadow_set_background(shift_failover_background);
+		pthread_once(&upcalls_once, install_upcalls);
 		s = shift_ctx_attach(ctx); /* on failure: unprotected, logged */
 		if (s) {
 			shift_vctx_take(s);

@@ -240,7 +240,7 @@ static void background(struct shift_ctx *s)
 	 * poll of the application can still be inside the fast path (it is a
 	 * few hundred instructions), so the default CQ is ours under dp_lock.
 	 */
-	uint64_t now = fo_fb_now();
+	uint64_t now = shift_clock_ms();
 	watch_ports(s, now);
 	fo_poke_read(s, now);
 	for (int i = 0; i < SHIFT_DQP_BUCKETS; i++) {
@@ -256,7 +256,7 @@ static void background(struct shift_ctx *s)
 
 	/* failback: probes, switching back, re-arming the backup */
 	shift_clock_tick();
-	uint64_t fbt = fo_fb_now();
+	uint64_t fbt = shift_clock_ms();
 	int nfo = __atomic_load_n(&s->nfo, __ATOMIC_ACQUIRE);
 	fo_ep_prefetch(s, nfo, fbt);
 	for (int i = 0; i < nfo; i++) {

@@ -1,24 +1,14 @@
 /*
- * What every part of failover shares: its clocks, the context's list of
+ * What every part of failover shares: the probe wait, the context's list of
  * failed-over QPs, the completions kept for the application, the failed-over
  * QP of a backup QPN, key translation and posting a mirrored WR on the
  * backup (or default) QP.
  */
 #include "shift/fo/fo_int.h"
 
-/* ---- time ------------------------------------------------------------- */
-
-uint64_t fo_mono_us(void)
-{
-	return shift_clock_us();
-}
-
-/* The failback clock (ms of shift_clock; a driver's logical clock counts
- * background passes instead, base/clock.h). */
-uint64_t fo_fb_now(void)
-{
-	return shift_clock_ms();
-}
+/* ---- time ------------------------------------------------------------- *
+ * Every time is shift_clock's (base/clock.h): ms for the failback clock,
+ * us for switch times; a driver's logical clock counts background passes. */
 
 /* Wait before the next probe of a failed default path: the probe period,
  * doubled per failed probe up to 8 periods, and doubled again per switch

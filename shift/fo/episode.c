@@ -239,7 +239,7 @@ void fo_poke_peer(struct shift_ctx *s, struct shift_dqp *d)
 	    shift_exchange_poke_key(&d->shadow->peer_key.gid, key, sizeof(key)) < 0)
 		return;
 	n = snprintf(val, sizeof(val), "%u.%lu.%llu", d->qpn, d->failovers,
-		     (unsigned long long)fo_mono_us());
+		     (unsigned long long)shift_clock_us());
 	if (n < 0 || (size_t)n >= sizeof(val) || shift_kv_put(r->kv, key, val, (size_t)n, 0))
 		return; /* (again at the next pass) */
 	d->poked_ep = d->failovers;

@@ -157,7 +157,7 @@ static void fallback_again(struct shift_dqp *d)
 
 	shift_dqp_set_send_state(d, SHIFT_SEND_FALLBACK, "the default path failed again");
 	d->dflt = SHIFT_DFLT_ERR;
-	d->probe_at = fo_fb_now() + fo_probe_wait(d);
+	d->probe_at = shift_clock_ms() + fo_probe_wait(d);
 	for (uint64_t i = first; i < d->sq_head; i++) {
 		if (fo_post_bk_send(d, i)) {
 			fo_give_up(d, "cannot post a WR on the backup QP");
@@ -300,7 +300,7 @@ void fo_on_default_ctrl(struct shift_ctx *s, struct shift_dqp *d, struct ibv_wc 
 		} else {
 			d->dflt = SHIFT_DFLT_ERR;
 			d->probe_fails++;
-			d->probe_at = fo_fb_now() + fo_probe_wait(d);
+			d->probe_at = shift_clock_ms() + fo_probe_wait(d);
 			shift_debug("%s QP %u: probe failed (%d)", d->dev, d->qpn, (int)wc->status);
 		}
 		return;

@@ -48,8 +48,6 @@ struct out {
 	struct out *up; /* the caller's, when filtering inside a drain */
 };
 
-uint64_t fo_mono_us(void);
-uint64_t fo_fb_now(void);
 uint64_t fo_probe_wait(const struct shift_dqp *d);
 int fo_add(struct shift_ctx *s, struct shift_dqp *d);
 void fo_remove(struct shift_ctx *s, struct shift_dqp *d);

@@ -103,7 +103,7 @@ void fo_retransmit(struct shift_dqp *d, struct out *o)
 		}
 	}
 	shift_dqp_unlock(d);
-	d->switch_us = fo_mono_us() - d->t_error_us;
+	d->switch_us = shift_clock_us() - d->t_error_us;
 	shift_info("%s QP %u: on backup QP %u (failover %lu): %lu WRs retransmitted, %llu already "
 		   "executed at the peer completed, switch time %llu us", d->dev, d->qpn, d->bk->qp_num,
 		   d->failovers, d->retransmitted - before, (unsigned long long)skipped,

@@ -93,7 +93,7 @@ static void backup_failed(struct shift_dqp *d, struct ibv_wc *wc)
 	if (!d->bk_error)
 		d->bk_probe_fails = d->probe_fails;
 	d->bk_error = true;
-	d->bk_error_at = fo_fb_now();
+	d->bk_error_at = shift_clock_ms();
 	d->kv_at = 0;
 }
 
@@ -118,7 +118,7 @@ static void app_completion(struct shift_dqp *d, struct ibv_wc *wc, struct out *o
 		shift_dqp_retire(d, wc);
 		d->bk_restarts = 0; /* the backup path works */
 		if (!d->fallback_us && d->t_error_us) {
-			d->fallback_us = fo_mono_us() - d->t_error_us;
+			d->fallback_us = shift_clock_us() - d->t_error_us;
 			if (!d->fallback_us)
 				d->fallback_us = 1;
 			shift_info("%s QP %u: failover-timing dev=%s qp=%u switch_us=%llu fallback_us=%llu",

@@ -286,11 +286,11 @@ static void stop_default(struct shift_ctx *s, struct shift_dqp *d, bool again)
 	shift_dqp_set_recv_state(d, SHIFT_RECV_FALLBACK, "failover");
 	shift_dqp_unlock(d);
 	shift_lower->modify_qp(d->qp, &a, IBV_QP_STATE);
-	d->t_error_us = fo_mono_us();
+	d->t_error_us = shift_clock_us();
 	d->switch_us = d->fallback_us = 0;
 	d->dflt = SHIFT_DFLT_ERR;
 	d->probe_fails = 0;
-	d->probe_at = fo_fb_now() + fo_probe_wait(d);
+	d->probe_at = shift_clock_ms() + fo_probe_wait(d);
 	d->notify_pending = false;
 	d->notify_inflight = false; /* (its flush, if any, is SHIFT's) */
 	d->notify_sent = false;     /* (the peer resets its default QP again) */
@@ -364,7 +364,7 @@ int fo_start(struct shift_ctx *s, struct shift_dqp *d, struct out *o,
 			d->bk_rd_stale = true;
 	}
 	d->failovers++;
-	d->wait_since = fo_fb_now();
+	d->wait_since = shift_clock_ms();
 	if (again && !fo_peer_old_dead(d) && (fo_ep_read(s, d), !fo_peer_old_dead(d))) {
 		/* the peer's old backup may still send: reset mine only once
 		 * it has stopped it (it follows my record) */

@@ -209,7 +209,7 @@ static bool replay_qp_describe(struct shift_rnic *r, struct shift_qp *q,
 	}
 	q->my_key.qpn = q->app_qpn;
 	q->my_bk.qpn = q->bk->qp_num;
-	q->my_bk.psn = (uint32_t)(now_ms() * 2654435761u + q->bk->qp_num) & 0xffffff;
+	q->my_bk.psn = (uint32_t)(shift_clock_ms() * 2654435761u + q->bk->qp_num) & 0xffffff;
 	q->my_bk.mtu = (app_mask & IBV_QP_PATH_MTU) && app->path_mtu < pa.active_mtu ?
 			       app->path_mtu : pa.active_mtu;
 	q->peer_key.gid = app->ah_attr.grh.dgid;
@@ -240,7 +240,7 @@ static bool replay_qp_publish(struct shift_rnic *r, struct shift_qp *q,
 				"put"))
 		return false;
 	q->published = true;
-	q->waiting_since_ms = now_ms();
+	q->waiting_since_ms = shift_clock_ms();
 	/* MRs become findable under this GID too */
 	if (gid_slot(r, &q->my_key.gid) < 0)
 		shift_warn("%s: more than %d GIDs in use: MRs published under the first ones",
@@ -263,7 +263,7 @@ static bool replay_qp_peer(struct shift_rnic *r, struct shift_qp *q)
 	if (!shift_shadow_kv_ok(r, rc, "get"))
 		return false;
 	if (rc == -ENOENT) {
-		if (!q->warned_peer && now_ms() - q->waiting_since_ms > shift_config.peer_warn_ms) {
+		if (!q->warned_peer && shift_clock_ms() - q->waiting_since_ms > shift_config.peer_warn_ms) {
 			q->warned_peer = true;
 			shift_warn("%s: QP %u: the peer (QPN %u) has published no backup "
 				   "after %d s (peer without SHIFT?): unprotected until it does",

@@ -178,9 +178,9 @@ static void *rnic_main(void *arg)
 		r->dirty = false;
 		pthread_mutex_unlock(&r->lock);
 		int left = work || r->bk_ctx ? shift_rnic_pass(r) : 0;
-		if (now_ms() - last_status > 1000 || work) {
+		if (shift_clock_ms() - last_status > 1000 || work) {
 			shift_status_write(r);
-			last_status = now_ms();
+			last_status = shift_clock_ms();
 		}
 		pthread_mutex_lock(&r->lock);
 		if (r->stop || r->dirty)
@@ -204,6 +204,18 @@ static void *rnic_main(void *arg)
 	return NULL;
 }
 
+/* Stop r's thread, if it runs, and wait for it. */
+static void stop_thread(struct shift_rnic *r)
+{
+	pthread_mutex_lock(&r->lock);
+	r->stop = true;
+	pthread_cond_signal(&r->kick);
+	pthread_mutex_unlock(&r->lock);
+	if (r->thread_started)
+		pthread_join(r->thread, NULL);
+	r->thread_started = false;
+}
+
 static void shadow_atexit(void)
 {
 	for (int i = 0; i < SHIFT_MAX_CTX; i++) {
@@ -212,13 +224,7 @@ static void shadow_atexit(void)
 		pthread_mutex_unlock(&rnics_lock);
 		if (!r)
 			continue;
-		pthread_mutex_lock(&r->lock);
-		r->stop = true;
-		pthread_cond_signal(&r->kick);
-		pthread_mutex_unlock(&r->lock);
-		if (r->thread_started)
-			pthread_join(r->thread, NULL);
-		r->thread_started = false;
+		stop_thread(r);
 		if (r->kv)
 			shift_kv_delete_own(r->kv);
 		shift_status_remove(r);
@@ -262,12 +268,7 @@ void shift_rnic_stop(struct shift_rnic *r)
 {
 	if (!r)
 		return;
-	pthread_mutex_lock(&r->lock);
-	r->stop = true;
-	pthread_cond_signal(&r->kick);
-	pthread_mutex_unlock(&r->lock);
-	if (r->thread_started)
-		pthread_join(r->thread, NULL);
+	stop_thread(r);
 	shift_status_remove(r);
 	pthread_mutex_lock(&rnics_lock);
 	rnics[r->sctx->slot] = NULL;

@@ -24,11 +24,6 @@ static inline void stat_add(unsigned long *c, long d)
 	__atomic_fetch_add(c, (unsigned long)d, __ATOMIC_RELAXED);
 }
 
-static inline uint64_t now_ms(void)
-{
-	return shift_clock_ms();
-}
-
 /* record.c: mark q unprotected for why (rnic->lock held; counted once). */
 void shift_qp_unprotected_locked(struct shift_qp *q, const char *why);
 
