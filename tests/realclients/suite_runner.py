@@ -24,6 +24,10 @@ the suite's files:
   A segfault the kernel logs (/dev/kmsg) while a test runs, in the worker or
   a process it forked (the rdma_cm tests fork both sides), makes that test a
   "crash" too: the suite itself ignores children killed by a signal.
+- Diagnostics only (outcomes unchanged): a test's stdout, with its forked
+  processes', is collected per test, and the rdma_cm sides' "Player ... got:"
+  lines are added to the test's message; when the suite terminates a forked
+  process it found stuck, a gdb backtrace of that process goes to stderr first.
 
 Output, one JSON object a line, flushed as it happens (the host follows it):
   {"ev": "start", "i", "id", "t"}
@@ -143,6 +147,34 @@ def outcome_of(result):
     return "pass", ""
 
 
+PLAYER = re.compile(r"^Player (active|passive) got: ")
+
+
+class CapturedStdout:
+    """fd 1 of the worker, and of every process a test forks, goes to a file
+    for the test's duration (so the rdma_cm sides' messages belong to their
+    test), then is copied to the real stdout."""
+
+    def __enter__(self):
+        import tempfile
+        sys.stdout.flush()
+        self.f = tempfile.TemporaryFile()
+        self.saved = os.dup(1)
+        os.dup2(self.f.fileno(), 1)
+        return self
+
+    def __exit__(self, *exc):
+        sys.stdout.flush()
+        os.dup2(self.saved, 1)
+        os.close(self.saved)
+        self.f.seek(0)
+        data = self.f.read()
+        self.f.close()
+        os.write(1, data)
+        self.text = data.decode(errors="replace")
+        return False
+
+
 def worker(args):
     import faulthandler
     import unittest
@@ -164,9 +196,12 @@ def worker(args):
         print("=== realclients: start %s" % t.id(), file=sys.stderr, flush=True)
         t0 = time.monotonic()
         res = unittest.TestResult()
-        t(res)
+        with CapturedStdout() as cap:
+            t(res)
         outcome, msg = outcome_of(res)
-        sys.stdout.flush()
+        players = [l.strip() for l in cap.text.splitlines() if PLAYER.match(l)]
+        if players:  # what the forked rdma_cm sides raised: the test only says "Exception in ..."
+            msg = (msg + " | " + " | ".join(players))[:600]
         print("=== realclients: end %s %s" % (t.id(), outcome), file=sys.stderr, flush=True)
         ev.write(json.dumps({"ev": "end", "i": i, "id": t.id(), "outcome": outcome,
                              "dur": round(time.monotonic() - t0, 3), "msg": msg,
