@@ -198,8 +198,17 @@ def write_doc(r, path):
                r.get("command"), r.get("commit"), r.get("started"), r.get("duration", 0),
                (", %d testbed reboot(s): %s" % (len(r["reboots"]), "; ".join(x["why"] for x in r["reboots"])))
                if r.get("reboots") else "")]
+    out.append("How to run:\n")
+    out.append("    ctest --test-dir build -L realclients --output-on-failure    # what CI runs (scripts/test)")
+    out.append("    tests/realclients/tier --ci --doc docs/realclients.md          # the same, and rewrite this file")
+    out.append("    scripts/testbed up; tests/realclients/tier --parts a,d --modes plain,shift-preload   # a subset, testbed kept up")
+    out.append("    tests/realclients/tier --render build/testbed/realclients/results.json --doc docs/realclients.md\n")
+    out.append("Outcome words: pass, FAIL, ERROR (the test's own verdicts), skip, HANG (no end within the per-test "
+               "timeout: killed, backtraces in the log), CRASH (the test process or a process it forked died "
+               "by a signal). Results and logs: `$SHIFT_TESTBED_DIR/realclients/` (results.json, logs/).\n")
     t = r.get("timings", {})
     if t:
+        out.append("Wall time per part and mode (measured in this run, host shared with other work: see the load note in the report):\n")
         out.append("| part | " + " | ".join(MODES) + " |")
         out.append("|---|---|---|---|")
         for p in sorted(t):

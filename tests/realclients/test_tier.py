@@ -118,6 +118,21 @@ class Rules(unittest.TestCase):
         self.assertEqual(d[0]["plain"], "0/1 rc 0")
 
 
+    def test_first_frames_of_the_crashing_thread(self):
+        bt = "\n".join([
+            "== /tmp/core.rdma_server.1",
+            "Program terminated with signal SIGSEGV, Segmentation fault.",
+            "#0  0x00007f in ibv_reg_mr_iova2 () from /usr/lib/libibverbs.so.1",
+            "Thread 2 (Thread 0x1 (LWP 2)):",
+            "#0  __GI___lll_lock_wake (futex=0x5) at ./nptl/lowlevellock.c:64",
+            "Thread 1 (Thread 0x2 (LWP 3)):",
+            "#0  0x00007f in ibv_reg_mr_iova2 () from /usr/lib/libibverbs.so.1",
+            "#1  0x00007e in replay_mr (m=0x5) at /w/shift/shadow/replay.c:122",
+            "#2  shift_rnic_pass (r=r@entry=0x5) at /w/shift/shadow/replay.c:258"])
+        self.assertEqual(tier.first_frames({"backtraces": {"B": bt}}),
+                         " [SIGSEGV: ibv_reg_mr_iova2 < replay_mr replay.c:122 < shift_rnic_pass replay.c:258]")
+
+
 class Report(unittest.TestCase):
     def test_doc_renders(self):
         plain = suite(t_a="pass", t_b="skip")
