@@ -118,8 +118,8 @@ int shift_ibv_query_gid(struct ibv_context *context, uint8_t port_num,
 	return L->query_gid(context, port_num, index, gid);
 }
 
-/* Is this an event about one QP that SHIFT may hide (it fails that QP
- * over instead)? NCCL aborts on these. */
+/* Is this an event about one QP's failure (NCCL aborts on these)? SHIFT
+ * hides it when it fails that QP over instead (shift_failover_hides_event). */
 static bool qp_error_event(enum ibv_event_type t)
 {
 	return t == IBV_EVENT_QP_FATAL || t == IBV_EVENT_QP_REQ_ERR ||
@@ -135,8 +135,7 @@ int shift_ibv_get_async_event(struct ibv_context *context,
 		if (rc || !qp_error_event(event->event_type))
 			return rc;
 		struct shift_dqp *d = shift_dqp_of_qp(event->element.qp);
-		if (!d || d->send_state == SHIFT_SEND_UNPROTECTED || !d->shadow ||
-		    __atomic_load_n(&d->shadow->state, __ATOMIC_ACQUIRE) != SHIFT_SHADOW_READY)
+		if (!d || !shift_failover_hides_event(d, event->event_type))
 			return rc;
 		/* SHIFT fails this QP over; the application never hears of it */
 		shift_info("%s QP %u: async event '%d' handled by SHIFT, not passed on", d->dev,
@@ -330,36 +329,53 @@ struct ibv_qp *shift_ibv_create_qp(struct ibv_pd *pd,
 	return qp;
 }
 
+/* A QP SHIFT protects (an unprotected one is passed through untouched). */
+static struct shift_dqp *protected_dqp(struct ibv_qp *qp)
+{
+	struct shift_dqp *d = qp && rnic_of(qp->context) ? shift_dqp_of_qp(qp) : NULL;
+	struct shift_qp_info qi;
+
+	if (!d || __atomic_load_n(&d->send_state, __ATOMIC_ACQUIRE) == SHIFT_SEND_UNPROTECTED)
+		return NULL;
+	/* (its shadow gave up: no backup NIC, no backup QP) */
+	if (!shift_shadow_qp_info(qp, &qi) && qi.state == SHIFT_SHADOW_UNPROTECTED)
+		return NULL;
+	return d;
+}
+
 int shift_ibv_modify_qp(struct ibv_qp *qp, struct ibv_qp_attr *attr,
 			int attr_mask)
 {
+	struct shift_dqp *d = protected_dqp(qp);
 	struct ibv_qp_attr fixed;
 	int rc;
 
-	/* a retry count the provider would turn into "forever" (rxe's 7) */
-	if (qp && attr && (attr_mask & IBV_QP_RETRY_CNT) && attr->retry_cnt >= 7 &&
-	    qp->qp_type == IBV_QPT_RC && rnic_of(qp->context)) {
+	/* a retry count the provider would turn into "forever" (rxe's 7), on
+	 * a QP SHIFT protects: it must see the path fail */
+	if (d && attr && (attr_mask & IBV_QP_RETRY_CNT) && attr->retry_cnt >= 7 &&
+	    shift_provider_retry_cnt(qp->context, attr->retry_cnt) != attr->retry_cnt) {
 		fixed = *attr;
 		fixed.retry_cnt = shift_provider_retry_cnt(qp->context, attr->retry_cnt);
 		rc = L->modify_qp(qp, &fixed, attr_mask);
+		if (!rc) {
+			d->app_retry_cnt = attr->retry_cnt;
+			d->retry_cnt_changed = true;
+		}
 	} else {
 		rc = L->modify_qp(qp, attr, attr_mask);
+		if (!rc && d && (attr_mask & IBV_QP_RETRY_CNT))
+			d->retry_cnt_changed = false;
 	}
 	struct shift_rnic *r = !rc && qp ? rnic_of(qp->context) : NULL;
 
-	if (!rc && (attr_mask & IBV_QP_STATE) &&
+	if (!rc && r && (attr_mask & IBV_QP_STATE) &&
 	    (attr->qp_state == IBV_QPS_ERR || attr->qp_state == IBV_QPS_RESET)) {
 		/* the application ends the connection itself (a disconnect):
-		 * what follows is not a failure to hide */
-		struct shift_dqp *d = shift_dqp_of_qp(qp);
+		 * what follows is not a failure to hide, in any state */
+		struct shift_dqp *e = shift_dqp_of_qp(qp);
 
-		if (d) {
-			shift_dqp_lock(d);
-			if (d->send_state == SHIFT_SEND_DEFAULT)
-				shift_dqp_set_send_state(d, SHIFT_SEND_UNPROTECTED,
-							 "the application ended the connection");
-			shift_dqp_unlock(d);
-		}
+		if (e && __atomic_load_n(&e->send_state, __ATOMIC_ACQUIRE) != SHIFT_SEND_UNPROTECTED)
+			shift_failover_app_ended(e, attr->qp_state == IBV_QPS_ERR);
 	}
 
 	if (r)
@@ -370,7 +386,12 @@ int shift_ibv_modify_qp(struct ibv_qp *qp, struct ibv_qp_attr *attr,
 int shift_ibv_query_qp(struct ibv_qp *qp, struct ibv_qp_attr *attr,
 		       int attr_mask, struct ibv_qp_init_attr *init_attr)
 {
-	return L->query_qp(qp, attr, attr_mask, init_attr);
+	int rc = L->query_qp(qp, attr, attr_mask, init_attr);
+	struct shift_dqp *d = !rc && qp && rnic_of(qp->context) ? shift_dqp_of_qp(qp) : NULL;
+
+	if (d)
+		shift_failover_query_qp(d, attr, attr_mask);
+	return rc;
 }
 
 int shift_ibv_destroy_qp(struct ibv_qp *qp)

@@ -103,6 +103,8 @@ struct shift_rwqe {
 	struct ibv_sge sge[];
 };
 
+struct shift_fo_stash; /* (shift/fo/fo_int.h) */
+
 struct shift_dqp {
 	/*
 	 * Hot: what post and poll touch in the Default state, in four cache
@@ -251,6 +253,18 @@ struct shift_dqp {
 	unsigned long poked_ep;       /* my episode I poked the peer for */
 	unsigned long published_ep;   /* my episode my record last said */
 	unsigned followed_ep;         /* the peer's return episode I logged following */
+	/* errors of the application (fo/apperr.c, shift/dp/errclass.h) */
+	struct shift_fo_stash *stash; /* a failover's drain: my errors, judged after it */
+	bool start_unsure;            /* the next failover's trigger may be no path failure */
+	bool cause_probe;             /* looking for the cause of a flush in the other CQ */
+	bool app_ended;               /* the application moved the QP to ERR or RESET */
+	bool dflt_path_err;           /* one of SHIFT's WRs on the default QP failed as a
+				       * path does since its last reset */
+	bool port_was_down;           /* the port watch saw its port down, and the QP
+				       * may have failed with the device since */
+	/* the application's retry_cnt, when SHIFT gave the QP another */
+	bool retry_cnt_changed;
+	uint8_t app_retry_cnt;
 
 	/* statistics (shiftctl, logs) */
 	unsigned long failovers, failbacks, retransmitted;

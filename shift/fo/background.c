@@ -20,6 +20,18 @@ static void background(struct shift_ctx *s);
  * goes to the slow path as soon as the port is seen down, so by then no
  * poll of the application is inside the fast path.
  */
+/* d's port is ACTIVE again: did its QP live through (not in ERR)? Then
+ * its later flushes are no longer the device's (fo_on_error). */
+static void port_back(struct shift_dqp *d)
+{
+	struct ibv_qp_attr a;
+	struct ibv_qp_init_attr ia;
+
+	memset(&a, 0, sizeof(a));
+	if (!shift_lower->query_qp(d->qp, &a, IBV_QP_STATE, &ia) && a.qp_state != IBV_QPS_ERR)
+		d->port_was_down = false;
+}
+
 static void watch_ports(struct shift_ctx *s, uint64_t now_ms)
 {
 	int st[SHIFT_WATCH_PORTS + 1] = { 0 }; /* 0 not asked, 1 active, 2 down */
@@ -60,8 +72,12 @@ static void watch_ports(struct shift_ctx *s, uint64_t now_ms)
 						   "ms");
 				}
 			}
-			if (st[port] == 1)
+			if (st[port] == 1) {
+				if (d->port_was_down)
+					port_back(d);
 				continue;
+			}
+			d->port_was_down = true; /* (its flushes are the device's) */
 			down = true;
 			shift_ctx_set_slow(s, true);
 			if (t - s->port_down_since[port] < limit)
@@ -164,7 +180,9 @@ static void fail_over_refused(struct shift_ctx *s, struct shift_dqp *d, uint64_t
 		struct out o = { .wc = NULL, .n = 0, .max = 0, .c = d->scq };
 
 		shift_info("%s QP %u: failing over on a refused post", d->dev, d->qpn);
-		fo_start(s, d, &o, NULL);
+		/* (its QP may have failed for the application's error: judged
+		 * once its CQs are drained) */
+		fo_start_unsure(s, d, &o, NULL);
 	}
 	d->post_failed = false; /* (a failover holds its WRs now) */
 	fo_unlock_cqs(d);

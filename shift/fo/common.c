@@ -92,6 +92,23 @@ void fo_emit(struct out *o, const struct ibv_wc *wc)
 		shift_err("out of memory keeping a completion: one completion lost");
 }
 
+/* Keep wc at place `at` among c's kept completions (counted from the
+ * oldest): those from there on move one place back. */
+void fo_kept_insert(struct shift_cq *c, uint64_t at, const struct ibv_wc *wc)
+{
+	if (kept_push(c, wc)) {
+		shift_err("out of memory keeping a completion: one completion lost");
+		return;
+	}
+	uint64_t pos = c->kept_tail + at;
+
+	if (pos >= c->kept_head)
+		return; /* (at the end: where kept_push put it) */
+	for (uint64_t i = c->kept_head - 1; i > pos; i--)
+		c->kept[i % c->kept_cap] = c->kept[(i - 1) % c->kept_cap];
+	c->kept[pos % c->kept_cap] = *wc;
+}
+
 /* ---- the failed-over QPs of a context ------------------------------------ */
 
 struct shift_dqp *fo_dqp_of_bk(struct shift_ctx *s, uint32_t bk_qpn)

@@ -122,6 +122,11 @@ void fo_on_ctrl(struct shift_ctx *s, struct shift_dqp *d, struct out *o)
 		}
 		return;
 	}
+	/* (my own failover now; it may find the QP failed for the
+	 * application's error instead: then the answer below) */
+	if (d->send_state == SHIFT_SEND_DEFAULT && fo_start(s, d, o, NULL) &&
+	    d->send_state != SHIFT_SEND_UNPROTECTED)
+		return;
 	if (d->send_state == SHIFT_SEND_UNPROTECTED) {
 		/* the peer waits for my answer: tell it the connection is over
 		 * here (the application closed it, or it cannot be saved) */
@@ -133,8 +138,6 @@ void fo_on_ctrl(struct shift_ctx *s, struct shift_dqp *d, struct out *o)
 		}
 		return;
 	}
-	if (d->send_state == SHIFT_SEND_DEFAULT && fo_start(s, d, o, NULL))
-		return;
 	/* waiting for the peer's backup: its message proves it is ready */
 	if (d->send_state != SHIFT_SEND_UNPROTECTED && !d->ctrl_sent)
 		fo_send_my_ctrl(s, d);

@@ -17,6 +17,8 @@ void fo_from_default(struct shift_ctx *s, struct ibv_wc *wc, struct out *o)
 	if (d && d->failovers && (wc->wr_id & ~0xfull) == (SHIFT_WRID_CTRL_RECV & ~0xfull) &&
 	    (wc->wr_id & 0xf) - 1 < 5) {
 		/* SHIFT's own (probe, notification) never reach the application */
+		if (shift_wc_class(wc->status) == SHIFT_WC_PATH)
+			d->dflt_path_err = true; /* (the cause of later flushes) */
 		if (d->send_state != SHIFT_SEND_UNPROTECTED)
 			fo_on_default_ctrl(s, d, wc, o);
 		return;
@@ -30,24 +32,17 @@ void fo_from_default(struct shift_ctx *s, struct ibv_wc *wc, struct out *o)
 		fo_emit(o, wc);
 		return;
 	}
+	if (d->stash) {
+		/* a failover of d is draining its CQs: judged after the drain */
+		fo_stash_add(d, o->c, wc);
+		return;
+	}
 	/* a flush of a QP already on its backup; unless a direction came
 	 * back to the default QP (my receives) and it failed again */
 	if (d->send_state != SHIFT_SEND_DEFAULT &&
 	    !(d->need_rearm && d->recv_state == SHIFT_RECV_DEFAULT))
 		return;
-	shift_debug("%s QP %u: error completion %d (opcode %d, wr %#llx) starts a failover", d->dev,
-		    d->qpn, (int)wc->status, (int)wc->opcode, (unsigned long long)wc->wr_id);
-	int rc = fo_start(s, d, o, wc);
-
-	if (rc == 0) {
-		if (d->ctrl_pending)
-			fo_on_ctrl(s, d, o);
-		return; /* the error itself is SHIFT's, not the application's */
-	}
-	if (rc == -2)
-		return; /* the connection failed: wc was passed on with the flushes */
-	shift_debug("%s QP %u: error %d passed to the application", d->dev, d->qpn, (int)wc->status);
-	fo_emit(o, wc);
+	fo_on_error(s, d, wc, o);
 }
 
 /* A completion from a backup CQ: SHIFT's own, or one to translate. */
@@ -127,6 +122,8 @@ static void app_completion(struct shift_dqp *d, struct ibv_wc *wc, struct out *o
 		}
 	}
 	fo_emit(o, wc);
+	if (d->app_ended)
+		return; /* (the application ended it: no failback) */
 	if (d->send_state == SHIFT_SEND_WAIT_DRAINED) {
 		shift_dqp_lock(d);
 		shift_dqp_sync_locked(d);

@@ -332,6 +332,25 @@ static bool atomic_in_flight(struct shift_ctx *s, struct shift_dqp *d, struct ou
 	return false;
 }
 
+/* Drain d's default CQs after its QP stopped: its errors and flushes are
+ * judged (fo_judge_start): an application's error among them ends the
+ * failover (nonzero). */
+static int drain_judged(struct shift_ctx *s, struct shift_dqp *d, struct out *o,
+			const struct fo_start_ctx *sc)
+{
+	struct shift_fo_stash st = { .e = NULL };
+
+	d->stash = &st;
+	fo_drain_default(s, d->scq, o);
+	if (d->rcq != d->scq)
+		fo_drain_default(s, d->rcq, o);
+	d->stash = NULL;
+	int rc = fo_judge_start(s, d, o, sc, &st);
+
+	free(st.e);
+	return rc;
+}
+
 /*
  * My side of the handshake: stop the default QP, account for everything it
  * completed, repost my outstanding receives on the backup, and tell the peer
@@ -351,10 +370,14 @@ int fo_start(struct shift_ctx *s, struct shift_dqp *d, struct out *o,
 		return 0;
 	if (start_possible(s, d, o))
 		return -1;
+	struct fo_start_ctx sc = {
+		.err = err, .again = again, .unsure = d->start_unsure, .refused = d->post_failed,
+		.direct = o->n < o->max && o->c->kept_head == o->c->kept_tail,
+		.at = o->c->kept_head - o->c->kept_tail,
+	};
 	stop_default(s, d, again);
-	fo_drain_default(s, d->scq, o);
-	if (d->rcq != d->scq)
-		fo_drain_default(s, d->rcq, o);
+	if (drain_judged(s, d, o, &sc))
+		return -2; /* the application's: as it came */
 	if (atomic_in_flight(s, d, o, err))
 		return -2;
 	if (reads_outstanding(d)) {
