@@ -14,8 +14,7 @@ void fo_from_default(struct shift_ctx *s, struct ibv_wc *wc, struct out *o)
 {
 	struct shift_dqp *d = shift_dqp_by_qpn(s, wc->qp_num);
 
-	if (d && d->failovers && (wc->wr_id & ~0xfull) == (SHIFT_WRID_CTRL_RECV & ~0xfull) &&
-	    (wc->wr_id & 0xf) - 1 < 5) {
+	if (d && d->failovers && shift_dqp_own_kind(d, wc->wr_id)) {
 		/* SHIFT's own (probe, notification) never reach the application */
 		if (shift_wc_class(wc->status) == SHIFT_WC_PATH)
 			d->dflt_path_err = true; /* (the cause of later flushes) */
