@@ -49,6 +49,10 @@ int fo_add(struct shift_ctx *s, struct shift_dqp *d)
 	return rc;
 }
 
+/* a failover of the context was logged as a warning since its list of
+ * failed-over QPs was last empty (fo_first_failover) */
+static bool fo_warned[SHIFT_MAX_CTX];
+
 void fo_remove(struct shift_ctx *s, struct shift_dqp *d)
 {
 	pthread_mutex_lock(&fo_lock);
@@ -57,7 +61,19 @@ void fo_remove(struct shift_ctx *s, struct shift_dqp *d)
 			__atomic_store_n(&s->fo[i], NULL, __ATOMIC_RELEASE);
 	while (s->nfo && !s->fo[s->nfo - 1])
 		s->nfo--;
+	if (!s->nfo)
+		fo_warned[s->slot] = false;
 	pthread_mutex_unlock(&fo_lock);
+}
+
+bool fo_first_failover(struct shift_ctx *s)
+{
+	pthread_mutex_lock(&fo_lock);
+	bool first = !fo_warned[s->slot];
+
+	fo_warned[s->slot] = true;
+	pthread_mutex_unlock(&fo_lock);
+	return first;
 }
 
 /* ---- kept completions ------------------------------------------------- */

@@ -69,6 +69,9 @@ struct shift_fo_stash {
 uint64_t fo_probe_wait(const struct shift_dqp *d);
 int fo_add(struct shift_ctx *s, struct shift_dqp *d);
 void fo_remove(struct shift_ctx *s, struct shift_dqp *d);
+/* Is this the context's first failover to log since none was failed over
+ * (the one logged as a warning)? */
+bool fo_first_failover(struct shift_ctx *s);
 void fo_emit(struct out *o, const struct ibv_wc *wc);
 void fo_kept_insert(struct shift_cq *c, uint64_t at, const struct ibv_wc *wc);
 struct shift_dqp *fo_dqp_of_bk(struct shift_ctx *s, uint32_t bk_qpn);

@@ -436,8 +436,12 @@ int fo_finish_start(struct shift_ctx *s, struct shift_dqp *d, bool reset)
 		if (!fo_peer_armed(d))
 			(void)fo_ep_read(s, d);
 	}
-	shift_info("%s QP %u: failing over to backup QP %u (receive counter %u, failover %lu)",
-		   d->dev, d->qpn, d->bk->qp_num, (uint32_t)d->rq_tail, d->failovers);
+	/* one warning per context while anything of it is failed over (a
+	 * failure of its NIC or path moves all its QPs), the rest at info */
+	enum shift_log_level lv = fo_first_failover(s) ? SHIFT_LOG_WARN : SHIFT_LOG_INFO;
+
+	shift_log(lv, "%s QP %u: failing over to backup QP %u (receive counter %u, failover %lu)",
+		  d->dev, d->qpn, d->bk->qp_num, (uint32_t)d->rq_tail, d->failovers);
 	if (fo_peer_armed(d)) {
 		fo_send_my_ctrl(s, d);
 	} else {

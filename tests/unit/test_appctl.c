@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 #include <cmocka.h>
 
 #include "sim_pair.h"
@@ -413,6 +414,53 @@ static void test_responder_access_event_reaches_app(void **state)
 	assert_int_equal(app_state(&b), IBV_QPS_ERR);
 }
 
+/* ---- quiet by default ---------------------------------------------------- */
+
+/*
+ * At the default log level a whole life (setup, traffic, a NIC failure, the
+ * failover, the failback, teardown) writes one line to stderr per host: the
+ * failover's warning. Nothing else.
+ */
+static void test_quiet_by_default(void **state)
+{
+	char path[] = "/tmp/shift-quiet-XXXXXX", buf[4096];
+	int fd = mkstemp(path), saved = dup(2);
+	struct seen sa = { 0 }, sb = { 0 };
+	(void)state;
+
+	assert_true(fd >= 0 && saved >= 0);
+	unlink(path);
+	test_unsetenv("SHIFT_LOG_LEVEL");
+	fflush(stderr);
+	dup2(fd, 2);
+	sim_pair_open(&pair, &a, &b, "appctl-quiet", 0);
+	sim_pair_connect(&pair);
+	fail_over_a(&sa, &sb);
+	sim_dev_revive(sim_host_dev(pair.host[0], 0));
+	rounds(4000, &sa, &sb);
+	assert_int_equal(shift_dqp_of_qp(a.qp)->failbacks, 1);
+	sim_pair_close(&pair);
+	fflush(stderr);
+	dup2(saved, 2);
+	close(saved);
+	ssize_t n = pread(fd, buf, sizeof(buf) - 1, 0);
+
+	close(fd);
+	assert_true(n >= 0);
+	buf[n] = '\0';
+	print_message("stderr:\n%s", buf);
+	int lines = 0;
+
+	for (char *p = buf; (p = strchr(p, '\n')); p++)
+		lines++;
+	assert_int_equal(lines, 2);
+	assert_non_null(strstr(buf, "shift: warn: "));
+	assert_non_null(strstr(buf, "sim0_0 QP 256: failing over"));
+	assert_non_null(strstr(buf, "sim1_0 QP 256: failing over"));
+	assert_null(strstr(buf, "info"));
+	test_setenv("SHIFT_LOG_LEVEL", "warn");
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -425,6 +473,7 @@ int main(void)
 		cmocka_unit_test(test_retry_cnt_only_on_protected_qps),
 		cmocka_unit_test_setup_teardown(test_responder_access_event_reaches_app, setup,
 						teardown),
+		cmocka_unit_test(test_quiet_by_default),
 	};
 
 	test_setenv("SHIFT_LOG_LEVEL", "warn");
