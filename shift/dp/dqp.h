@@ -265,7 +265,9 @@ struct shift_dqp {
 	struct shift_fo_stash *stash; /* a failover's drain: my errors, judged after it */
 	bool start_unsure;            /* the next failover's trigger may be no path failure */
 	bool cause_probe;             /* looking for the cause of a flush in the other CQ */
-	bool app_ended;               /* the application moved the QP to ERR or RESET */
+	bool app_ended;               /* the application ended it: its ERR or RESET, or its
+				       * error while failed over */
+	bool peer_closed;             /* the peer's record says its application did */
 	bool dflt_path_err;           /* one of SHIFT's WRs on the default QP failed as a
 				       * path does since its last reset */
 	bool port_was_down;           /* the port watch saw its port down, and the QP

@@ -122,8 +122,7 @@ void fo_on_error(struct shift_ctx *s, struct shift_dqp *d, struct ibv_wc *wc, st
 	shift_info("%s QP %u: the application's error (status %d, wr %#llx) on the default QP while "
 		   "sends are on the backup: the connection ends", d->dev, d->qpn, (int)wc->status,
 		   (unsigned long long)wc->wr_id);
-	fo_emit(o, wc);
-	fo_end(s, d, o, true, "the application's error");
+	fo_end_from(s, d, o, wc, "the application's error", 0, 0);
 }
 
 /* ---- an error of the application found by a failover's drain ------------ */
@@ -213,7 +212,8 @@ int fo_judge_start(struct shift_ctx *s, struct shift_dqp *d, struct out *o,
 	shift_dqp_set_recv_state(d, SHIFT_RECV_DEFAULT, "the application's error");
 	shift_dqp_unlock(d);
 	d->need_rearm = false; /* (its backup was not used) */
-	fo_remove(s, d);
+	if (!d->failovers)
+		fo_remove(s, d);
 	put_back(o, sc, st);
 	if (sc->refused)
 		fo_flush_held(d, o, NULL, d->sq_taken, d->rq_taken);
@@ -249,8 +249,21 @@ static void drop_held(struct shift_dqp *d)
  */
 void fo_end(struct shift_ctx *s, struct shift_dqp *d, struct out *o, bool flush, const char *why)
 {
+	static const struct ibv_wc none;
+
+	fo_end_from(s, d, o, flush ? &none : NULL, why, 0, 0);
+}
+
+/* (fo_end. err: NULL for a reset, else the QP goes to ERR and err, if it
+ * has a status, is handed out after the backup's successes, which came
+ * before it; the WRs before sq_min and rq_min are done with) */
+void fo_end_from(struct shift_ctx *s, struct shift_dqp *d, struct out *o, const struct ibv_wc *err,
+		 const char *why, uint64_t sq_min, uint64_t rq_min)
+{
+	bool flush = err != NULL;
 	bool sends = d->send_state != SHIFT_SEND_DEFAULT;
 	bool recvs = d->recv_state == SHIFT_RECV_FALLBACK;
+	bool failed_over = d->need_rearm;
 
 	d->app_ended = true;
 	if (d->bk && d->need_rearm && (sends || recvs))
@@ -258,6 +271,9 @@ void fo_end(struct shift_ctx *s, struct shift_dqp *d, struct out *o, bool flush,
 	shift_dqp_lock(d);
 	shift_dqp_sync_locked(d);
 	uint64_t sq = sends ? d->sq_tail : d->sq_head, rq = recvs ? d->rq_tail : d->rq_head;
+
+	sq = sq < sq_min ? sq_min : sq;
+	rq = rq < rq_min ? rq_min : rq;
 
 	if (d->post_failed) {
 		sq = sq < d->sq_taken ? sq : d->sq_taken;
@@ -268,12 +284,46 @@ void fo_end(struct shift_ctx *s, struct shift_dqp *d, struct out *o, bool flush,
 	d->post_failed = false;
 	shift_dqp_set_send_state(d, SHIFT_SEND_UNPROTECTED, why);
 	shift_dqp_unlock(d);
-	if (flush)
+	if (flush) {
+		/* the QP the application has is in ERR as plain's would be
+		 * (SHIFT may have reset it for a failback) */
+		struct ibv_qp_attr e = { .qp_state = IBV_QPS_ERR };
+
+		shift_lower->modify_qp(d->qp, &e, IBV_QP_STATE);
+		if (err->status != IBV_WC_SUCCESS)
+			fo_emit(o, err);
 		fo_flush_held(d, o, NULL, sq, rq);
-	else
+	} else {
 		drop_held(d);
-	fo_remove(s, d); /* (the backup's late completions are dropped) */
+	}
+	/* (one that failed over before may have SHIFT's WRs on its default
+	 * QP still: the context stays in the slow poll, which drops them) */
+	if (!d->failovers)
+		fo_remove(s, d);
 	shift_info("%s QP %u: %s: the QP is no longer protected", d->dev, d->qpn, why);
+	/* a peer on its backup learns it from my record (its QP would
+	 * fail on mine in ERR), not after its own backup's time-outs */
+	if (failed_over && d->shadow && !d->peer_closed)
+		fo_ep_publish(s, d);
+}
+
+/*
+ * The application's error on its WR on the backup QP (its key refused by
+ * the peer, its buffer too small...): in its place with the application's
+ * wr_id, after the WRs before it (RC order: they completed), and the
+ * connection ends as on the default QP: the rest flushes.
+ */
+void fo_backup_app_error(struct shift_ctx *s, struct shift_dqp *d, struct ibv_wc *wc,
+			 struct out *o)
+{
+	uint64_t idx = SHIFT_WRID_INDEX(wc->wr_id);
+	bool recv = (wc->wr_id & SHIFT_WRID_RECV) != 0;
+
+	shift_info("%s QP %u: the application's error (status %d) on the backup QP: the "
+		   "connection ends", d->dev, d->qpn, (int)wc->status);
+	d->app_ended = true; /* (no failback step from here) */
+	fo_app_translate(d, wc);
+	fo_end_from(s, d, o, wc, "the application's error", recv ? 0 : idx + 1, recv ? idx + 1 : 0);
 }
 
 void shift_failover_app_ended(struct shift_dqp *d, bool flush)

@@ -289,7 +289,8 @@ static void background(struct shift_ctx *s)
 			continue;
 		fo_lock_cqs(d);
 		fo_failback_work(s, d, fbt);
-		if (d->ep_wait != SHIFT_EP_RUNNING || d->bk_error)
+		if (d->send_state != SHIFT_SEND_UNPROTECTED &&
+		    (d->ep_wait != SHIFT_EP_RUNNING || d->bk_error))
 			__atomic_store_n(&waiting_seen, true, __ATOMIC_RELEASE);
 		fo_unlock_cqs(d);
 	}

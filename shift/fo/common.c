@@ -179,6 +179,39 @@ static int local_keys(struct shift_dqp *d, struct ibv_sge *sge, unsigned n)
 	return 0;
 }
 
+/*
+ * A remote key of the application's that the peer never published (no
+ * backup key for it): on the default path the peer's responder would
+ * reject it, a remote access error. The backup's does the same for a key it
+ * has, aimed at an address no memory region covers (2^63: above every user
+ * address, no overflow for any length): the WR fails on the backup as it
+ * would have on the default QP, in its place, and the peer's backup QP goes
+ * to ERR as its default QP would (fo/apperr.c takes it from there). false
+ * if no backup key of the peer is known yet (the post then fails).
+ */
+static bool reject_remotely(struct shift_dqp *d, uint64_t *raddr, uint32_t *rkey)
+{
+	uint32_t bk;
+
+	/* (a key of the peer's the application used before, its backup key
+	 * looked up: the mirror's ring still holds old WRs) */
+	for (uint32_t i = 0; !d->nrkeys && i < d->sq_size; i++) {
+		struct shift_swqe *e = shift_dqp_swqe(d, i);
+
+		if (e->rkey != *rkey && (e->opcode == IBV_WR_RDMA_WRITE ||
+					 e->opcode == IBV_WR_RDMA_WRITE_WITH_IMM ||
+					 e->opcode == IBV_WR_RDMA_READ || shift_wr_is_atomic(e->opcode)))
+			(void)remote_key(d, e->rkey, &bk);
+	}
+	if (!d->nrkeys)
+		return false;
+	shift_debug("%s QP %u: the peer has no backup key for rkey %u: the WR goes out to be "
+		    "refused, as the default path would", d->dev, d->qpn, *rkey);
+	*raddr = 1ull << 63;
+	*rkey = d->rkeys[0].bk;
+	return true;
+}
+
 /* ---- posting on the backup QP ------------------------------------------ */
 
 /*
@@ -222,8 +255,11 @@ int fo_post_mirrored(struct shift_dqp *d, uint64_t idx, bool dflt)
 		if (!bytes || dflt)
 			wr.wr.rdma.rkey = e->rkey;
 		else if (remote_key(d, e->rkey, &wr.wr.rdma.rkey)) {
-			shift_debug("%s QP %u: no backup rkey for the peer's rkey %u (opcode %u, %lu bytes, flags %x)", d->dev, d->qpn, e->rkey, e->opcode, (unsigned long)bytes, e->send_flags);
-			return -1;
+			wr.wr.rdma.rkey = e->rkey;
+			if (!reject_remotely(d, &wr.wr.rdma.remote_addr, &wr.wr.rdma.rkey)) {
+				shift_debug("%s QP %u: no backup rkey for the peer's rkey %u (opcode %u, %lu bytes, flags %x)", d->dev, d->qpn, e->rkey, e->opcode, (unsigned long)bytes, e->send_flags);
+				return -1;
+			}
 		}
 	}
 	if (shift_wr_is_atomic(e->opcode)) {
@@ -232,7 +268,8 @@ int fo_post_mirrored(struct shift_dqp *d, uint64_t idx, bool dflt)
 		wr.wr.atomic.compare_add = e->compare_add;
 		wr.wr.atomic.swap = e->swap;
 		wr.wr.atomic.rkey = e->rkey;
-		if (!dflt && remote_key(d, e->rkey, &wr.wr.atomic.rkey)) {
+		if (!dflt && remote_key(d, e->rkey, &wr.wr.atomic.rkey) &&
+		    !reject_remotely(d, &wr.wr.atomic.remote_addr, &wr.wr.atomic.rkey)) {
 			shift_debug("%s QP %u: no backup rkey for the peer's rkey %u (atomic)", d->dev, d->qpn,
 				    e->rkey);
 			return -1;

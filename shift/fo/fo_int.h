@@ -147,5 +147,10 @@ int fo_judge_start(struct shift_ctx *s, struct shift_dqp *d, struct out *o,
 int fo_start_unsure(struct shift_ctx *s, struct shift_dqp *d, struct out *o,
 		    const struct ibv_wc *err);
 void fo_end(struct shift_ctx *s, struct shift_dqp *d, struct out *o, bool flush, const char *why);
+void fo_end_from(struct shift_ctx *s, struct shift_dqp *d, struct out *o, const struct ibv_wc *err,
+		 const char *why, uint64_t sq_min, uint64_t rq_min);
+void fo_backup_app_error(struct shift_ctx *s, struct shift_dqp *d, struct ibv_wc *wc,
+			 struct out *o);
+void fo_app_translate(struct shift_dqp *d, struct ibv_wc *wc);
 
 #endif /* SHIFT_FO_INT_H */

@@ -93,7 +93,8 @@ static void backup_failed(struct shift_dqp *d, struct ibv_wc *wc)
 
 /* An application WR completed on the backup QP: its wr_id and QP number
  * back, retired, handed out; the fence's completion switches back. */
-static void app_completion(struct shift_dqp *d, struct ibv_wc *wc, struct out *o)
+/* A backup completion of the application's WR: its wr_id and QP number. */
+void fo_app_translate(struct shift_dqp *d, struct ibv_wc *wc)
 {
 	uint64_t idx = SHIFT_WRID_INDEX(wc->wr_id);
 
@@ -108,6 +109,11 @@ static void app_completion(struct shift_dqp *d, struct ibv_wc *wc, struct out *o
 			wc->opcode = fo_send_wc_opcode(e->opcode);
 	}
 	wc->qp_num = d->qpn;
+}
+
+static void app_completion(struct shift_dqp *d, struct ibv_wc *wc, struct out *o)
+{
+	fo_app_translate(d, wc);
 	if (wc->status == IBV_WC_SUCCESS) {
 		shift_dqp_retire(d, wc);
 		d->bk_restarts = 0; /* the backup path works */
@@ -140,6 +146,8 @@ static void from_backup(struct shift_ctx *s, struct ibv_wc *wc, struct out *o, b
 {
 	struct shift_dqp *d = fo_dqp_of_bk(s, wc->qp_num);
 
+	if (d && d->app_ended && !d->bk_flushing)
+		return; /* (the application ended it: fo_end() took what was there) */
 	if (wc->wr_id == SHIFT_WRID_CTRL_RECV) {
 		ctrl_received(s, d, wc, o, app);
 		return;
@@ -160,6 +168,12 @@ static void from_backup(struct shift_ctx *s, struct ibv_wc *wc, struct out *o, b
 		return;
 	}
 	if (wc->status != IBV_WC_SUCCESS && d->send_state != SHIFT_SEND_UNPROTECTED) {
+		/* the application's error on a WR of its own, this episode */
+		if (shift_wc_class(wc->status) == SHIFT_WC_APP && (wc->wr_id & SHIFT_WRID_DATA) &&
+		    SHIFT_WRID_GEN_OF(wc->wr_id) == d->bk_gen && !d->bk_flushing && !d->bk_error) {
+			fo_backup_app_error(s, d, wc, o);
+			return;
+		}
 		backup_failed(d, wc);
 		return;
 	}
