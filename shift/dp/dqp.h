@@ -268,6 +268,9 @@ struct shift_dqp {
 	bool app_ended;               /* the application ended it: its ERR or RESET, or its
 				       * error while failed over */
 	bool peer_closed;             /* the peer's record says its application did */
+	uint64_t doomed;              /* 1 + the sq index of the application's WR whose
+				       * remote key the peer never had, 0: none (it
+				       * completes as refused, fo/common.c) */
 	bool dflt_path_err;           /* one of SHIFT's WRs on the default QP failed as a
 				       * path does since its last reset */
 	bool port_was_down;           /* the port watch saw its port down, and the QP

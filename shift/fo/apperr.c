@@ -111,17 +111,17 @@ void fo_on_error(struct shift_ctx *s, struct shift_dqp *d, struct ibv_wc *wc, st
 		path_failure(s, d, wc, o);
 		return;
 	}
-	if (d->send_state == SHIFT_SEND_DEFAULT) {
+	if (d->send_state == SHIFT_SEND_DEFAULT && d->recv_state == SHIFT_RECV_DEFAULT) {
 		unprotect(s, d, o, wc, wc->status == IBV_WC_WR_FLUSH_ERR ?
 			  "the QP went to ERR with its device up, no path failure" :
 			  "the application's error");
 		return;
 	}
-	/* my sends are on the backup: the connection ends for the
+	/* a direction is on the backup still: the connection ends for the
 	 * application, its other WRs flush after this */
 	shift_info("%s QP %u: the application's error (status %d, wr %#llx) on the default QP while "
-		   "sends are on the backup: the connection ends", d->dev, d->qpn, (int)wc->status,
-		   (unsigned long long)wc->wr_id);
+		   "a direction is on the backup: the connection ends", d->dev, d->qpn,
+		   (int)wc->status, (unsigned long long)wc->wr_id);
 	fo_end_from(s, d, o, wc, "the application's error", 0, 0);
 }
 

@@ -212,6 +212,29 @@ static bool reject_remotely(struct shift_dqp *d, uint64_t *raddr, uint32_t *rkey
 	return true;
 }
 
+/*
+ * ... and with no backup key of the peer's known at all: an empty signaled
+ * WRITE goes in its place (the WRs before it complete first), whose
+ * completion is the refusal (from_backup, fo/poll.c); the WRs after it stay
+ * in the mirror, for the flushes of the end of the connection.
+ */
+static int doom(struct shift_dqp *d, uint64_t idx)
+{
+	struct ibv_send_wr wr, *bad;
+
+	shift_debug("%s QP %u: no backup key of the peer's known: WR %llu completes as refused",
+		    d->dev, d->qpn, (unsigned long long)idx);
+	memset(&wr, 0, sizeof(wr));
+	wr.wr_id = SHIFT_WRID_DATA | SHIFT_WRID_GEN(d->bk_gen) | idx;
+	wr.opcode = IBV_WR_RDMA_WRITE;
+	wr.send_flags = IBV_SEND_SIGNALED;
+	if (ibv_post_send(d->bk, &wr, &bad))
+		return -1;
+	if (!d->doomed || idx + 1 < d->doomed)
+		d->doomed = idx + 1;
+	return 0;
+}
+
 /* ---- posting on the backup QP ------------------------------------------ */
 
 /*
@@ -256,10 +279,8 @@ int fo_post_mirrored(struct shift_dqp *d, uint64_t idx, bool dflt)
 			wr.wr.rdma.rkey = e->rkey;
 		else if (remote_key(d, e->rkey, &wr.wr.rdma.rkey)) {
 			wr.wr.rdma.rkey = e->rkey;
-			if (!reject_remotely(d, &wr.wr.rdma.remote_addr, &wr.wr.rdma.rkey)) {
-				shift_debug("%s QP %u: no backup rkey for the peer's rkey %u (opcode %u, %lu bytes, flags %x)", d->dev, d->qpn, e->rkey, e->opcode, (unsigned long)bytes, e->send_flags);
-				return -1;
-			}
+			if (!reject_remotely(d, &wr.wr.rdma.remote_addr, &wr.wr.rdma.rkey))
+				return doom(d, idx);
 		}
 	}
 	if (shift_wr_is_atomic(e->opcode)) {
@@ -269,11 +290,8 @@ int fo_post_mirrored(struct shift_dqp *d, uint64_t idx, bool dflt)
 		wr.wr.atomic.swap = e->swap;
 		wr.wr.atomic.rkey = e->rkey;
 		if (!dflt && remote_key(d, e->rkey, &wr.wr.atomic.rkey) &&
-		    !reject_remotely(d, &wr.wr.atomic.remote_addr, &wr.wr.atomic.rkey)) {
-			shift_debug("%s QP %u: no backup rkey for the peer's rkey %u (atomic)", d->dev, d->qpn,
-				    e->rkey);
-			return -1;
-		}
+		    !reject_remotely(d, &wr.wr.atomic.remote_addr, &wr.wr.atomic.rkey))
+			return doom(d, idx);
 	}
 	int rc = dflt ? d->prov_post_send(d->qp, &wr, &bad) : ibv_post_send(d->bk, &wr, &bad);
 	if (rc) {
@@ -325,6 +343,8 @@ int fo_post_bk_placeholder(struct shift_dqp *d, uint64_t idx)
 
 int fo_post_bk_send(struct shift_dqp *d, uint64_t idx)
 {
+	if (d->doomed && idx >= d->doomed)
+		return 0; /* (held: the connection ends at the doomed WR) */
 	return fo_post_mirrored(d, idx, false);
 }
 

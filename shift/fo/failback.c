@@ -72,6 +72,7 @@ int fo_reset_default(struct shift_ctx *s, struct shift_dqp *d)
 	if (shift_qp_reset(d->qp) || shift_qp_to_init(d->qp, &app, app.port_num))
 		return -1;
 	d->dflt_path_err = false;
+	d->port_was_down = false; /* (a fresh QP: its failures are new ones) */
 	/* the peer's failback notification consumes this, ahead of the
 	 * application's receives reposted after it */
 	if (d->prov_post_recv(d->qp, &rwr, &rbad))

@@ -167,6 +167,14 @@ static void from_backup(struct shift_ctx *s, struct ibv_wc *wc, struct out *o, b
 	} else if (!(wc->wr_id & SHIFT_WRID_DATA)) {
 		return;
 	}
+	if (d->doomed && !(wc->wr_id & SHIFT_WRID_RECV) && (wc->wr_id & SHIFT_WRID_DATA) &&
+	    SHIFT_WRID_INDEX(wc->wr_id) + 1 == d->doomed && wc->status == IBV_WC_SUCCESS &&
+	    d->send_state != SHIFT_SEND_UNPROTECTED) {
+		/* the stand-in of a WR whose key the peer never had: refused */
+		wc->status = IBV_WC_REM_ACCESS_ERR;
+		fo_backup_app_error(s, d, wc, o);
+		return;
+	}
 	if (wc->status != IBV_WC_SUCCESS && d->send_state != SHIFT_SEND_UNPROTECTED) {
 		/* the application's error on a WR of its own, this episode */
 		if (shift_wc_class(wc->status) == SHIFT_WC_APP && (wc->wr_id & SHIFT_WRID_DATA) &&
@@ -180,16 +188,45 @@ static void from_backup(struct shift_ctx *s, struct ibv_wc *wc, struct out *o, b
 	app_completion(d, wc, o);
 }
 
+/*
+ * The batches of backup completions being handed out on this thread,
+ * innermost first. A drain of the same backup CQ from inside one (the
+ * connection ending, fo_flush_backup) takes the rest of that batch first:
+ * its completions are older than anything still in the CQ.
+ */
+struct bk_batch {
+	struct shift_cq *c;
+	struct ibv_wc *wc;
+	int i, n;
+	struct bk_batch *up;
+};
+static _Thread_local struct bk_batch *bk_batches;
+
 void fo_poll_backup(struct shift_ctx *s, struct shift_cq *c, struct out *o, bool app)
 {
 	struct ibv_wc tmp[TMP_WC];
-	int n;
+	struct bk_batch b = { .c = c, .wc = tmp, .up = bk_batches };
 
 	if (!c->bk)
 		return;
-	while ((!app || o->n < o->max) && (n = ibv_poll_cq(c->bk, TMP_WC, tmp)) > 0)
-		for (int i = 0; i < n; i++)
+	for (struct bk_batch *p = b.up; p; p = p->up) {
+		if (p->c != c)
+			continue;
+		while (p->i < p->n) {
+			int i = p->i++;
+
+			from_backup(s, &p->wc[i], o, app);
+		}
+	}
+	bk_batches = &b;
+	while ((!app || o->n < o->max) && (b.n = ibv_poll_cq(c->bk, TMP_WC, tmp)) > 0) {
+		for (b.i = 0; b.i < b.n;) {
+			int i = b.i++;
+
 			from_backup(s, &tmp[i], o, app);
+		}
+	}
+	bk_batches = b.up;
 }
 
 int shift_poll_slow(struct shift_ctx *s, struct ibv_cq *cq, int num_entries,

@@ -220,12 +220,14 @@ void fo_fail_connection(struct shift_ctx *s, struct shift_dqp *d, struct out *o,
 		d->ctrl_sent = fo_send_ctrl(d, CTRL_ABORT) == 0;
 	}
 	shift_dqp_set_send_state(d, SHIFT_SEND_UNPROTECTED, "the connection cannot be saved");
-	if (!held) {
-		shift_lower->modify_qp(d->qp, &a, IBV_QP_STATE);
+	/* the application's QP fails, as plain's would (SHIFT may have reset
+	 * it for a failback); receives back on it flush there */
+	shift_lower->modify_qp(d->qp, &a, IBV_QP_STATE);
+	if (!held)
 		return;
-	}
 	shift_dqp_sync(d);
-	fo_flush_held(d, o, err, d->sq_tail, d->rq_tail);
+	fo_flush_held(d, o, err, d->sq_tail,
+		      d->recv_state == SHIFT_RECV_FALLBACK ? d->rq_tail : d->rq_head);
 }
 
 /*

@@ -94,8 +94,9 @@ struct wl_conn {
 	 * end then sees errors too, possibly first */
 	bool atomic_error;
 	char unexplained[160];
-	/* wl_params.poison: the application's own error was posted */
-	bool poisoned;
+	/* wl_params.poison: the application's own error was posted, and
+	 * refused by the responder (its remote access error seen) */
+	bool poisoned, refused;
 };
 
 struct wl {
@@ -206,6 +207,7 @@ static uint32_t ring_room(const struct wl_ep *e)
 }
 
 static void first_error(struct wl_ep *e, const char *what, uint64_t wr_id);
+static bool atomics_out(struct wl_ep *e);
 
 /* Posts a chain; records each WR in the ring. A failed post is an
  * app-visible error. */
@@ -513,8 +515,13 @@ static void first_error(struct wl_ep *e, const char *what, uint64_t wr_id)
 	e->errored = true;
 	if (!cn->dead)
 		wl->rep.conns_failed++;
-	if (cn->poisoned)
-		return; /* (the application's own: on_error checks it) */
+	if (cn->poisoned) {
+		/* (the application's own: on_error checks it; an atomic in
+		 * flight at either end may fail the connection first) */
+		if (atomics_out(e))
+			cn->atomic_error = true;
+		return;
+	}
 	if (e->fa_next != e->fa_ok + e->fa_err || e->cas_next != e->cas_ok + e->cas_err)
 		cn->atomic_error = true;
 	else if (!cn->unexplained[0])
@@ -523,13 +530,30 @@ static void first_error(struct wl_ep *e, const char *what, uint64_t wr_id)
 			 e->conn, e->side, what, (unsigned long long)wr_id);
 }
 
+/* An atomic in flight at either end of e's connection (SHIFT then fails the
+ * connection, as without SHIFT, on a path failure). */
+static bool atomics_out(struct wl_ep *e)
+{
+	struct wl_conn *cn = &e->wl->conn[e->conn];
+
+	if (cn->atomic_error)
+		return true;
+	for (int s = 0; s < 2; s++) {
+		struct wl_ep *x = &cn->ep[s];
+
+		if (x->fa_next != x->fa_ok + x->fa_err || x->cas_next != x->cas_ok + x->cas_err)
+			return true;
+	}
+	return false;
+}
+
 static void on_error(struct wl_ep *e, const struct ibv_wc *wc)
 {
 	struct wl *wl = e->wl;
 	unsigned k = WR_K(wc->wr_id);
 
 	wl->rep.app_errors++;
-	if (wl->conn[e->conn].poisoned && !e->errored && wl->p.strict) {
+	if (wl->conn[e->conn].poisoned && !e->errored && wl->p.strict && !atomics_out(e)) {
 		/* the application's error reaches it as without SHIFT: the
 		 * poisoned WR's remote access error first at the requester,
 		 * a flush first at the responder (its QP went to ERR) */
@@ -540,8 +564,10 @@ static void on_error(struct wl_ep *e, const struct ibv_wc *wc)
 		 * and the requester's WRs flush, the poisoned one too) */
 		bool lost = req && wc->status == IBV_WC_WR_FLUSH_ERR;
 
-		if (req && k == K_POISON && wc->status == IBV_WC_REM_ACCESS_ERR)
+		if (req && k == K_POISON && wc->status == IBV_WC_REM_ACCESS_ERR) {
 			wl->rep.poison_seen++;
+			wl->conn[e->conn].refused = true;
+		}
 		else if (lost)
 			wl->rep.poison_lost++;
 		else if (wc->status != (enum ibv_wc_status)want || (req && k != K_POISON))
@@ -788,12 +814,16 @@ static void poison_finish(struct wl *wl)
 
 	if (!cn->poisoned)
 		return;
-	if (wl->p.strict && !cn->ep[0].errored)
+	if (wl->p.strict && !cn->ep[0].errored && !cn->atomic_error)
 		violation(wl, "conn 0: the application's error never reached it");
 	for (unsigned s = 0; s < 2; s++) {
 		struct ibv_qp_attr attr;
 		struct ibv_qp_init_attr init;
 
+		/* (the requester's QP fails with its first error; the
+		 * responder's when it refused the poisoned WR) */
+		if (s ? !cn->refused : !cn->ep[0].errored)
+			continue;
 		memset(&attr, 0, sizeof(attr));
 		if (wl->side[s].v->query_qp(cn->ep[s].qp, &attr, IBV_QP_STATE, &init) ||
 		    attr.qp_state != IBV_QPS_ERR)
