@@ -241,6 +241,29 @@ static void drop_held(struct shift_dqp *d)
 }
 
 /*
+ * Flushes SHIFT made up raise no event of their own: an application blocked
+ * on its CQ's channel would not wake for them (plain's flushes raise one).
+ * A WR posted on the stopped backup QP flushes there, and its CQ, armed
+ * with the application's (shift/shadow/chan.c), raises the event, reported
+ * as the application's CQ's; the completion itself is dropped (from_backup:
+ * the application ended the QP). Best effort: a provider that refuses posts
+ * in ERR gives no event.
+ */
+static void kick_channels(struct shift_dqp *d, bool sends, bool recvs)
+{
+	struct ibv_send_wr swr = { .wr_id = SHIFT_WRID_CTRL_SEND, .opcode = IBV_WR_RDMA_WRITE,
+				   .send_flags = IBV_SEND_SIGNALED }, *sbad;
+	struct ibv_recv_wr rwr = { .wr_id = SHIFT_WRID_CTRL_RECV }, *rbad;
+
+	if (!d->bk)
+		return;
+	if (sends && d->scq && d->scq->bk_channel)
+		(void)ibv_post_send(d->bk, &swr, &sbad);
+	if (recvs && d->rcq && d->rcq->bk_channel)
+		(void)ibv_post_recv(d->bk, &rwr, &rbad);
+}
+
+/*
  * The connection ends for the application (its ERR or RESET, or its error
  * while its sends are on the backup): the backup QP stops (its successes
  * kept for the application), the WRs SHIFT holds or had on the backup
@@ -292,7 +315,11 @@ void fo_end_from(struct shift_ctx *s, struct shift_dqp *d, struct out *o, const 
 		shift_lower->modify_qp(d->qp, &e, IBV_QP_STATE);
 		if (err->status != IBV_WC_SUCCESS)
 			fo_emit(o, err);
+		bool sflush = sq < d->sq_head, rflush = rq < d->rq_head;
+
 		fo_flush_held(d, o, NULL, sq, rq);
+		if (failed_over)
+			kick_channels(d, sflush, rflush);
 	} else {
 		drop_held(d);
 	}

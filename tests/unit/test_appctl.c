@@ -12,6 +12,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <errno.h>
+#include <fcntl.h>
 #include <unistd.h>
 #include <cmocka.h>
 
@@ -414,6 +416,52 @@ static void test_responder_access_event_reaches_app(void **state)
 	assert_int_equal(app_state(&b), IBV_QPS_ERR);
 }
 
+/* ---- completion events -------------------------------------------------- */
+
+/*
+ * An event-driven application whose QP is failed over (its receives on the
+ * backup) arms its CQ and ends the QP (ERR): its receives' flushes, made
+ * up by SHIFT, come with a completion event on its channel, as plain's
+ * flushes would.
+ */
+static void test_event_after_ending_failed_over_qp(void **state)
+{
+	struct seen sa = { 0 }, sb = { 0 };
+	struct ibv_qp_attr err = { .qp_state = IBV_QPS_ERR };
+	struct ibv_cq *cq;
+	void *ctx;
+	int fl;
+	(void)state;
+
+	sim_pair_open(&pair, &a, &b, "appctl-ch", SIM_EP_CHANNEL);
+	sim_pair_connect(&pair);
+	fail_over_a(&sa, &sb);
+	for (int i = 0; i < 3; i++)
+		recv_wr(&a, 900 + i, i);
+	rounds(20, &sa, &sb);
+	fl = fcntl(a.ch->fd, F_GETFL);
+	assert_int_equal(fcntl(a.ch->fd, F_SETFL, fl | O_NONBLOCK), 0);
+	/* (events of the traffic so far: taken, acked) */
+	while (shift_verbs.get_cq_event(a.ch, &cq, &ctx) == 0)
+		shift_verbs.ack_cq_events(cq, 1);
+	assert_int_equal(errno, EAGAIN);
+	assert_int_equal(ibv_req_notify_cq(a.cq, 0), 0);
+	assert_int_equal(shift_verbs.modify_qp(a.qp, &err, IBV_QP_STATE), 0);
+	for (int r = 0; r < 20; r++)
+		sim_world_step(pair.world);
+	assert_int_equal(shift_verbs.get_cq_event(a.ch, &cq, &ctx), 0);
+	assert_ptr_equal(cq, a.cq);
+	shift_verbs.ack_cq_events(cq, 1);
+	poll_all(&a, &sa);
+	assert_int_equal(sa.n, 4 + 3);
+	for (int i = 0; i < 3; i++) {
+		assert_int_equal(sa.wc[4 + i].wr_id, 900 + i);
+		assert_int_equal(sa.wc[4 + i].status, IBV_WC_WR_FLUSH_ERR);
+	}
+	assert_int_equal(fcntl(a.ch->fd, F_SETFL, fl), 0);
+	sim_pair_close(&pair);
+}
+
 /* ---- quiet by default ---------------------------------------------------- */
 
 /*
@@ -473,6 +521,7 @@ int main(void)
 		cmocka_unit_test(test_retry_cnt_only_on_protected_qps),
 		cmocka_unit_test_setup_teardown(test_responder_access_event_reaches_app, setup,
 						teardown),
+		cmocka_unit_test(test_event_after_ending_failed_over_qp),
 		cmocka_unit_test(test_quiet_by_default),
 	};
 
