@@ -48,7 +48,11 @@ static void watch_ports(struct shift_ctx *s, uint64_t now_ms)
 	for (int i = 0; i < SHIFT_DQP_BUCKETS; i++) {
 		for (struct shift_dqp *d = __atomic_load_n(&s->dqp[i], __ATOMIC_ACQUIRE); d;
 		     d = d->next_in_bucket) {
-			if (d->send_state != SHIFT_SEND_DEFAULT || !d->scq || !d->rcq ||
+			/* (every QP's port is looked at for port_was_down; only
+			 * Default-state QPs fail over here) */
+			bool dflt = d->send_state == SHIFT_SEND_DEFAULT;
+
+			if (d->send_state == SHIFT_SEND_UNPROTECTED || !d->scq || !d->rcq ||
 			    !d->shadow ||
 			    __atomic_load_n(&d->shadow->state, __ATOMIC_ACQUIRE) != SHIFT_SHADOW_READY)
 				continue;
@@ -73,11 +77,14 @@ static void watch_ports(struct shift_ctx *s, uint64_t now_ms)
 				}
 			}
 			if (st[port] == 1) {
-				if (d->port_was_down)
+				/* (a failed-over QP's mark clears at its reset) */
+				if (d->port_was_down && dflt)
 					port_back(d);
 				continue;
 			}
 			d->port_was_down = true; /* (its flushes are the device's) */
+			if (!dflt)
+				continue;
 			down = true;
 			shift_ctx_set_slow(s, true);
 			if (t - s->port_down_since[port] < limit)

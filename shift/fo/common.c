@@ -191,17 +191,22 @@ static int local_keys(struct shift_dqp *d, struct ibv_sge *sge, unsigned n)
  */
 static bool reject_remotely(struct shift_dqp *d, uint64_t *raddr, uint32_t *rkey)
 {
-	uint32_t bk;
+	uint32_t bk, tried[4];
+	unsigned nt = 0;
 
 	/* (a key of the peer's the application used before, its backup key
-	 * looked up: the mirror's ring still holds old WRs) */
-	for (uint32_t i = 0; !d->nrkeys && i < d->sq_size; i++) {
+	 * looked up: the mirror's ring still holds old WRs; a few at most) */
+	for (uint32_t i = 0; !d->nrkeys && nt < 4 && i < d->sq_size; i++) {
 		struct shift_swqe *e = shift_dqp_swqe(d, i);
+		bool seen = e->rkey == *rkey;
 
-		if (e->rkey != *rkey && (e->opcode == IBV_WR_RDMA_WRITE ||
-					 e->opcode == IBV_WR_RDMA_WRITE_WITH_IMM ||
-					 e->opcode == IBV_WR_RDMA_READ || shift_wr_is_atomic(e->opcode)))
-			(void)remote_key(d, e->rkey, &bk);
+		for (unsigned k = 0; k < nt; k++)
+			seen |= tried[k] == e->rkey;
+		if (seen || !(e->opcode == IBV_WR_RDMA_WRITE || e->opcode == IBV_WR_RDMA_WRITE_WITH_IMM ||
+			      e->opcode == IBV_WR_RDMA_READ || shift_wr_is_atomic(e->opcode)))
+			continue;
+		tried[nt++] = e->rkey;
+		(void)remote_key(d, e->rkey, &bk);
 	}
 	if (!d->nrkeys)
 		return false;
