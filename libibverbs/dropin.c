@@ -89,6 +89,7 @@ static void fill_lower(const char *path)
 	REAL(destroy_qp, "ibv_destroy_qp", "IBVERBS_1.1");
 	REAL(query_ece, "ibv_query_ece", "IBVERBS_1.10");
 	REAL(set_ece, "ibv_set_ece", "IBVERBS_1.10");
+	REAL(qp_to_qp_ex, "ibv_qp_to_qp_ex", "IBVERBS_1.6");
 	shift_lower_set(&real_lower);
 }
 

@@ -770,4 +770,5 @@ const struct shift_lower sim_lower_proto = {
 	.destroy_qp = sim_destroy_qp,
 	.query_ece = sim_query_ece,
 	.set_ece = sim_set_ece,
+	.qp_to_qp_ex = ibv_qp_to_qp_ex, /* the sim's (qpex.c) */
 };
