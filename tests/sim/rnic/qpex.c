@@ -11,7 +11,8 @@
  * sim_post_send. As with rdma-core's providers, a bad argument (too many
  * SGEs, too much inline data, more WRs than the queue holds) makes
  * ibv_wr_complete fail and post nothing; the builder of an operation the QP
- * was not created for is NULL.
+ * was not created for is NULL. SEND_WITH_INV is accepted at creation but
+ * fails at complete (no memory windows here).
  */
 #include <errno.h>
 #include <stdlib.h>
@@ -31,7 +32,7 @@ struct sim_wr_build {
 #define SIM_QPX_OPS (IBV_QP_EX_WITH_RDMA_WRITE | IBV_QP_EX_WITH_RDMA_WRITE_WITH_IMM | \
 		     IBV_QP_EX_WITH_SEND | IBV_QP_EX_WITH_SEND_WITH_IMM |           \
 		     IBV_QP_EX_WITH_RDMA_READ | IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP |  \
-		     IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD)
+		     IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD | IBV_QP_EX_WITH_SEND_WITH_INV)
 
 static struct sim_qp *to_qp(struct ibv_qp_ex *x)
 {
@@ -145,6 +146,15 @@ static void qx_cas(struct ibv_qp_ex *x, uint32_t rkey, uint64_t raddr, uint64_t 
 static void qx_fadd(struct ibv_qp_ex *x, uint32_t rkey, uint64_t raddr, uint64_t add)
 {
 	qx_atomic(x, IBV_WR_ATOMIC_FETCH_AND_ADD, rkey, raddr, add, 0);
+}
+
+/* Accepted at creation (a layer above may decide on it), never executed:
+ * the simulated RNIC has no memory windows to invalidate. */
+static void qx_send_inv(struct ibv_qp_ex *x, uint32_t rkey)
+{
+	(void)rkey;
+	if (new_wr(x, IBV_WR_SEND))
+		to_qp(x)->build->err = EOPNOTSUPP;
 }
 
 static void qx_set_sge_list(struct ibv_qp_ex *x, size_t n, const struct ibv_sge *sg)
@@ -269,6 +279,7 @@ int sim_qp_ex_init(struct sim_qp *q, uint64_t ops)
 	x->wr_rdma_read = ops & IBV_QP_EX_WITH_RDMA_READ ? qx_read : NULL;
 	x->wr_atomic_cmp_swp = ops & IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP ? qx_cas : NULL;
 	x->wr_atomic_fetch_add = ops & IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD ? qx_fadd : NULL;
+	x->wr_send_inv = ops & IBV_QP_EX_WITH_SEND_WITH_INV ? qx_send_inv : NULL;
 	x->wr_set_sge = qx_set_sge;
 	x->wr_set_sge_list = qx_set_sge_list;
 	x->wr_set_inline_data = qx_set_inline;

@@ -296,6 +296,9 @@ void sim_qp_rnr_fire(struct sim_qp *q);
 
 /* cqex.c */
 void sim_cq_ex_init(struct sim_cq *cq);
+/* ibv_wc_read_completion_ts (IBV_WC_EX_WITH_COMPLETION_TIMESTAMP): the
+ * network time of the poll */
+void sim_cq_ex_timestamps(struct sim_cq *cq);
 
 /* qpex.c: the ibv_qp_ex work-request builders of a QP created with
  * IBV_QP_INIT_ATTR_SEND_OPS_FLAGS (0, or EOPNOTSUPP / ENOMEM). */
