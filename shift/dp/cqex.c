@@ -57,6 +57,9 @@ struct shift_cqx {
 	uint8_t mode;            /* CQX_* (under lock) */
 	bool wrapped;            /* false: left alone (its wc_flags), QPs on it unprotected */
 	bool reads_mine;         /* the read_* pointers are SHIFT's (under lock) */
+	bool quick;              /* no completion of SHIFT's buffered, reads the
+				  * provider's: start_poll may open the provider's
+				  * session unless the context is slow (under lock) */
 	uint64_t app_flags;      /* the wc_flags the application asked for */
 	struct cqx_fns fn;       /* the provider's */
 	unsigned bi, bn;         /* SHIFT's completions: buf[bi] is current (under lock) */
@@ -66,7 +69,8 @@ struct shift_cqx {
 /* ---- registry: by the CQ's address; written under reg, read lock-free --- */
 
 #define CQX_TAB 1024
-static struct shift_cqx *cqx_tab[CQX_TAB];
+static struct shift_cqx none; /* empty buckets and chain ends (its cq, NULL, is no one's) */
+static struct shift_cqx *cqx_tab[CQX_TAB] = { [0 ... CQX_TAB - 1] = &none };
 static pthread_mutex_t reg = PTHREAD_MUTEX_INITIALIZER;
 
 static inline unsigned cqx_hash(const void *cq)
@@ -78,8 +82,11 @@ static inline struct shift_cqx *cqx_find(const void *cq)
 {
 	struct shift_cqx *x = __atomic_load_n(&cqx_tab[cqx_hash(cq)], __ATOMIC_ACQUIRE);
 
-	while (x && x->cq != cq)
+	while (shift_unlikely(x->cq != cq)) {
+		if (x == &none)
+			return NULL;
 		x = __atomic_load_n(&x->next, __ATOMIC_ACQUIRE);
+	}
 	return x;
 }
 
@@ -95,9 +102,9 @@ static void cqx_unlink(struct shift_cqx *x)
 {
 	struct shift_cqx **pp = &cqx_tab[cqx_hash(x->cq)];
 
-	while (*pp && *pp != x)
+	while (*pp != &none && *pp != x)
 		pp = &(*pp)->next;
-	if (*pp)
+	if (*pp == x)
 		__atomic_store_n(pp, x->next, __ATOMIC_RELEASE);
 }
 
@@ -204,6 +211,7 @@ static int serve(struct shift_cqx *x, struct ibv_cq_ex *cq, bool first)
 	if (!x->reads_mine) {
 		set_reads(cq, &mine);
 		x->reads_mine = true;
+		x->quick = false;
 	}
 	cq->wr_id = x->buf[x->bi].wr_id;
 	cq->status = x->buf[x->bi].status;
@@ -281,6 +289,7 @@ static __attribute__((noinline)) int start_slow(struct shift_cqx *x, struct ibv_
 	if (x->bi == x->bn && !ctx_slow(x)) {
 		set_reads(cq, &x->fn);
 		x->reads_mine = false;
+		x->quick = true;
 		return prov_start(x, cq, attr);
 	}
 	x->mode = CQX_MINE;
@@ -296,7 +305,7 @@ static int cqx_start_poll(struct ibv_cq_ex *cq, struct ibv_poll_cq_attr *attr)
 	if (shift_unlikely(!x))
 		return EINVAL; /* (the CQ is being destroyed) */
 	cqx_lock(x);
-	if (shift_unlikely(x->bi != x->bn || x->reads_mine || ctx_slow(x)))
+	if (shift_unlikely(!x->quick || ctx_slow(x)))
 		return start_slow(x, cq, attr);
 	return prov_start(x, cq, attr);
 }
@@ -382,6 +391,7 @@ static void give_back(struct shift_cqx *x)
 	x->cq->end_poll = x->fn.end_poll;
 	set_reads(x->cq, &x->fn);
 	x->reads_mine = false;
+	x->quick = x->bi == x->bn;
 }
 
 int shift_cqx_attach(struct shift_ctx *s, struct ibv_cq_ex *cq, uint64_t app_flags)
@@ -397,6 +407,7 @@ int shift_cqx_attach(struct shift_ctx *s, struct ibv_cq_ex *cq, uint64_t app_fla
 	x->cq = cq;
 	x->s = s;
 	x->wrapped = true;
+	x->quick = true;
 	x->app_flags = app_flags;
 	save_fns(&x->fn, cq);
 	pthread_mutex_lock(&reg);
@@ -462,7 +473,7 @@ void shift_cqx_detach_ctx(struct shift_ctx *s)
 	for (int i = 0; i < CQX_TAB; i++) {
 		struct shift_cqx **pp = &cqx_tab[i];
 
-		while (*pp) {
+		while (*pp != &none) {
 			struct shift_cqx *x = *pp;
 
 			if (x->s != s) {

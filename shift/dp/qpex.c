@@ -17,8 +17,15 @@
 #include <pthread.h>
 #include <stdlib.h>
 
-struct shift_qpx *shift_qpx_tab[QPX_TAB];
+struct shift_qpx shift_qpx_none; /* (its qx, NULL, is no application's) */
+struct shift_qpx *shift_qpx_tab[QPX_TAB] = { [0 ... QPX_TAB - 1] = &shift_qpx_none };
 static pthread_mutex_t reg = PTHREAD_MUTEX_INITIALIZER;
+
+struct shift_qpx *qpx_lost(void)
+{
+	shift_err("ibv_wr_* on a QP SHIFT no longer knows (being destroyed?): ignored");
+	return NULL;
+}
 
 /* ---- the batch --------------------------------------------------------------- */
 
@@ -135,9 +142,9 @@ static void unlink_x(struct shift_qpx *x)
 {
 	struct shift_qpx **pp = &shift_qpx_tab[qpx_hash(x->qx)];
 
-	while (*pp && *pp != x)
+	while (*pp != &shift_qpx_none && *pp != x)
 		pp = &(*pp)->next;
-	if (*pp)
+	if (*pp == x)
 		__atomic_store_n(pp, x->next, __ATOMIC_RELEASE);
 }
 
@@ -169,8 +176,10 @@ struct shift_qpx *shift_qpx_forget(struct ibv_qp *qp)
 
 	pthread_mutex_lock(&reg);
 	x = shift_qpx_tab[qpx_hash(qp)];
-	while (x && (void *)x->qx != (void *)qp)
+	while (x != &shift_qpx_none && (void *)x->qx != (void *)qp)
 		x = x->next;
+	if (x == &shift_qpx_none)
+		x = NULL;
 	if (x) {
 		qpx_give_back(x);
 		unlink_x(x);
@@ -205,7 +214,7 @@ void shift_qpx_detach_ctx(struct shift_ctx *s)
 	for (int i = 0; i < QPX_TAB; i++) {
 		struct shift_qpx **pp = &shift_qpx_tab[i];
 
-		while (*pp) {
+		while (*pp != &shift_qpx_none) {
 			struct shift_qpx *x = *pp;
 
 			if (x->s != s) {

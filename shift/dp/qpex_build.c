@@ -17,26 +17,54 @@
 
 /* ---- Default: the mirror ------------------------------------------------------ */
 
-/* A new mirror entry with the QP's wr_id and wr_flags, or NULL (bad). */
-static struct shift_swqe *rec_new(struct shift_qpx *x, unsigned op)
+/* Room for one more entry after a sync (the mirror looked full). */
+static __attribute__((noinline)) bool rec_room(struct shift_dqp *d)
+{
+	shift_dqp_sync_locked(d);
+	return d->sq_head < d->sq_tail + d->sq_size;
+}
+
+/* Mirror a new WR at sq_head with the QP's wr_id and wr_flags (room
+ * checked; inline in each builder, where op is a constant). */
+static inline __attribute__((always_inline)) void rec_fill(struct shift_qpx *x, unsigned op,
+							     uint32_t rkey, uint64_t raddr,
+							     uint32_t imm, uint64_t cmp_add,
+							     uint64_t swap)
 {
 	struct shift_dqp *d = x->d;
-	struct shift_swqe *e;
+	uint64_t h = d->sq_head;
+	unsigned flags = x->qx->wr_flags & ~(unsigned)IBV_SEND_INLINE;
+	struct shift_swqe *e = shift_dqp_swqe(d, h);
 
-	if (shift_unlikely(x->bad || !shift_dqp_sq_free(d))) {
-		x->bad = true;
-		return NULL;
-	}
-	e = shift_dqp_swqe(d, d->sq_head);
-	memset(e, 0, sizeof(*e));
 	e->wr_id = x->qx->wr_id;
+	e->num_sge = 0;
 	e->opcode = op;
-	e->send_flags = x->qx->wr_flags & ~(unsigned)IBV_SEND_INLINE;
-	if ((e->send_flags & IBV_SEND_SIGNALED) || d->sq_sig_all)
+	e->send_flags = flags;
+	e->imm = imm;
+	e->remote_addr = raddr;
+	e->rkey = rkey;
+	e->inline_len = 0;
+	if (shift_wr_is_atomic(op)) {
+		e->compare_add = cmp_add;
+		e->swap = swap;
+	}
+	if ((flags & IBV_SEND_SIGNALED) || d->sq_sig_all)
 		d->sig_head++;
 	d->posted_by_op[shift_dqp_opslot(op)]++;
-	d->sq_head++;
-	return e;
+	d->sq_head = h + 1;
+}
+
+/* The same, checking for room first; the batch turns bad if there is none. */
+static void rec_op(struct shift_qpx *x, unsigned op, uint32_t rkey, uint64_t raddr, uint32_t imm,
+		   uint64_t cmp_add, uint64_t swap)
+{
+	struct shift_dqp *d = x->d;
+
+	if (x->bad || (d->sq_head >= d->sq_limit && !rec_room(d))) {
+		x->bad = true;
+		return;
+	}
+	rec_fill(x, op, rkey, raddr, imm, cmp_add, swap);
 }
 
 /* The entry the setters apply to: the batch's last. */
@@ -129,23 +157,12 @@ int qpx_hold_post(struct shift_qpx *x)
 
 /* ---- what every builder does --------------------------------------------------- */
 
-/* A new WR: mirrored (REC) or held (HOLD). True if the provider's builder
- * is to be called too. */
-static bool build(struct shift_qpx *x, unsigned op, uint32_t rkey, uint64_t raddr, uint32_t imm,
-		  uint64_t cmp_add, uint64_t swap)
+/* A new WR outside the Default state: held (HOLD). True if the provider's
+ * builder is to be called (not in a batch, or unprotected). */
+static __attribute__((noinline)) bool hold_op(struct shift_qpx *x, unsigned op, uint32_t rkey,
+					      uint64_t raddr, uint32_t imm, uint64_t cmp_add,
+					      uint64_t swap)
 {
-	if (shift_likely(x->mode == QPX_REC)) {
-		struct shift_swqe *e = rec_new(x, op);
-
-		if (e) {
-			e->rkey = rkey;
-			e->remote_addr = raddr;
-			e->imm = imm;
-			e->compare_add = cmp_add;
-			e->swap = swap;
-		}
-		return true;
-	}
 	if (x->mode != QPX_HOLD)
 		return true;
 	struct ibv_send_wr *wr = hold_new(x, op);
@@ -163,6 +180,18 @@ static bool build(struct shift_qpx *x, unsigned op, uint32_t rkey, uint64_t radd
 		}
 	}
 	return false;
+}
+
+/* A new WR: mirrored (REC) or held. True if the provider's builder is to
+ * be called too. */
+static bool build(struct shift_qpx *x, unsigned op, uint32_t rkey, uint64_t raddr, uint32_t imm,
+		  uint64_t cmp_add, uint64_t swap)
+{
+	if (x->mode == QPX_REC) {
+		rec_op(x, op, rkey, raddr, imm, cmp_add, swap);
+		return true;
+	}
+	return hold_op(x, op, rkey, raddr, imm, cmp_add, swap);
 }
 
 static bool set_sges(struct shift_qpx *x, size_t n, const struct ibv_sge *sg)
@@ -276,73 +305,159 @@ static __attribute__((cold)) bool unsupported(struct shift_qpx *x, const char *w
 	return false;
 }
 
-/* ---- the builders ------------------------------------------------------------ */
+/* ---- the builders ------------------------------------------------------------ *
+ * The common call (a batch in the Default state, room in the mirror, the QP
+ * first in its bucket) mirrors inline and tail-calls the provider's
+ * builder; every other goes through op_slow(). */
 
-static void qx_wr_rdma_write(struct ibv_qp_ex *q, uint32_t rkey, uint64_t raddr)
+/* The QP of a common builder call, or NULL. */
+static inline struct shift_qpx *rec_quick(const struct ibv_qp_ex *q)
+{
+	struct shift_qpx *x = __atomic_load_n(&shift_qpx_tab[qpx_hash(q)], __ATOMIC_ACQUIRE);
+
+	if (shift_likely(x->qx == q && x->mode == QPX_REC && !x->bad &&
+			 x->d->sq_head < x->d->sq_limit))
+		return x;
+	return NULL;
+}
+
+/* The provider's builder of op. */
+static void forward(struct shift_qpx *x, struct ibv_qp_ex *q, unsigned op, uint32_t rkey,
+		    uint64_t raddr, uint32_t imm, uint64_t cmp_add, uint64_t swap)
+{
+	switch (op) {
+	case IBV_WR_RDMA_WRITE:
+		x->fn.wr_rdma_write(q, rkey, raddr);
+		break;
+	case IBV_WR_RDMA_WRITE_WITH_IMM:
+		x->fn.wr_rdma_write_imm(q, rkey, raddr, imm);
+		break;
+	case IBV_WR_RDMA_READ:
+		x->fn.wr_rdma_read(q, rkey, raddr);
+		break;
+	case IBV_WR_SEND:
+		x->fn.wr_send(q);
+		break;
+	case IBV_WR_SEND_WITH_IMM:
+		x->fn.wr_send_imm(q, imm);
+		break;
+	case IBV_WR_ATOMIC_CMP_AND_SWP:
+		x->fn.wr_atomic_cmp_swp(q, rkey, raddr, cmp_add, swap);
+		break;
+	default:
+		x->fn.wr_atomic_fetch_add(q, rkey, raddr, cmp_add);
+		break;
+	}
+}
+
+static __attribute__((noinline)) void op_slow(struct ibv_qp_ex *q, unsigned op, uint32_t rkey,
+					      uint64_t raddr, uint32_t imm, uint64_t cmp_add,
+					      uint64_t swap)
 {
 	struct shift_qpx *x = qpx_find(q);
 
-	if (x && build(x, IBV_WR_RDMA_WRITE, rkey, raddr, 0, 0, 0))
-		x->fn.wr_rdma_write(q, rkey, raddr);
+	if (x && build(x, op, rkey, raddr, imm, cmp_add, swap))
+		forward(x, q, op, rkey, raddr, imm, cmp_add, swap);
+}
+
+static void qx_wr_rdma_write(struct ibv_qp_ex *q, uint32_t rkey, uint64_t raddr)
+{
+	struct shift_qpx *x = rec_quick(q);
+
+	if (!x)
+		return op_slow(q, IBV_WR_RDMA_WRITE, rkey, raddr, 0, 0, 0);
+	rec_fill(x, IBV_WR_RDMA_WRITE, rkey, raddr, 0, 0, 0);
+	x->fn.wr_rdma_write(q, rkey, raddr);
 }
 
 static void qx_wr_rdma_write_imm(struct ibv_qp_ex *q, uint32_t rkey, uint64_t raddr, __be32 imm)
 {
-	struct shift_qpx *x = qpx_find(q);
+	struct shift_qpx *x = rec_quick(q);
 
-	if (x && build(x, IBV_WR_RDMA_WRITE_WITH_IMM, rkey, raddr, imm, 0, 0))
-		x->fn.wr_rdma_write_imm(q, rkey, raddr, imm);
+	if (!x)
+		return op_slow(q, IBV_WR_RDMA_WRITE_WITH_IMM, rkey, raddr, imm, 0, 0);
+	rec_fill(x, IBV_WR_RDMA_WRITE_WITH_IMM, rkey, raddr, imm, 0, 0);
+	x->fn.wr_rdma_write_imm(q, rkey, raddr, imm);
 }
 
 static void qx_wr_rdma_read(struct ibv_qp_ex *q, uint32_t rkey, uint64_t raddr)
 {
-	struct shift_qpx *x = qpx_find(q);
+	struct shift_qpx *x = rec_quick(q);
 
-	if (x && build(x, IBV_WR_RDMA_READ, rkey, raddr, 0, 0, 0))
-		x->fn.wr_rdma_read(q, rkey, raddr);
+	if (!x)
+		return op_slow(q, IBV_WR_RDMA_READ, rkey, raddr, 0, 0, 0);
+	rec_fill(x, IBV_WR_RDMA_READ, rkey, raddr, 0, 0, 0);
+	x->fn.wr_rdma_read(q, rkey, raddr);
 }
 
 static void qx_wr_send(struct ibv_qp_ex *q)
 {
-	struct shift_qpx *x = qpx_find(q);
+	struct shift_qpx *x = rec_quick(q);
 
-	if (x && build(x, IBV_WR_SEND, 0, 0, 0, 0, 0))
-		x->fn.wr_send(q);
+	if (!x)
+		return op_slow(q, IBV_WR_SEND, 0, 0, 0, 0, 0);
+	rec_fill(x, IBV_WR_SEND, 0, 0, 0, 0, 0);
+	x->fn.wr_send(q);
 }
 
 static void qx_wr_send_imm(struct ibv_qp_ex *q, __be32 imm)
 {
-	struct shift_qpx *x = qpx_find(q);
+	struct shift_qpx *x = rec_quick(q);
 
-	if (x && build(x, IBV_WR_SEND_WITH_IMM, 0, 0, imm, 0, 0))
-		x->fn.wr_send_imm(q, imm);
+	if (!x)
+		return op_slow(q, IBV_WR_SEND_WITH_IMM, 0, 0, imm, 0, 0);
+	rec_fill(x, IBV_WR_SEND_WITH_IMM, 0, 0, imm, 0, 0);
+	x->fn.wr_send_imm(q, imm);
 }
 
 static void qx_wr_atomic_cmp_swp(struct ibv_qp_ex *q, uint32_t rkey, uint64_t raddr,
 				 uint64_t cmp, uint64_t swap)
 {
-	struct shift_qpx *x = qpx_find(q);
+	struct shift_qpx *x = rec_quick(q);
 
-	if (x && build(x, IBV_WR_ATOMIC_CMP_AND_SWP, rkey, raddr, 0, cmp, swap))
-		x->fn.wr_atomic_cmp_swp(q, rkey, raddr, cmp, swap);
+	if (!x)
+		return op_slow(q, IBV_WR_ATOMIC_CMP_AND_SWP, rkey, raddr, 0, cmp, swap);
+	rec_fill(x, IBV_WR_ATOMIC_CMP_AND_SWP, rkey, raddr, 0, cmp, swap);
+	x->fn.wr_atomic_cmp_swp(q, rkey, raddr, cmp, swap);
 }
 
 static void qx_wr_atomic_fetch_add(struct ibv_qp_ex *q, uint32_t rkey, uint64_t raddr,
 				   uint64_t add)
 {
-	struct shift_qpx *x = qpx_find(q);
+	struct shift_qpx *x = rec_quick(q);
 
-	if (x && build(x, IBV_WR_ATOMIC_FETCH_AND_ADD, rkey, raddr, 0, add, 0))
-		x->fn.wr_atomic_fetch_add(q, rkey, raddr, add);
+	if (!x)
+		return op_slow(q, IBV_WR_ATOMIC_FETCH_AND_ADD, rkey, raddr, 0, add, 0);
+	rec_fill(x, IBV_WR_ATOMIC_FETCH_AND_ADD, rkey, raddr, 0, add, 0);
+	x->fn.wr_atomic_fetch_add(q, rkey, raddr, add);
 }
 
-static void qx_wr_set_sge(struct ibv_qp_ex *q, uint32_t lkey, uint64_t addr, uint32_t length)
+static __attribute__((noinline)) void set_sge_slow(struct ibv_qp_ex *q, uint32_t lkey,
+						   uint64_t addr, uint32_t length)
 {
 	struct shift_qpx *x = qpx_find(q);
 	struct ibv_sge sge = { .addr = addr, .length = length, .lkey = lkey };
 
 	if (x && set_sges(x, 1, &sge))
 		x->fn.wr_set_sge(q, lkey, addr, length);
+}
+
+static void qx_wr_set_sge(struct ibv_qp_ex *q, uint32_t lkey, uint64_t addr, uint32_t length)
+{
+	struct shift_qpx *x = __atomic_load_n(&shift_qpx_tab[qpx_hash(q)], __ATOMIC_ACQUIRE);
+
+	if (shift_unlikely(x->qx != q || x->mode != QPX_REC || x->bad ||
+			   x->d->sq_head == x->head))
+		return set_sge_slow(q, lkey, addr, length);
+	struct shift_swqe *e = shift_dqp_swqe(x->d, x->d->sq_head - 1);
+
+	e->sge[0].addr = addr;
+	e->sge[0].length = length;
+	e->sge[0].lkey = lkey;
+	e->num_sge = 1;
+	e->inline_len = 0;
+	e->send_flags &= ~(unsigned)IBV_SEND_INLINE;
+	x->fn.wr_set_sge(q, lkey, addr, length);
 }
 
 static void qx_wr_set_sge_list(struct ibv_qp_ex *q, size_t n, const struct ibv_sge *sg)

@@ -41,23 +41,28 @@ struct shift_qpx {
 };
 
 /* The registry (qpex.c): by the QP's address; written under a lock, read
- * lock-free. */
+ * lock-free. Empty buckets and chain ends are shift_qpx_none. */
 #define QPX_TAB 1024
 extern struct shift_qpx *shift_qpx_tab[QPX_TAB];
+extern struct shift_qpx shift_qpx_none;
 
 static inline unsigned qpx_hash(const void *qp)
 {
 	return ((uint32_t)(uintptr_t)qp * 0x9e3779b1u) >> 22; /* 10 bits */
 }
 
+/* (out of line: not found, the QP is being destroyed) */
+struct shift_qpx *qpx_lost(void);
+
 static inline struct shift_qpx *qpx_find(const struct ibv_qp_ex *qx)
 {
 	struct shift_qpx *x = __atomic_load_n(&shift_qpx_tab[qpx_hash(qx)], __ATOMIC_ACQUIRE);
 
-	while (shift_unlikely(x && x->qx != qx))
+	while (shift_unlikely(x->qx != qx)) {
+		if (x == &shift_qpx_none)
+			return qpx_lost();
 		x = __atomic_load_n(&x->next, __ATOMIC_ACQUIRE);
-	if (shift_unlikely(!x))
-		shift_err("ibv_wr_* on a QP SHIFT no longer knows (being destroyed?): ignored");
+	}
 	return x;
 }
 
