@@ -79,7 +79,8 @@ static void qp_ex_protect(struct shift_ctx *s, struct ibv_qp *qp, struct ibv_qp_
 	if (!d)
 		return;
 	if (qx && shift_qpx_attach(s, d, qx)) {
-		shift_warn("%s QP %u unprotected: out of memory", d->dev, d->qpn);
+		shift_warn("%s QP %u unprotected: its ibv_qp_ex cannot be taken over (no "
+			   "wr_start/complete/abort, or out of memory)", d->dev, d->qpn);
 		shift_dqp_destroy(d);
 		return;
 	}
