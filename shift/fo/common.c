@@ -243,15 +243,17 @@ static int doom(struct shift_dqp *d, uint64_t idx)
 /* ---- posting on the backup QP ------------------------------------------ */
 
 /*
- * Post mirrored send WR idx again: on the backup QP (keys translated, wr_id
- * tagged for translation back) or, when failing back, on the default QP
- * exactly as the application posted it.
+ * Mirrored send WR idx as it is posted again: for the backup QP (keys
+ * translated, wr_id tagged for translation back) or, when failing back, for
+ * the default QP exactly as the application posted it; sge has room for
+ * its SGEs.
  */
-int fo_post_mirrored(struct shift_dqp *d, uint64_t idx, bool dflt)
+static int build_mirrored(struct shift_dqp *d, uint64_t idx, bool dflt, struct ibv_send_wr *wrp,
+			  struct ibv_sge *sge)
 {
 	struct shift_swqe *e = shift_dqp_swqe(d, idx);
-	struct ibv_sge sge[e->num_sge ? e->num_sge : 1];
-	struct ibv_send_wr wr, *bad;
+	struct ibv_send_wr wr;
+	bool unknown = false;
 
 	memset(&wr, 0, sizeof(wr));
 	wr.wr_id = dflt ? e->wr_id : SHIFT_WRID_DATA | SHIFT_WRID_GEN(d->bk_gen) | idx;
@@ -282,11 +284,8 @@ int fo_post_mirrored(struct shift_dqp *d, uint64_t idx, bool dflt)
 		/* a zero-length write touches no remote memory: its key is not used */
 		if (!bytes || dflt)
 			wr.wr.rdma.rkey = e->rkey;
-		else if (remote_key(d, e->rkey, &wr.wr.rdma.rkey)) {
-			wr.wr.rdma.rkey = e->rkey;
-			if (!reject_remotely(d, &wr.wr.rdma.remote_addr, &wr.wr.rdma.rkey))
-				return doom(d, idx);
-		}
+		else if ((wr.wr.rdma.rkey = e->rkey, remote_key(d, e->rkey, &wr.wr.rdma.rkey)))
+			unknown = true;
 	}
 	if (shift_wr_is_atomic(e->opcode)) {
 		/* only posted here once failed over: never a retransmission */
@@ -294,11 +293,57 @@ int fo_post_mirrored(struct shift_dqp *d, uint64_t idx, bool dflt)
 		wr.wr.atomic.compare_add = e->compare_add;
 		wr.wr.atomic.swap = e->swap;
 		wr.wr.atomic.rkey = e->rkey;
-		if (!dflt && remote_key(d, e->rkey, &wr.wr.atomic.rkey) &&
-		    !reject_remotely(d, &wr.wr.atomic.remote_addr, &wr.wr.atomic.rkey))
+		if (!dflt && remote_key(d, e->rkey, &wr.wr.atomic.rkey))
+			unknown = true;
+	}
+	*wrp = wr;
+	return unknown ? 1 : 0;
+}
+
+/* Can the backup QP carry mirrored send WRs [from, to) (only the READs
+ * among them, if reads)? Not an operation on the default NIC's own objects
+ * (memory windows, invalidation), nor memory without a backup key (a memory
+ * window's rkey, an MR not replayed yet). */
+bool fo_bk_carries(struct shift_dqp *d, uint64_t from, uint64_t to, bool reads)
+{
+	for (uint64_t i = from; i < to; i++) {
+		struct shift_swqe *e = shift_dqp_swqe(d, i);
+		struct ibv_sge sge[e->num_sge ? e->num_sge : 1];
+		struct ibv_send_wr wr;
+
+		if (reads && e->opcode != IBV_WR_RDMA_READ)
+			continue;
+		if (e->opcode == IBV_WR_BIND_MW || e->opcode == IBV_WR_LOCAL_INV ||
+		    e->opcode == IBV_WR_SEND_WITH_INV || e->opcode == IBV_WR_TSO ||
+		    build_mirrored(d, i, false, &wr, sge))
+			return false;
+	}
+	return true;
+}
+
+/* Post mirrored send WR idx again (build_mirrored). */
+int fo_post_mirrored(struct shift_dqp *d, uint64_t idx, bool dflt)
+{
+	struct shift_swqe *e = shift_dqp_swqe(d, idx);
+	struct ibv_sge sge[e->num_sge ? e->num_sge : 1];
+	struct ibv_send_wr wr, *bad;
+
+	int rc = build_mirrored(d, idx, dflt, &wr, sge);
+
+	if (rc < 0)
+		return -1;
+	if (rc) {
+		/* a remote key with no backup key: refused as on the default
+		 * path (a WR posted while failed over; a failover's
+		 * retransmission checks fo_bk_carries() first) */
+		uint64_t *raddr = shift_wr_is_atomic(wr.opcode) ? &wr.wr.atomic.remote_addr :
+								 &wr.wr.rdma.remote_addr;
+		uint32_t *rkey = shift_wr_is_atomic(wr.opcode) ? &wr.wr.atomic.rkey : &wr.wr.rdma.rkey;
+
+		if (!reject_remotely(d, raddr, rkey))
 			return doom(d, idx);
 	}
-	int rc = dflt ? d->prov_post_send(d->qp, &wr, &bad) : ibv_post_send(d->bk, &wr, &bad);
+	rc = dflt ? d->prov_post_send(d->qp, &wr, &bad) : ibv_post_send(d->bk, &wr, &bad);
 	if (rc) {
 		shift_debug("%s QP %u: %s post_send: %s", d->dev, d->qpn, dflt ? "default" : "backup",
 			    strerror(rc));
