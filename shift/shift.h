@@ -30,6 +30,10 @@ void shift_dqp_link(struct shift_ctx *s, struct ibv_qp *qp, struct ibv_cq *send_
 void shift_vctx_take(struct shift_ctx *s);
 void shift_vctx_give_back(struct shift_ctx *s);
 
+/* Install the fork() handlers (shift/fork.c); once, before the first
+ * context is attached. */
+void shift_fork_install(void);
+
 /* Called by the drop-in for every call of an IBVERBS_1.0 compat symbol. */
 void shift_compat_enter(unsigned int export_index);
 

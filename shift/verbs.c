@@ -67,6 +67,7 @@ static void install_upcalls(void)
 {
 	shift_dp_set_upcalls(&upcalls);
 	shift_shadow_set_background(shift_failover_background);
+	shift_fork_install();
 }
 
 struct ibv_context *shift_ibv_open_device(struct ibv_device *device)
@@ -225,7 +226,8 @@ int shift_ibv_rereg_mr(struct ibv_mr *mr, int flags, struct ibv_pd *pd,
 	struct shift_rnic *r = mr ? rnic_of(mr->context) : NULL;
 	int rc = L->rereg_mr(mr, flags, pd, addr, length, access);
 
-	if (!rc && r)
+	/* (DO_FORK_OLD: the MR changed, only the old range's fork state did not) */
+	if ((!rc || rc == IBV_REREG_MR_ERR_DO_FORK_OLD) && r)
 		shift_shadow_mr_rereg(r, mr, flags, access);
 	return rc;
 }
@@ -279,7 +281,12 @@ struct ibv_cq *shift_ibv_create_cq(struct ibv_context *context, int cqe,
 
 int shift_ibv_resize_cq(struct ibv_cq *cq, int cqe)
 {
-	return L->resize_cq(cq, cqe);
+	struct shift_rnic *r = cq ? rnic_of(cq->context) : NULL;
+	int rc = L->resize_cq(cq, cqe);
+
+	if (!rc && r)
+		shift_shadow_cq_resized(r, cq);
+	return rc;
 }
 
 int shift_ibv_destroy_cq(struct ibv_cq *cq)
@@ -391,7 +398,7 @@ int shift_ibv_destroy_qp(struct ibv_qp *qp)
 			   strerror(rc));
 		return rc;
 	}
-	shift_dqp_destroy(d);
+	shift_dqp_destroy_later(d);
 	return rc;
 }
 

@@ -299,6 +299,10 @@ static inline unsigned shift_dqp_opslot(unsigned opcode)
 struct shift_dqp *shift_dqp_create(struct ibv_qp *qp, const struct ibv_qp_cap *cap,
 				   int sq_sig_all);
 void shift_dqp_destroy(struct shift_dqp *d);
+/* The same once no lock-free reader (a poll's last-QP cache, a lookup
+ * chain) can still hold d (dp/limbo.h): for a QP the application
+ * destroyed while its CQs may still be polled. */
+void shift_dqp_destroy_later(struct shift_dqp *d);
 
 /*
  * Mirror the WR chain about to be posted. Returns 0, or -1 if the mirror

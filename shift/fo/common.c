@@ -25,39 +25,42 @@ uint64_t fo_probe_wait(const struct shift_dqp *d)
 }
 
 /* ---- the context's list of failed-over QPs ----------------------------
- * fo[] has holes (NULL) so lock-free readers never miss a moved entry;
- * nfo is its high-water mark. Writers hold fo_lock. */
-static pthread_mutex_t fo_lock = PTHREAD_MUTEX_INITIALIZER;
-
+ * fo[] has holes (NULL) left by QPs that failed back; nfo is its high-water
+ * mark. It grows without bound (doubling). Every reader and writer holds
+ * the context's slow_lock: the slow poll, the background pass and
+ * shift_failover_forget(). */
 int fo_add(struct shift_ctx *s, struct shift_dqp *d)
 {
-	int rc = -1;
+	int hole = -1;
 
-	pthread_mutex_lock(&fo_lock);
-	for (int i = 0; i < s->nfo; i++)
-		if (__atomic_load_n(&s->fo[i], __ATOMIC_RELAXED) == d)
-			rc = 0;
-	for (int i = 0; rc && i < SHIFT_MAX_FO; i++) {
-		if (i < s->nfo && s->fo[i])
-			continue;
-		__atomic_store_n(&s->fo[i], d, __ATOMIC_RELEASE);
-		if (i == s->nfo)
-			__atomic_store_n(&s->nfo, i + 1, __ATOMIC_RELEASE);
-		rc = 0;
+	for (int i = 0; i < s->nfo; i++) {
+		if (s->fo[i] == d)
+			return 0;
+		if (!s->fo[i] && hole < 0)
+			hole = i;
 	}
-	pthread_mutex_unlock(&fo_lock);
-	return rc;
+	if (hole < 0 && s->nfo == s->fo_cap) {
+		int cap = s->fo_cap ? 2 * s->fo_cap : 16;
+		struct shift_dqp **n = realloc(s->fo, sizeof(*n) * (size_t)cap);
+
+		if (!n)
+			return -1;
+		s->fo = n;
+		s->fo_cap = cap;
+	}
+	if (hole < 0)
+		hole = s->nfo++;
+	s->fo[hole] = d;
+	return 0;
 }
 
 void fo_remove(struct shift_ctx *s, struct shift_dqp *d)
 {
-	pthread_mutex_lock(&fo_lock);
 	for (int i = 0; i < s->nfo; i++)
 		if (s->fo[i] == d)
-			__atomic_store_n(&s->fo[i], NULL, __ATOMIC_RELEASE);
+			s->fo[i] = NULL;
 	while (s->nfo && !s->fo[s->nfo - 1])
 		s->nfo--;
-	pthread_mutex_unlock(&fo_lock);
 }
 
 /* ---- kept completions ------------------------------------------------- */
@@ -96,10 +99,8 @@ void fo_emit(struct out *o, const struct ibv_wc *wc)
 
 struct shift_dqp *fo_dqp_of_bk(struct shift_ctx *s, uint32_t bk_qpn)
 {
-	int n = __atomic_load_n(&s->nfo, __ATOMIC_ACQUIRE);
-
-	for (int i = 0; i < n; i++) {
-		struct shift_dqp *d = __atomic_load_n(&s->fo[i], __ATOMIC_ACQUIRE);
+	for (int i = 0; i < s->nfo; i++) {
+		struct shift_dqp *d = s->fo[i];
 
 		if (d && d->bk && d->bk->qp_num == bk_qpn)
 			return d;
