@@ -186,6 +186,7 @@ struct shift_dqp {
 	uint64_t ctrl_seen_ms;        /* when the background thread saw it */
 	struct { uint32_t app, bk; } rkeys[16]; /* remote key translations */
 	unsigned nrkeys;
+	unsigned long rkeys_ep;       /* ... read in failover number rkeys_ep */
 
 	/* failback (shift/fo/failback.c), under the CQs' dp_lock */
 	uint8_t dflt;                 /* SHIFT_DFLT_*: the default QP's condition */

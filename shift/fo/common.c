@@ -117,7 +117,13 @@ static int remote_key(struct shift_dqp *d, uint32_t app_rkey, uint32_t *bk)
 	void *v;
 	size_t len;
 
-	for (unsigned i = 0; i < d->nrkeys; i++) {
+	/* the peer may have registered its MRs anew since the last failover
+	 * (ibv_rereg_mr, or dereg and reg): read them again in each one */
+	if (d->rkeys_ep != d->failovers) {
+		d->nrkeys = 0;
+		d->rkeys_ep = d->failovers;
+	}
+	for (unsigned i = 0; i < d->nrkeys && i < 16; i++) {
 		if (d->rkeys[i].app == app_rkey) {
 			*bk = d->rkeys[i].bk;
 			return 0;
