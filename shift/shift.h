@@ -21,8 +21,9 @@
  */
 extern const struct shift_lower shift_verbs;
 
-/* Connect a QP's data-path state to its shadow QP and CQs (shift/verbs.c). */
-void shift_dqp_link(struct shift_ctx *s, struct ibv_qp *qp, struct ibv_cq *send_cq,
+/* Connect a new QP's data-path state d (NULL: nothing to do) to its shadow
+ * QP and CQs, before d is published (shift_ctx_add_dqp; shift/vctx.c). */
+void shift_dqp_link(struct shift_ctx *s, struct shift_dqp *d, struct ibv_cq *send_cq,
 		    struct ibv_cq *recv_cq);
 
 /* The extended-verb slots of a context SHIFT attached (shift/vctx.c):

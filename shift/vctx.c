@@ -50,18 +50,17 @@ static struct ibv_qp *shift_vctx_create_qp_ex(struct ibv_context *context,
 	}
 	struct ibv_qp *qp = s->create_qp_ex(context, attr);
 
-	if (qp && s->rnic && attr->qp_type == IBV_QPT_RC && !attr->srq) {
-		struct shift_dqp *d = shift_dqp_create(qp, &attr->cap, attr->sq_sig_all);
+	struct shift_dqp *d = NULL;
 
-		if (d)
-			shift_ctx_add_dqp(s, d);
-	}
-	if (qp && s->rnic) {
-		shift_shadow_qp(s->rnic, qp, attr->qp_type, attr->send_cq, attr->recv_cq,
-				&attr->cap, attr->sq_sig_all,
-				attr->srq != NULL || (attr->comp_mask & IBV_QP_INIT_ATTR_XRCD));
-		shift_dqp_link(s, qp, attr->send_cq, attr->recv_cq);
-	}
+	if (!qp || !s->rnic)
+		return qp;
+	if (attr->qp_type == IBV_QPT_RC && !attr->srq)
+		d = shift_dqp_create(qp, &attr->cap, attr->sq_sig_all);
+	shift_shadow_qp(s->rnic, qp, attr->qp_type, attr->send_cq, attr->recv_cq, &attr->cap,
+			attr->sq_sig_all, attr->srq != NULL || (attr->comp_mask & IBV_QP_INIT_ATTR_XRCD));
+	shift_dqp_link(s, d, attr->send_cq, attr->recv_cq); /* (before it is published) */
+	if (d)
+		shift_ctx_add_dqp(s, d);
 	return qp;
 }
 
@@ -133,14 +132,12 @@ void shift_vctx_give_back(struct shift_ctx *s)
 	VCTX_GIVE_BACK(s, vctx, create_cq_ex);
 }
 
-void shift_dqp_link(struct shift_ctx *s, struct ibv_qp *qp, struct ibv_cq *send_cq,
+void shift_dqp_link(struct shift_ctx *s, struct shift_dqp *d, struct ibv_cq *send_cq,
 		    struct ibv_cq *recv_cq)
 {
-	struct shift_dqp *d = s ? shift_dqp_by_qpn(s, qp->qp_num) : NULL;
-
-	if (!d || !s->rnic)
+	if (!s || !d || !s->rnic)
 		return;
-	d->shadow = shift_shadow_qp_of(s->rnic, qp);
+	d->shadow = shift_shadow_qp_of(s->rnic, d->qp);
 	d->scq = shift_shadow_cq_of(s->rnic, send_cq);
 	d->rcq = shift_shadow_cq_of(s->rnic, recv_cq);
 	d->scq_app = d->scq ? d->scq->app : NULL;

@@ -81,7 +81,7 @@ struct ibv_context *shift_ibv_open_device(struct ibv_device *device)
 		s = shift_ctx_attach(ctx); /* on failure: unprotected, logged */
 		if (s) {
 			shift_vctx_take(s);
-			s->rnic = shift_rnic_start(s);
+			shift_rnic_start(s); /* (sets s->rnic) */
 		}
 	}
 	return ctx;
@@ -318,22 +318,20 @@ struct ibv_qp *shift_ibv_create_qp(struct ibv_pd *pd,
 {
 	struct ibv_qp *qp = L->create_qp(pd, qp_init_attr);
 	struct shift_rnic *r = qp ? rnic_of(pd->context) : NULL;
+	struct shift_dqp *d = NULL;
 
-	if (r && qp_init_attr->qp_type == IBV_QPT_RC && !qp_init_attr->srq) {
-		/* create_qp wrote the actual capabilities back into the attr */
-		struct shift_dqp *d = shift_dqp_create(qp, &qp_init_attr->cap,
-						       qp_init_attr->sq_sig_all);
-
-		if (d)
-			shift_ctx_add_dqp(shift_ctx_of(pd->context), d);
-	}
-	if (r) {
-		shift_shadow_qp(r, qp, qp_init_attr->qp_type, qp_init_attr->send_cq,
-				qp_init_attr->recv_cq, &qp_init_attr->cap,
-				qp_init_attr->sq_sig_all, qp_init_attr->srq != NULL);
-		shift_dqp_link(shift_ctx_of(pd->context), qp, qp_init_attr->send_cq,
-			       qp_init_attr->recv_cq);
-	}
+	if (!r)
+		return qp;
+	/* create_qp wrote the actual capabilities back into the attr */
+	if (qp_init_attr->qp_type == IBV_QPT_RC && !qp_init_attr->srq)
+		d = shift_dqp_create(qp, &qp_init_attr->cap, qp_init_attr->sq_sig_all);
+	shift_shadow_qp(r, qp, qp_init_attr->qp_type, qp_init_attr->send_cq, qp_init_attr->recv_cq,
+			&qp_init_attr->cap, qp_init_attr->sq_sig_all, qp_init_attr->srq != NULL);
+	/* linked to its shadows before it is published: the background pass
+	 * walks the published ones without a lock */
+	shift_dqp_link(shift_ctx_of(pd->context), d, qp_init_attr->send_cq, qp_init_attr->recv_cq);
+	if (d)
+		shift_ctx_add_dqp(shift_ctx_of(pd->context), d);
 	return qp;
 }
 

@@ -272,6 +272,7 @@ void shift_shadow_fork_child(void)
 		struct shift_rnic *r = rnics;
 
 		rnics = r->next_rnic;
+		pthread_mutex_unlock(&r->busy); /* (prepare's: this thread's) */
 		r->thread_started = false; /* (the parent's) */
 		r->stop = true;
 		r->next_rnic = inherited;
@@ -289,6 +290,7 @@ struct shift_rnic *shift_rnic_start(struct shift_ctx *sctx)
 		return NULL;
 	}
 	r->sctx = sctx;
+	sctx->rnic = r; /* (before the thread starts: it reads it) */
 	snprintf(r->name, sizeof(r->name), "%s",
 		 sctx->ibctx->device ? sctx->ibctx->device->name : "?");
 	pthread_mutex_init(&r->busy, NULL);

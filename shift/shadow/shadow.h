@@ -22,7 +22,8 @@
 
 struct shift_ctx;
 
-/* Start shadowing a context the application opened; NULL if this context
+/* Start shadowing a context the application opened: sctx->rnic is set
+ * (before the RNIC's thread starts) and returned; NULL if this context
  * cannot be protected (logged once). Never fails the application. */
 struct shift_rnic *shift_rnic_start(struct shift_ctx *sctx);
 /* Stop the thread, destroy backup objects, delete this RNIC's KV keys. */

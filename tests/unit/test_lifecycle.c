@@ -43,13 +43,15 @@
 #include "ep.h"
 #include "test_env.h"
 
-/* The fork test's child starts SHIFT's thread for what it opens: TSan
- * must let a child of a multi-threaded process create threads. */
-const char *__tsan_default_options(void);
-const char *__tsan_default_options(void)
-{
-	return "die_after_fork=0";
-}
+/* ThreadSanitizer does not follow a child of a multi-threaded fork (its
+ * lock graph and thread states stay the parent's: it reports what did not
+ * happen). Under it the fork test checks the parent side only, its child
+ * leaving at once; the plain and ASan builds run the child's checks. */
+#if defined(__SANITIZE_THREAD__)
+#define FORK_CHILD_CHECKED 0
+#else
+#define FORK_CHILD_CHECKED 1
+#endif
 
 /* verbs.h's inline fallbacks name this; SHIFT never takes it. */
 int (ibv_query_port)(struct ibv_context *c, uint8_t p, struct _compat_ibv_port_attr *a)
@@ -337,8 +339,11 @@ static void test_fork_while_a_thread_is_in_a_verb(void **state)
 		fflush(NULL);
 		pid_t pid = fork();
 		assert_true(pid >= 0);
-		if (pid == 0)
+		if (pid == 0) {
+			if (!FORK_CHILD_CHECKED)
+				_exit(0);
 			exit(fork_child(&a)); /* exit(): its exit handlers run */
+		}
 		assert_int_equal(waitpid(pid, &st, 0), pid);
 		if (!WIFEXITED(st) || WEXITSTATUS(st))
 			fail_msg("fork child (round %d): %s %d", round,
