@@ -7,7 +7,9 @@
  *   that brings every completion at once loses none;
  * - a CQ made at the device's largest size still gets its backup;
  * - an MR the application re-registered (its own side, and the peer's,
- *   across two failovers): the backup keys follow.
+ *   across two failovers): the backup keys follow;
+ * - a QP whose peer never published its backup attributes is unprotected,
+ *   and a failure then reaches the application exactly as without SHIFT.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -306,6 +308,62 @@ static void test_rereg_mr_followed_across_failovers(void **state)
 	sim_ep_close(&b);
 }
 
+/*
+ * A connects through va to a peer without SHIFT (its backup attributes
+ * never appear), writes 8 times, and its NIC dies: the completions A's
+ * application polls (up to max), in order.
+ */
+static int fail_unshadowed(const struct shift_lower *va, struct ibv_wc *out, int max)
+{
+	struct ibv_qp_cap cap = { .max_send_wr = 16, .max_recv_wr = 16, .max_send_sge = 1,
+				  .max_recv_sge = 1 };
+	struct sim_ep a, b;
+	int n = 0;
+
+	world_open("unshadowed");
+	assert_int_equal(sim_ep_open(&a, va, "sim0_0", 1 << 14, SIM_PAIR_ACCESS, &cap, 64, 0), 0);
+	assert_int_equal(sim_ep_open(&b, shift_lower, "sim1_0", 1 << 14, SIM_PAIR_ACCESS, &cap, 64, 0), 0);
+	assert_int_equal(connect_pair(&a, &b), 0);
+	passes(16);
+	if (va == &shift_verbs)
+		assert_int_equal(shift_shadow_qp_state(a.qp), SHIFT_SHADOW_PENDING);
+	for (int i = 0; i < 8; i++)
+		post_write(&a, &b, a.qp, i, a.mr->lkey, a.buf);
+	sim_dev_kill(sim_host_dev(host[0], 0), 0);
+	sim_pair_expect_errors(max);
+	for (int r = 0; r < 4000 && n < max; r++) {
+		sim_world_step(world);
+		shift_rnic_pass_all();
+		n += sim_pair_poll1("A", &a, out + n);
+	}
+	sim_ep_close(&a);
+	sim_ep_close(&b);
+	sim_world_destroy(world);
+	world = NULL;
+	test_env_restore();
+	return n;
+}
+
+/* Unprotected until the peer's record appears, and failing as plain:
+ * the same completions (wr_id, status, opcode, QP) in the same order. */
+static void test_unshadowed_qp_fails_as_plain(void **state)
+{
+	struct ibv_wc ws[16], wp[16];
+	(void)state;
+
+	int ns = fail_unshadowed(&shift_verbs, ws, 16);
+	int np = fail_unshadowed(shift_lower, wp, 16);
+	assert_int_equal(np, 8);
+	assert_int_equal(ns, np);
+	for (int i = 0; i < np; i++) {
+		assert_int_equal(ws[i].wr_id, wp[i].wr_id);
+		assert_int_equal(ws[i].status, wp[i].status);
+		if (ws[i].status == IBV_WC_SUCCESS)
+			assert_int_equal(ws[i].opcode, wp[i].opcode);
+	}
+	assert_int_equal(wp[0].status, IBV_WC_RETRY_EXC_ERR);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -313,6 +371,7 @@ int main(void)
 		cmocka_unit_test_teardown(test_cq_at_max_size_gets_its_backup, teardown),
 		cmocka_unit_test_teardown(test_hundreds_of_qps_fail_over_together, teardown),
 		cmocka_unit_test_teardown(test_rereg_mr_followed_across_failovers, teardown),
+		cmocka_unit_test_teardown(test_unshadowed_qp_fails_as_plain, teardown),
 	};
 	return test_env_run_group_tests(tests);
 }
