@@ -166,10 +166,11 @@ static int (*const shift_poll_cq_lean_of_slot[SHIFT_FAST_CTX])(struct ibv_cq *, 
 	POLL_FN8(shift_poll_cq_lean_, 6), POLL_FN8(shift_poll_cq_lean_, 7),
 };
 
-/* The fast poll of a context without a slot: its context looked up. */
+/* The fast poll of a context without a slot: its context looked up in the
+ * table of those (one hash, a probe or two). */
 static int shift_poll_cq_any(struct ibv_cq *cq, int num_entries, struct ibv_wc *wc)
 {
-	struct shift_ctx *s = shift_ctx_of(cq->context);
+	struct shift_ctx *s = shift_ctx_of_more(cq->context);
 
 	if (shift_unlikely(!s))
 		return -1; /* the context is being closed */
