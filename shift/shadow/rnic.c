@@ -274,6 +274,12 @@ void shift_shadow_fork_child(void)
 		rnics = r->next_rnic;
 		pthread_mutex_unlock(&r->busy); /* (prepare's: this thread's) */
 		r->thread_started = false; /* (the parent's) */
+		if (r->kv) {
+			/* the child's copy of the connection: closed without a
+			 * word on it (the parent's stays), its keys kept */
+			shift_kv_close(r->kv);
+			r->kv = NULL;
+		}
 		r->stop = true;
 		r->next_rnic = inherited;
 		inherited = r;
