@@ -56,12 +56,15 @@ static void replay_pd(struct shift_rnic *r, struct shift_pd *p)
 {
 	if (p->bk || p->state != SHIFT_SHADOW_PENDING)
 		return;
+	errno = 0;
 	p->bk = shift_lower->alloc_pd(r->bk_ctx);
+	int err = errno;
 	pthread_mutex_lock(&r->lock);
 	p->state = p->bk ? SHIFT_SHADOW_READY : SHIFT_SHADOW_UNPROTECTED;
 	pthread_mutex_unlock(&r->lock);
 	if (!p->bk)
-		shift_warn("%s: backup PD on %s: %s", r->name, r->bk_name, strerror(errno));
+		shift_warn("%s: backup PD on %s: %s", r->name, r->bk_name,
+			   err ? strerror(err) : "the provider gave no reason");
 }
 
 /*
@@ -192,6 +195,9 @@ static void replay_mr(struct shift_rnic *r, struct shift_mr *m)
 		}
 		if (!m->pd->bk)
 			return; /* next pass */
+		int err;
+
+		errno = 0;
 		switch (m->kind) {
 		case SHIFT_MR_PLAIN:
 			m->bk = shift_lower->reg_mr(m->pd->bk, m->addr, m->length, (int)m->access);
@@ -204,16 +210,19 @@ static void replay_mr(struct shift_rnic *r, struct shift_mr *m)
 			m->bk = shift_lower->reg_dmabuf_mr(m->pd->bk, m->dmabuf_offset,
 							   m->length, m->iova, m->dmabuf_fd,
 							   (int)m->access);
+			err = errno; /* (close may change it) */
 			close(m->dmabuf_fd);
+			errno = err;
 			m->dmabuf_fd = -1;
 			break;
 		}
+		err = errno;
 		pthread_mutex_lock(&r->lock);
 		m->state = m->bk ? SHIFT_SHADOW_READY : SHIFT_SHADOW_UNPROTECTED;
 		pthread_mutex_unlock(&r->lock);
 		if (!m->bk) {
 			shift_warn("%s: backup MR (rkey %u) on %s: %s", r->name, m->app_rkey,
-				   r->bk_name, strerror(errno));
+				   r->bk_name, err ? strerror(err) : "the provider gave no reason");
 			return;
 		}
 		stat_add(&shift_shadow_counters.mrs_ready, 1);
