@@ -70,6 +70,7 @@ static void install_upcalls(void)
 {
 	shift_dp_set_upcalls(&upcalls);
 	shift_shadow_set_background(shift_failover_background);
+	shift_fork_install();
 }
 
 struct ibv_context *shift_ibv_open_device(struct ibv_device *device)
@@ -83,7 +84,7 @@ struct ibv_context *shift_ibv_open_device(struct ibv_device *device)
 		s = shift_ctx_attach(ctx); /* on failure: unprotected, logged */
 		if (s) {
 			shift_vctx_take(s);
-			s->rnic = shift_rnic_start(s);
+			shift_rnic_start(s); /* (sets s->rnic) */
 		}
 	}
 	return ctx;
@@ -230,7 +231,8 @@ int shift_ibv_rereg_mr(struct ibv_mr *mr, int flags, struct ibv_pd *pd,
 	struct shift_rnic *r = mr ? rnic_of(mr->context) : NULL;
 	int rc = L->rereg_mr(mr, flags, pd, addr, length, access);
 
-	if (!rc && r)
+	/* (DO_FORK_OLD: the MR changed, only the old range's fork state did not) */
+	if ((!rc || rc == IBV_REREG_MR_ERR_DO_FORK_OLD) && r)
 		shift_shadow_mr_rereg(r, mr, flags, access);
 	return rc;
 }
@@ -284,7 +286,12 @@ struct ibv_cq *shift_ibv_create_cq(struct ibv_context *context, int cqe,
 
 int shift_ibv_resize_cq(struct ibv_cq *cq, int cqe)
 {
-	return L->resize_cq(cq, cqe);
+	struct shift_rnic *r = cq ? rnic_of(cq->context) : NULL;
+	int rc = L->resize_cq(cq, cqe);
+
+	if (!rc && r)
+		shift_shadow_cq_resized(r, cq);
+	return rc;
 }
 
 int shift_ibv_destroy_cq(struct ibv_cq *cq)
@@ -322,24 +329,22 @@ struct ibv_qp *shift_ibv_create_qp(struct ibv_pd *pd,
 {
 	struct ibv_qp *qp = L->create_qp(pd, qp_init_attr);
 	struct shift_rnic *r = qp ? rnic_of(pd->context) : NULL;
+	struct shift_dqp *d = NULL;
 
-	/* (a QP on an extended CQ SHIFT cannot poll runs unprotected) */
-	if (r && qp_init_attr->qp_type == IBV_QPT_RC && !qp_init_attr->srq &&
-	    !shift_cqx_blocks(qp_init_attr->send_cq) && !shift_cqx_blocks(qp_init_attr->recv_cq)) {
-		/* create_qp wrote the actual capabilities back into the attr */
-		struct shift_dqp *d = shift_dqp_create(qp, &qp_init_attr->cap,
-						       qp_init_attr->sq_sig_all);
-
-		if (d)
-			shift_ctx_add_dqp(shift_ctx_of(pd->context), d);
-	}
-	if (r) {
-		shift_shadow_qp(r, qp, qp_init_attr->qp_type, qp_init_attr->send_cq,
-				qp_init_attr->recv_cq, &qp_init_attr->cap,
-				qp_init_attr->sq_sig_all, qp_init_attr->srq != NULL);
-		shift_dqp_link(shift_ctx_of(pd->context), qp, qp_init_attr->send_cq,
-			       qp_init_attr->recv_cq);
-	}
+	if (!r)
+		return qp;
+	/* create_qp wrote the actual capabilities back into the attr; a QP on
+	 * an extended CQ SHIFT cannot poll runs unprotected */
+	if (qp_init_attr->qp_type == IBV_QPT_RC && !qp_init_attr->srq &&
+	    !shift_cqx_blocks(qp_init_attr->send_cq) && !shift_cqx_blocks(qp_init_attr->recv_cq))
+		d = shift_dqp_create(qp, &qp_init_attr->cap, qp_init_attr->sq_sig_all);
+	shift_shadow_qp(r, qp, qp_init_attr->qp_type, qp_init_attr->send_cq, qp_init_attr->recv_cq,
+			&qp_init_attr->cap, qp_init_attr->sq_sig_all, qp_init_attr->srq != NULL);
+	/* linked to its shadows before it is published: the background pass
+	 * walks the published ones without a lock */
+	shift_dqp_link(shift_ctx_of(pd->context), d, qp_init_attr->send_cq, qp_init_attr->recv_cq);
+	if (d)
+		shift_ctx_add_dqp(shift_ctx_of(pd->context), d);
 	return qp;
 }
 
@@ -430,7 +435,7 @@ int shift_ibv_destroy_qp(struct ibv_qp *qp)
 		return rc;
 	}
 	shift_qpx_free(x);
-	shift_dqp_destroy(d);
+	shift_dqp_destroy_later(d);
 	return rc;
 }
 

@@ -4,6 +4,7 @@
  * work SHIFT adds to a post; it touches preallocated memory only.
  */
 #include "shift/dp/dqp.h"
+#include "shift/dp/limbo.h"
 
 #include <stddef.h>
 #include <stdio.h>
@@ -111,6 +112,16 @@ void shift_dqp_destroy(struct shift_dqp *d)
 	free(d->sq);
 	free(d->rq);
 	free(d);
+}
+
+static void dqp_free(void *d)
+{
+	shift_dqp_destroy(d);
+}
+
+void shift_dqp_destroy_later(struct shift_dqp *d)
+{
+	shift_limbo_put(d, dqp_free);
 }
 
 static int mirror_full(struct shift_dqp *d, const char *q)

@@ -196,6 +196,7 @@ struct shift_dqp {
 	uint64_t ctrl_seen_ms;        /* when the background thread saw it */
 	struct { uint32_t app, bk; } rkeys[16]; /* remote key translations */
 	unsigned nrkeys;
+	unsigned long rkeys_ep;       /* ... read in failover number rkeys_ep */
 
 	/* failback (shift/fo/failback.c), under the CQs' dp_lock */
 	uint8_t dflt;                 /* SHIFT_DFLT_*: the default QP's condition */
@@ -345,6 +346,10 @@ static inline unsigned shift_dqp_opslot(unsigned opcode)
 struct shift_dqp *shift_dqp_create(struct ibv_qp *qp, const struct ibv_qp_cap *cap,
 				   int sq_sig_all);
 void shift_dqp_destroy(struct shift_dqp *d);
+/* The same once no lock-free reader (a poll's last-QP cache, a lookup
+ * chain) can still hold d (dp/limbo.h): for a QP the application
+ * destroyed while its CQs may still be polled. */
+void shift_dqp_destroy_later(struct shift_dqp *d);
 
 /*
  * Mirror the WR chain about to be posted. Returns 0, or -1 if the mirror

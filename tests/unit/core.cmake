@@ -26,3 +26,11 @@ if(TARGET shift_sim)
   shift_unit_test(test_appctl SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/test_appctl.c
     LIBS shift_core shift_sim)
 endif()
+if(TARGET shift_sim)
+  shift_unit_test(test_lifecycle SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/test_lifecycle.c
+    LIBS shift_core shift_sim)
+endif()
+if(TARGET shift_sim)
+  shift_unit_test(test_limits SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/test_limits.c
+    LIBS shift_core shift_sim)
+endif()
