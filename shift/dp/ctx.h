@@ -82,6 +82,8 @@ struct shift_ctx {
 	 * with holes (NULL); read and written under slow_lock only */
 	struct shift_dqp **fo;
 	int nfo, fo_cap;
+	/* a failover was logged as a warning since fo[] was last empty */
+	bool fo_warned;
 	struct shift_rnic *rnic; /* shadow verbs of this RNIC, NULL if unprotected */
 	/* port watch (background thread only): since when each port has not
 	 * been ACTIVE (ms, 0 = active), and whether any is down now */

@@ -20,6 +20,18 @@ static void background(struct shift_ctx *s);
  * goes to the slow path as soon as the port is seen down, so by then no
  * poll of the application is inside the fast path.
  */
+/* d's port is ACTIVE again: did its QP live through (not in ERR)? Then
+ * its later flushes are no longer the device's (fo_on_error). */
+static void port_back(struct shift_dqp *d)
+{
+	struct ibv_qp_attr a;
+	struct ibv_qp_init_attr ia;
+
+	memset(&a, 0, sizeof(a));
+	if (!shift_lower->query_qp(d->qp, &a, IBV_QP_STATE, &ia) && a.qp_state != IBV_QPS_ERR)
+		d->port_was_down = false;
+}
+
 static void watch_ports(struct shift_ctx *s, uint64_t now_ms)
 {
 	int st[SHIFT_WATCH_PORTS + 1] = { 0 }; /* 0 not asked, 1 active, 2 down */
@@ -36,7 +48,11 @@ static void watch_ports(struct shift_ctx *s, uint64_t now_ms)
 	for (int i = 0; i < SHIFT_DQP_BUCKETS; i++) {
 		for (struct shift_dqp *d = __atomic_load_n(&s->dqp[i], __ATOMIC_ACQUIRE); d;
 		     d = d->next_in_bucket) {
-			if (d->send_state != SHIFT_SEND_DEFAULT || !d->scq || !d->rcq ||
+			/* (every QP's port is looked at for port_was_down; only
+			 * Default-state QPs fail over here) */
+			bool dflt = d->send_state == SHIFT_SEND_DEFAULT;
+
+			if (d->send_state == SHIFT_SEND_UNPROTECTED || !d->scq || !d->rcq ||
 			    !d->shadow ||
 			    __atomic_load_n(&d->shadow->state, __ATOMIC_ACQUIRE) != SHIFT_SHADOW_READY)
 				continue;
@@ -60,7 +76,14 @@ static void watch_ports(struct shift_ctx *s, uint64_t now_ms)
 						   "ms");
 				}
 			}
-			if (st[port] == 1)
+			if (st[port] == 1) {
+				/* (a failed-over QP's mark clears at its reset) */
+				if (d->port_was_down && dflt)
+					port_back(d);
+				continue;
+			}
+			d->port_was_down = true; /* (its flushes are the device's) */
+			if (!dflt)
 				continue;
 			down = true;
 			shift_ctx_set_slow(s, true);
@@ -168,7 +191,9 @@ static void fail_over_refused(struct shift_ctx *s, struct shift_dqp *d, uint64_t
 		struct out o = { .wc = NULL, .n = 0, .max = 0, .c = d->scq };
 
 		shift_info("%s QP %u: failing over on a refused post", d->dev, d->qpn);
-		fo_start(s, d, &o, NULL);
+		/* (its QP may have failed for the application's error: judged
+		 * once its CQs are drained) */
+		fo_start_unsure(s, d, &o, NULL);
 	}
 	d->post_failed = false; /* (a failover holds its WRs now) */
 	fo_unlock_cqs(d);
@@ -275,7 +300,8 @@ static void background(struct shift_ctx *s)
 			continue;
 		fo_lock_cqs(d);
 		fo_failback_work(s, d, fbt);
-		if (d->ep_wait != SHIFT_EP_RUNNING || d->bk_error)
+		if (d->send_state != SHIFT_SEND_UNPROTECTED &&
+		    (d->ep_wait != SHIFT_EP_RUNNING || d->bk_error))
 			__atomic_store_n(&waiting_seen, true, __ATOMIC_RELEASE);
 		fo_unlock_cqs(d);
 	}

@@ -33,7 +33,7 @@ void fo_ep_publish(struct shift_ctx *s, struct shift_dqp *d)
 	struct shift_ep_value ev = {
 		.gen = d->bk_gen, .started = (unsigned)d->failovers,
 		.ret = d->ret_ep && d->ret_ep == d->failovers, .count = d->ret_count,
-		.bkfail = d->bk_error, .nosend = !fo_app_sends(s, d),
+		.bkfail = d->bk_error, .nosend = !fo_app_sends(s, d), .closed = d->app_ended,
 	};
 
 	n = shift_exchange_ep_encode_ex(&ev, val, sizeof(val));
@@ -56,6 +56,7 @@ static void ep_take(struct shift_dqp *d, const struct shift_ep_value *ev)
 	d->peer_bkfail = ev->bkfail;
 	if (ev->nosend)
 		d->peer_nosend = true; /* (as its handshake message says, which may be lost) */
+	d->peer_closed = ev->closed;
 }
 
 /* The peer's record into d->peer_gen and d->peer_started: 0, or -1 (none,

@@ -14,9 +14,10 @@ void fo_from_default(struct shift_ctx *s, struct ibv_wc *wc, struct out *o)
 {
 	struct shift_dqp *d = shift_dqp_by_qpn(s, wc->qp_num);
 
-	if (d && d->failovers && (wc->wr_id & ~0xfull) == (SHIFT_WRID_CTRL_RECV & ~0xfull) &&
-	    (wc->wr_id & 0xf) - 1 < 5) {
+	if (d && d->failovers && shift_dqp_own_kind(d, wc->wr_id)) {
 		/* SHIFT's own (probe, notification) never reach the application */
+		if (shift_wc_class(wc->status) == SHIFT_WC_PATH)
+			d->dflt_path_err = true; /* (the cause of later flushes) */
 		if (d->send_state != SHIFT_SEND_UNPROTECTED)
 			fo_on_default_ctrl(s, d, wc, o);
 		return;
@@ -30,24 +31,17 @@ void fo_from_default(struct shift_ctx *s, struct ibv_wc *wc, struct out *o)
 		fo_emit(o, wc);
 		return;
 	}
+	if (d->stash) {
+		/* a failover of d is draining its CQs: judged after the drain */
+		fo_stash_add(d, o->c, wc);
+		return;
+	}
 	/* a flush of a QP already on its backup; unless a direction came
 	 * back to the default QP (my receives) and it failed again */
 	if (d->send_state != SHIFT_SEND_DEFAULT &&
 	    !(d->need_rearm && d->recv_state == SHIFT_RECV_DEFAULT))
 		return;
-	shift_debug("%s QP %u: error completion %d (opcode %d, wr %#llx) starts a failover", d->dev,
-		    d->qpn, (int)wc->status, (int)wc->opcode, (unsigned long long)wc->wr_id);
-	int rc = fo_start(s, d, o, wc);
-
-	if (rc == 0) {
-		if (d->ctrl_pending)
-			fo_on_ctrl(s, d, o);
-		return; /* the error itself is SHIFT's, not the application's */
-	}
-	if (rc == -2)
-		return; /* the connection failed: wc was passed on with the flushes */
-	shift_debug("%s QP %u: error %d passed to the application", d->dev, d->qpn, (int)wc->status);
-	fo_emit(o, wc);
+	fo_on_error(s, d, wc, o);
 }
 
 /* A completion from a backup CQ: SHIFT's own, or one to translate. */
@@ -99,7 +93,8 @@ static void backup_failed(struct shift_dqp *d, struct ibv_wc *wc)
 
 /* An application WR completed on the backup QP: its wr_id and QP number
  * back, retired, handed out; the fence's completion switches back. */
-static void app_completion(struct shift_dqp *d, struct ibv_wc *wc, struct out *o)
+/* A backup completion of the application's WR: its wr_id and QP number. */
+void fo_app_translate(struct shift_dqp *d, struct ibv_wc *wc)
 {
 	uint64_t idx = SHIFT_WRID_INDEX(wc->wr_id);
 
@@ -114,6 +109,11 @@ static void app_completion(struct shift_dqp *d, struct ibv_wc *wc, struct out *o
 			wc->opcode = fo_send_wc_opcode(e->opcode);
 	}
 	wc->qp_num = d->qpn;
+}
+
+static void app_completion(struct shift_dqp *d, struct ibv_wc *wc, struct out *o)
+{
+	fo_app_translate(d, wc);
 	if (wc->status == IBV_WC_SUCCESS) {
 		shift_dqp_retire(d, wc);
 		d->bk_restarts = 0; /* the backup path works */
@@ -127,6 +127,8 @@ static void app_completion(struct shift_dqp *d, struct ibv_wc *wc, struct out *o
 		}
 	}
 	fo_emit(o, wc);
+	if (d->app_ended)
+		return; /* (the application ended it: no failback) */
 	if (d->send_state == SHIFT_SEND_WAIT_DRAINED) {
 		shift_dqp_lock(d);
 		shift_dqp_sync_locked(d);
@@ -144,6 +146,8 @@ static void from_backup(struct shift_ctx *s, struct ibv_wc *wc, struct out *o, b
 {
 	struct shift_dqp *d = fo_dqp_of_bk(s, wc->qp_num);
 
+	if (d && d->app_ended && !d->bk_flushing)
+		return; /* (the application ended it: fo_end() took what was there) */
 	if (wc->wr_id == SHIFT_WRID_CTRL_RECV) {
 		ctrl_received(s, d, wc, o, app);
 		return;
@@ -160,26 +164,71 @@ static void from_backup(struct shift_ctx *s, struct ibv_wc *wc, struct out *o, b
 		if (!d || wc->status == IBV_WC_SUCCESS || d->bk_flushing || d->bk_error ||
 		    d->send_state == SHIFT_SEND_UNPROTECTED || !d->need_rearm)
 			return;
-	} else if (!(wc->wr_id & SHIFT_WRID_DATA)) {
+	} else if (!(wc->wr_id & SHIFT_WRID_DATA) ||
+		   (d->send_state == SHIFT_SEND_UNPROTECTED &&
+		    SHIFT_WRID_GEN_OF(wc->wr_id) != d->bk_gen)) {
+		return; /* (the latter: a backup QP abandoned, its WRs flushed) */
+	}
+	if (d->doomed && !(wc->wr_id & SHIFT_WRID_RECV) && (wc->wr_id & SHIFT_WRID_DATA) &&
+	    SHIFT_WRID_INDEX(wc->wr_id) + 1 == d->doomed && wc->status == IBV_WC_SUCCESS &&
+	    d->send_state != SHIFT_SEND_UNPROTECTED) {
+		/* the stand-in of a WR whose key the peer never had: refused */
+		wc->status = IBV_WC_REM_ACCESS_ERR;
+		fo_backup_app_error(s, d, wc, o);
 		return;
 	}
 	if (wc->status != IBV_WC_SUCCESS && d->send_state != SHIFT_SEND_UNPROTECTED) {
+		/* the application's error on a WR of its own, this episode */
+		if (shift_wc_class(wc->status) == SHIFT_WC_APP && (wc->wr_id & SHIFT_WRID_DATA) &&
+		    SHIFT_WRID_GEN_OF(wc->wr_id) == d->bk_gen && !d->bk_flushing && !d->bk_error) {
+			fo_backup_app_error(s, d, wc, o);
+			return;
+		}
 		backup_failed(d, wc);
 		return;
 	}
 	app_completion(d, wc, o);
 }
 
+/*
+ * The batches of backup completions being handed out on this thread,
+ * innermost first. A drain of the same backup CQ from inside one (the
+ * connection ending, fo_flush_backup) takes the rest of that batch first:
+ * its completions are older than anything still in the CQ.
+ */
+struct bk_batch {
+	struct shift_cq *c;
+	struct ibv_wc *wc;
+	int i, n;
+	struct bk_batch *up;
+};
+static _Thread_local struct bk_batch *bk_batches;
+
 void fo_poll_backup(struct shift_ctx *s, struct shift_cq *c, struct out *o, bool app)
 {
 	struct ibv_wc tmp[TMP_WC];
-	int n;
+	struct bk_batch b = { .c = c, .wc = tmp, .up = bk_batches };
 
 	if (!c->bk)
 		return;
-	while ((!app || o->n < o->max) && (n = ibv_poll_cq(c->bk, TMP_WC, tmp)) > 0)
-		for (int i = 0; i < n; i++)
+	for (struct bk_batch *p = b.up; p; p = p->up) {
+		if (p->c != c)
+			continue;
+		while (p->i < p->n) {
+			int i = p->i++;
+
+			from_backup(s, &p->wc[i], o, app);
+		}
+	}
+	bk_batches = &b;
+	while ((!app || o->n < o->max) && (b.n = ibv_poll_cq(c->bk, TMP_WC, tmp)) > 0) {
+		for (b.i = 0; b.i < b.n;) {
+			int i = b.i++;
+
 			from_backup(s, &tmp[i], o, app);
+		}
+	}
+	bk_batches = b.up;
 }
 
 int shift_poll_slow(struct shift_ctx *s, struct ibv_cq *cq, int num_entries,

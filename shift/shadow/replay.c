@@ -264,6 +264,10 @@ void shift_rnic_reap(struct shift_rnic *r)
 	REAP(qps, struct shift_qp, {
 		if (o->published && shift_exchange_qp_key(&o->my_key, key, sizeof(key)) >= 0)
 			kv_del(r, key);
+		/* (and its failover record: a QP that reuses the number is a
+		 * new connection) */
+		if (o->published && shift_exchange_ep_key(&o->my_key, key, sizeof(key)) >= 0)
+			kv_del(r, key);
 		if (o->bk)
 			shift_lower->destroy_qp(o->bk);
 		if (o->state == SHIFT_SHADOW_READY)

@@ -58,6 +58,10 @@ static int sim_query_device(struct ibv_context *c, struct ibv_device_attr *a)
 	a->page_size_cap = 4096;
 	a->vendor_id = 0x5348;
 	a->vendor_part_id = 1;
+	if (d->w->opts.vendor_id || d->w->opts.vendor_part_id) {
+		a->vendor_id = d->w->opts.vendor_id;
+		a->vendor_part_id = d->w->opts.vendor_part_id;
+	}
 	a->max_qp = 4096;
 	a->max_qp_wr = SIM_MAX_WR;
 	a->device_cap_flags = IBV_DEVICE_RC_RNR_NAK_GEN |
@@ -607,11 +611,14 @@ static struct ibv_cq_ex *sim_create_cq_ex(struct ibv_context *c,
 		errno = EINVAL;
 		return NULL;
 	}
-	if (ia->wc_flags & ~(uint64_t)IBV_WC_STANDARD_FLAGS) {
+	if (ia->wc_flags & ~(uint64_t)(IBV_WC_STANDARD_FLAGS |
+				       IBV_WC_EX_WITH_COMPLETION_TIMESTAMP)) {
 		errno = EOPNOTSUPP;
 		return NULL;
 	}
 	cq = sim_cq_new(c, (int)ia->cqe, ia->cq_context, ia->channel);
+	if (cq && (ia->wc_flags & IBV_WC_EX_WITH_COMPLETION_TIMESTAMP))
+		sim_cq_ex_timestamps(cq);
 	return cq ? &cq->cq : NULL;
 }
 
@@ -770,4 +777,5 @@ const struct shift_lower sim_lower_proto = {
 	.destroy_qp = sim_destroy_qp,
 	.query_ece = sim_query_ece,
 	.set_ece = sim_set_ece,
+	.qp_to_qp_ex = ibv_qp_to_qp_ex, /* the sim's (qpex.c) */
 };
