@@ -19,6 +19,8 @@
  * shadow (RNICs, then each thread's pass), dp, channels, providers.
  */
 #include "shift/shift.h"
+#include "shift/dp/cqex.h"
+#include "shift/dp/qpex.h"
 #include "shift/shadow/chan.h"
 #include "shift/shadow/shadow.h"
 #include "providers/provider.h"
@@ -41,11 +43,20 @@ static void parent(void)
 	shift_shadow_fork_parent();
 }
 
+/* A context the child inherited: its provider's slots, and its extended
+ * QPs' and CQs' functions, back (as close_device does). */
+static void child_drops(struct shift_ctx *s)
+{
+	shift_vctx_give_back(s);
+	shift_qpx_detach_ctx(s);
+	shift_cqx_detach_ctx(s);
+}
+
 static void child(void)
 {
 	shift_provider_fork_done();
 	shift_chan_fork_child();
-	shift_dp_fork_child(shift_vctx_give_back);
+	shift_dp_fork_child(child_drops);
 	shift_shadow_fork_child();
 }
 

@@ -5,6 +5,8 @@
  * fast path and the failover layer's slow one.
  */
 #include "shift/dp/ctx.h"
+#include "shift/dp/cqex.h"
+#include "shift/dp/qpex.h"
 #include "shift/dp/limbo.h"
 #include "shift/dp/poll.h"
 #include "shift/dp/post.h"
@@ -223,11 +225,21 @@ void shift_dp_fork_prepare(void)
 {
 	pthread_mutex_lock(&shift_ctx_lock);
 	shift_limbo_fork_prepare();
+	shift_cqx_fork_prepare();
+	shift_qpx_fork_prepare();
+}
+
+/* (the registries' own locks: leaves, taken last, given back first) */
+static void fork_done_leaves(void)
+{
+	shift_qpx_fork_done();
+	shift_cqx_fork_done();
+	shift_limbo_fork_done();
 }
 
 void shift_dp_fork_parent(void)
 {
-	shift_limbo_fork_done();
+	fork_done_leaves();
 	pthread_mutex_unlock(&shift_ctx_lock);
 }
 
@@ -247,6 +259,7 @@ static void inherit(struct shift_ctx *s, void (*before)(struct shift_ctx *s))
 
 void shift_dp_fork_child(void (*before)(struct shift_ctx *s))
 {
+	fork_done_leaves(); /* (before() may take them: this is the only thread) */
 	for (int i = 0; i < SHIFT_FAST_CTX; i++)
 		if (shift_ctx_tab[i])
 			inherit(shift_ctx_tab[i], before);
@@ -258,6 +271,5 @@ void shift_dp_fork_child(void (*before)(struct shift_ctx *s))
 	}
 	for (int i = 0; i < SHIFT_DQP_TAB; i++)
 		shift_dqp_tab[i] = &shift_dqp_none;
-	shift_limbo_fork_done();
 	pthread_mutex_unlock(&shift_ctx_lock);
 }

@@ -153,8 +153,8 @@ void shift_ctx_more_remove(struct shift_ctx *s);
 
 /*
  * fork(): the data path's share of the front's handlers (shift/fork.c).
- * prepare takes the registry lock (no table is half changed in the child),
- * parent gives it back. child drops every context: the child's contexts are
+ * prepare takes the registry locks (contexts, deferred frees, extended CQs
+ * and QPs: no table is half changed in the child), parent gives them back. child drops every context: the child's contexts are
  * its parent's, whose SHIFT state (threads, backup objects, the KV
  * connection) stays the parent's, so in the child they run as plain
  * contexts: the provider's ops back (before(s) first, for the front's

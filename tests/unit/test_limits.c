@@ -9,7 +9,9 @@
  * - an MR the application re-registered (its own side, and the peer's,
  *   across two failovers): the backup keys follow;
  * - a QP whose peer never published its backup attributes is unprotected,
- *   and a failure then reaches the application exactly as without SHIFT.
+ *   and a failure then reaches the application exactly as without SHIFT;
+ * - a child after fork() has its parent's contexts as plain ones, their
+ *   extended CQs and QPs with the provider's functions.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -17,6 +19,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <unistd.h>
 #include <cmocka.h>
 
@@ -364,6 +367,89 @@ static void test_unshadowed_qp_fails_as_plain(void **state)
 	assert_int_equal(wp[0].status, IBV_WC_RETRY_EXC_ERR);
 }
 
+/* An extended CQ and an extended QP on pd's context (through verbs.h,
+ * so through SHIFT on a context SHIFT took over). */
+static void make_ex(struct ibv_context *ctx, struct ibv_pd *pd, struct ibv_cq_ex **cq,
+		    struct ibv_qp **qp)
+{
+	struct ibv_cq_init_attr_ex ca = { .cqe = 64, .wc_flags = IBV_WC_STANDARD_FLAGS };
+
+	*cq = ibv_create_cq_ex(ctx, &ca);
+	assert_non_null(*cq);
+	struct ibv_qp_init_attr_ex qa = {
+		.send_cq = ibv_cq_ex_to_cq(*cq), .recv_cq = ibv_cq_ex_to_cq(*cq),
+		.cap = { .max_send_wr = 8, .max_recv_wr = 8, .max_send_sge = 1, .max_recv_sge = 1 },
+		.qp_type = IBV_QPT_RC, .comp_mask = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS,
+		.pd = pd, .send_ops_flags = IBV_QP_EX_WITH_SEND,
+	};
+	*qp = ibv_create_qp_ex(ctx, &qa);
+	assert_non_null(*qp);
+}
+
+/* The child's checks (exit code: what failed). */
+static int fork_child_checks(struct sim_ep *a, struct ibv_cq_ex *cq, struct ibv_qp *qp,
+			     struct ibv_cq_ex *plain_cq, struct ibv_qp *plain_qp)
+{
+	struct ibv_wc wc;
+
+	if (shift_ctx_of(a->ctx) || shift_dqp_of_qp(a->qp) || shift_dqp_of_qp(qp))
+		return 10;
+	if (a->ctx->ops.poll_cq != plain_cq->context->ops.poll_cq ||
+	    a->ctx->ops.post_send != plain_cq->context->ops.post_send)
+		return 11;
+	if (cq->start_poll != plain_cq->start_poll || cq->next_poll != plain_cq->next_poll)
+		return 12;
+	if (ibv_qp_to_qp_ex(qp)->wr_start != ibv_qp_to_qp_ex(plain_qp)->wr_start)
+		return 13;
+	if (ibv_poll_cq(a->cq, 1, &wc) < 0 || shift_verbs.destroy_qp(qp) ||
+	    shift_verbs.destroy_cq(ibv_cq_ex_to_cq(cq)))
+		return 14; /* (its parent's objects, destroyed as plain) */
+	return 0;
+}
+
+/* fork(): the child's contexts are its parent's, so plain there, down to
+ * the functions of their extended CQs and QPs; the parent's stay SHIFT's. */
+static void test_fork_child_has_plain_objects(void **state)
+{
+	struct ibv_qp_cap cap = { .max_send_wr = 16, .max_recv_wr = 16, .max_send_sge = 1,
+				  .max_recv_sge = 1 };
+	struct sim_ep a, b, plain;
+	struct ibv_cq_ex *cq, *plain_cq;
+	struct ibv_qp *qp, *plain_qp;
+	int st;
+	(void)state;
+
+	world_open("fork");
+	assert_int_equal(sim_ep_open(&a, &shift_verbs, "sim0_0", 1 << 14, SIM_PAIR_ACCESS, &cap, 64, 0), 0);
+	assert_int_equal(sim_ep_open(&b, &shift_verbs, "sim1_0", 1 << 14, SIM_PAIR_ACCESS, &cap, 64, 0), 0);
+	assert_int_equal(sim_ep_open(&plain, shift_lower, "sim0_0", 1 << 14, SIM_PAIR_ACCESS, &cap, 64, 0), 0);
+	assert_int_equal(connect_pair(&a, &b), 0);
+	passes(4);
+	make_ex(a.ctx, a.pd, &cq, &qp);
+	make_ex(plain.ctx, plain.pd, &plain_cq, &plain_qp);
+	assert_ptr_not_equal(cq->start_poll, plain_cq->start_poll); /* SHIFT's */
+	assert_non_null(shift_dqp_of_qp(qp));
+	fflush(NULL);
+	pid_t pid = fork();
+	assert_true(pid >= 0);
+	if (pid == 0)
+		_exit(fork_child_checks(&a, cq, qp, plain_cq, plain_qp));
+	assert_int_equal(waitpid(pid, &st, 0), pid);
+	assert_true(WIFEXITED(st));
+	assert_int_equal(WEXITSTATUS(st), 0);
+	/* the parent's are SHIFT's still */
+	assert_ptr_not_equal(cq->start_poll, plain_cq->start_poll);
+	assert_non_null(shift_dqp_of_qp(qp));
+	assert_non_null(shift_ctx_of(a.ctx));
+	assert_int_equal(shift_verbs.destroy_qp(qp), 0);
+	assert_int_equal(shift_verbs.destroy_cq(ibv_cq_ex_to_cq(cq)), 0);
+	assert_int_equal(shift_lower->destroy_qp(plain_qp), 0);
+	assert_int_equal(shift_lower->destroy_cq(ibv_cq_ex_to_cq(plain_cq)), 0);
+	sim_ep_close(&plain);
+	sim_ep_close(&a);
+	sim_ep_close(&b);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -372,6 +458,7 @@ int main(void)
 		cmocka_unit_test_teardown(test_hundreds_of_qps_fail_over_together, teardown),
 		cmocka_unit_test_teardown(test_rereg_mr_followed_across_failovers, teardown),
 		cmocka_unit_test_teardown(test_unshadowed_qp_fails_as_plain, teardown),
+		cmocka_unit_test_teardown(test_fork_child_has_plain_objects, teardown),
 	};
 	return test_env_run_group_tests(tests);
 }
