@@ -6,6 +6,7 @@
  * its shadow objects.
  */
 #include "shift/shift.h"
+#include "shift/srq.h"
 #include "shift/shadow/chan.h"
 #include "shift/shadow/shadow.h"
 
@@ -50,16 +51,21 @@ static struct ibv_qp *shift_vctx_create_qp_ex(struct ibv_context *context,
 	}
 	struct ibv_qp *qp = s->create_qp_ex(context, attr);
 
-	if (qp && s->rnic && attr->qp_type == IBV_QPT_RC && !attr->srq) {
+	if (qp && s->rnic && attr->qp_type == IBV_QPT_RC && shift_srq_ok(attr->srq) &&
+	    !(attr->comp_mask & IBV_QP_INIT_ATTR_XRCD)) {
 		struct shift_dqp *d = shift_dqp_create(qp, &attr->cap, attr->sq_sig_all);
 
 		if (d)
 			shift_ctx_add_dqp(s, d);
 	}
 	if (qp && s->rnic) {
+		struct ibv_qp_cap cap = shift_srq_qp_created(s, qp, attr->qp_type, attr->srq,
+							     &attr->cap);
+
 		shift_shadow_qp(s->rnic, qp, attr->qp_type, attr->send_cq, attr->recv_cq,
-				&attr->cap, attr->sq_sig_all,
-				attr->srq != NULL || (attr->comp_mask & IBV_QP_INIT_ATTR_XRCD));
+				&cap, attr->sq_sig_all,
+				(attr->srq && !shift_dqp_of_qp(qp)) ||
+				(attr->comp_mask & IBV_QP_INIT_ATTR_XRCD));
 		shift_dqp_link(s, qp, attr->send_cq, attr->recv_cq);
 	}
 	return qp;

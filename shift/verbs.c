@@ -9,6 +9,7 @@
  * unprotected.
  */
 #include "shift/shift.h"
+#include "shift/srq.h"
 #include "shift/dp/state.h"
 #include "providers/provider.h"
 #include "shift/shadow/shadow.h"
@@ -80,6 +81,7 @@ struct ibv_context *shift_ibv_open_device(struct ibv_device *device)
 		s = shift_ctx_attach(ctx); /* on failure: unprotected, logged */
 		if (s) {
 			shift_vctx_take(s);
+			shift_srq_vctx_take(s);
 			s->rnic = shift_rnic_start(s);
 		}
 	}
@@ -93,8 +95,10 @@ int shift_ibv_close_device(struct ibv_context *context)
 
 	if (r)
 		shift_rnic_stop(r);
-	if (s)
+	if (s) {
 		shift_vctx_give_back(s);
+		shift_srq_vctx_give_back(s);
+	}
 	shift_ctx_detach(context);
 	shift_provider_forget(context);
 	return L->close_device(context);
@@ -312,7 +316,7 @@ struct ibv_qp *shift_ibv_create_qp(struct ibv_pd *pd,
 	struct ibv_qp *qp = L->create_qp(pd, qp_init_attr);
 	struct shift_rnic *r = qp ? rnic_of(pd->context) : NULL;
 
-	if (r && qp_init_attr->qp_type == IBV_QPT_RC && !qp_init_attr->srq) {
+	if (r && qp_init_attr->qp_type == IBV_QPT_RC && shift_srq_ok(qp_init_attr->srq)) {
 		/* create_qp wrote the actual capabilities back into the attr */
 		struct shift_dqp *d = shift_dqp_create(qp, &qp_init_attr->cap,
 						       qp_init_attr->sq_sig_all);
@@ -321,9 +325,13 @@ struct ibv_qp *shift_ibv_create_qp(struct ibv_pd *pd,
 			shift_ctx_add_dqp(shift_ctx_of(pd->context), d);
 	}
 	if (r) {
+		struct ibv_qp_cap cap = shift_srq_qp_created(shift_ctx_of(pd->context), qp,
+							     qp_init_attr->qp_type,
+							     qp_init_attr->srq, &qp_init_attr->cap);
+
 		shift_shadow_qp(r, qp, qp_init_attr->qp_type, qp_init_attr->send_cq,
-				qp_init_attr->recv_cq, &qp_init_attr->cap,
-				qp_init_attr->sq_sig_all, qp_init_attr->srq != NULL);
+				qp_init_attr->recv_cq, &cap, qp_init_attr->sq_sig_all,
+				qp_init_attr->srq && !shift_dqp_of_qp(qp));
 		shift_dqp_link(shift_ctx_of(pd->context), qp, qp_init_attr->send_cq,
 			       qp_init_attr->recv_cq);
 	}
@@ -336,6 +344,8 @@ int shift_ibv_modify_qp(struct ibv_qp *qp, struct ibv_qp_attr *attr,
 	struct ibv_qp_attr fixed;
 	int rc;
 
+	if (shift_srq_refuse_modify(qp, attr, attr_mask))
+		return EINVAL;
 	/* a retry count the provider would turn into "forever" (rxe's 7) */
 	if (qp && attr && (attr_mask & IBV_QP_RETRY_CNT) && attr->retry_cnt >= 7 &&
 	    qp->qp_type == IBV_QPT_RC && rnic_of(qp->context)) {
@@ -446,4 +456,8 @@ const struct shift_lower shift_verbs = {
 	.destroy_qp = shift_ibv_destroy_qp,
 	.query_ece = shift_ibv_query_ece,
 	.set_ece = shift_ibv_set_ece,
+	.create_srq = shift_ibv_create_srq,
+	.modify_srq = shift_ibv_modify_srq,
+	.query_srq = shift_ibv_query_srq,
+	.destroy_srq = shift_ibv_destroy_srq,
 };

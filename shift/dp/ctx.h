@@ -57,6 +57,8 @@ struct shift_ctx {
 				       struct ibv_qp_init_attr_ex *qp_init_attr_ex);
 	struct ibv_cq_ex *(*create_cq_ex)(struct ibv_context *context,
 					  struct ibv_cq_init_attr_ex *init_attr);
+	struct ibv_srq *(*create_srq_ex)(struct ibv_context *context,
+					 struct ibv_srq_init_attr_ex *srq_init_attr_ex);
 	int slot; /* index in the context table */
 	/* data-path state of the app's protected QPs, by QPN (chained);
 	 * written under the context lock, read lock-free */

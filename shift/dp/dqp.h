@@ -71,6 +71,8 @@
 #define SHIFT_WRID_DATA (1ull << 63)      /* | RECV | mirror index */
 #define SHIFT_WRID_RECV (1ull << 62)
 #define SHIFT_WRID_INDEX(w) ((w) & ((1ull << 48) - 1))
+/* ... | RECV | BOUNCE | slot: SHIFT's own receive of a QP on an SRQ */
+#define SHIFT_WRID_BOUNCE (1ull << 47)
 /* the backup QP's generation (resets) a WR was posted in: completions of an
  * earlier one (flushes of a reset, late) are told apart from the current */
 #define SHIFT_WRID_GEN(g) ((uint64_t)((g) & 0x3fffu) << 48)
@@ -251,6 +253,11 @@ struct shift_dqp {
 	unsigned long poked_ep;       /* my episode I poked the peer for */
 	unsigned long published_ep;   /* my episode my record last said */
 	unsigned followed_ep;         /* the peer's return episode I logged following */
+
+	/* on an SRQ (dp/dsrq.h): its receives are the SRQ's, rq_tail counts
+	 * those this QP consumed (the handshake's receive counter) */
+	struct shift_dsrq *dsrq;
+	void *fo_bounce;              /* the failover layer's (fo/srq.c) */
 
 	/* statistics (shiftctl, logs) */
 	unsigned long failovers, failbacks, retransmitted;
@@ -457,6 +464,12 @@ static inline void shift_dqp_record_recv_one(struct shift_dqp *d, const struct i
 	e->sge[0] = wr->sg_list[0];
 	d->rq_head = h + 1;
 }
+
+struct shift_dsrq;
+
+/* Retire on a successful completion of this QP outside the fast poll: a
+ * receive of a QP on an SRQ also retires the SRQ's entry (dp/dsrq.h). */
+void shift_dqp_retire_slow(struct shift_dqp *d, const struct ibv_wc *wc);
 
 /* Retire on a successful completion of this QP: count it (see above). */
 static inline void shift_dqp_retire(struct shift_dqp *d, const struct ibv_wc *wc)

@@ -86,10 +86,16 @@ static __attribute__((noinline)) int poll_retire(int slot, struct ibv_cq *cq, st
 			d = shift_dqp_by_qpn(s, wc[i].qp_num);
 			if (!d)
 				continue; /* not protected: as it is */
-			__atomic_store_n(&shift_poll_last[slot], d, __ATOMIC_RELAXED);
+			/* (a QP on an SRQ is never cached: the fast poll's
+			 * retire does not know its SRQ) */
+			if (!d->dsrq)
+				__atomic_store_n(&shift_poll_last[slot], d, __ATOMIC_RELAXED);
 		}
 		if (shift_likely(wc[i].status == IBV_WC_SUCCESS)) {
-			shift_dqp_retire(d, &wc[i]);
+			if (shift_unlikely(d->dsrq))
+				shift_dqp_retire_slow(d, &wc[i]);
+			else
+				shift_dqp_retire(d, &wc[i]);
 		} else if (d->send_state != SHIFT_SEND_UNPROTECTED || d->failovers) {
 			/* (an unprotected QP that failed over may still flush
 			 * SHIFT's own WRs: the slow path drops those) */

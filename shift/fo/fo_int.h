@@ -13,6 +13,7 @@
 #include "shift/base/config.h"
 #include "shift/base/lower.h"
 #include "shift/dp/ctx.h"
+#include "shift/dp/dsrq.h"
 #include "shift/dp/state.h"
 #include "kv/kv.h"
 #include "providers/provider.h"
@@ -111,5 +112,13 @@ void fo_unlock_cqs(struct shift_dqp *d);
 void fo_poke_read(struct shift_ctx *s, uint64_t now);
 void fo_join_peer(struct shift_ctx *s, struct shift_dqp *d, uint64_t now);
 bool fo_take_refused(struct shift_dqp *d, int rc, uint64_t sq_from, uint64_t rq_from);
+struct shift_dsrq;
+bool fo_srq_can_move(struct shift_ctx *s, struct shift_dqp *d);
+void fo_srq_move(struct shift_ctx *s, struct shift_dqp *d);
+int fo_srq_post_bounce(struct shift_dqp *d);
+void fo_srq_deliver(struct shift_dsrq *q, struct out *o);
+void fo_srq_bounced(struct shift_dqp *d, struct ibv_wc *wc, struct out *o);
+void fo_srq_deliver_all(struct shift_ctx *s, struct out *o);
+void fo_srq_forget(struct shift_dqp *d);
 
 #endif /* SHIFT_FO_INT_H */

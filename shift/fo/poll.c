@@ -26,7 +26,7 @@ void fo_from_default(struct shift_ctx *s, struct ibv_wc *wc, struct out *o)
 		return;
 	}
 	if (wc->status == IBV_WC_SUCCESS) {
-		shift_dqp_retire(d, wc);
+		shift_dqp_retire_slow(d, wc);
 		fo_emit(o, wc);
 		return;
 	}
@@ -99,10 +99,32 @@ static void backup_failed(struct shift_dqp *d, struct ibv_wc *wc)
 
 /* An application WR completed on the backup QP: its wr_id and QP number
  * back, retired, handed out; the fence's completion switches back. */
+/* A success on the backup QP: the backup path works (restarts reset, the
+ * failover's timing logged once). */
+static void backup_works(struct shift_dqp *d)
+{
+	d->bk_restarts = 0;
+	if (!d->fallback_us && d->t_error_us) {
+		d->fallback_us = shift_clock_us() - d->t_error_us;
+		if (!d->fallback_us)
+			d->fallback_us = 1;
+		shift_info("%s QP %u: failover-timing dev=%s qp=%u switch_us=%llu fallback_us=%llu",
+			   d->dev, d->qpn, d->dev, d->qpn, (unsigned long long)d->switch_us,
+			   (unsigned long long)d->fallback_us);
+	}
+}
+
 static void app_completion(struct shift_dqp *d, struct ibv_wc *wc, struct out *o)
 {
 	uint64_t idx = SHIFT_WRID_INDEX(wc->wr_id);
 
+	if ((wc->wr_id & SHIFT_WRID_RECV) && (idx & SHIFT_WRID_BOUNCE)) {
+		/* a QP on an SRQ: into the application's receives (fo/srq.c) */
+		if (wc->status == IBV_WC_SUCCESS)
+			backup_works(d);
+		fo_srq_bounced(d, wc, o);
+		return;
+	}
 	if (wc->wr_id & SHIFT_WRID_RECV) {
 		wc->wr_id = shift_dqp_rwqe(d, idx)->wr_id;
 	} else {
@@ -116,15 +138,7 @@ static void app_completion(struct shift_dqp *d, struct ibv_wc *wc, struct out *o
 	wc->qp_num = d->qpn;
 	if (wc->status == IBV_WC_SUCCESS) {
 		shift_dqp_retire(d, wc);
-		d->bk_restarts = 0; /* the backup path works */
-		if (!d->fallback_us && d->t_error_us) {
-			d->fallback_us = shift_clock_us() - d->t_error_us;
-			if (!d->fallback_us)
-				d->fallback_us = 1;
-			shift_info("%s QP %u: failover-timing dev=%s qp=%u switch_us=%llu fallback_us=%llu",
-				   d->dev, d->qpn, d->dev, d->qpn, (unsigned long long)d->switch_us,
-				   (unsigned long long)d->fallback_us);
-		}
+		backup_works(d);
 	}
 	fo_emit(o, wc);
 	if (d->send_state == SHIFT_SEND_WAIT_DRAINED) {
@@ -215,6 +229,8 @@ int shift_poll_slow(struct shift_ctx *s, struct ibv_cq *cq, int num_entries,
 	}
 	while (o.n < o.max && c->kept_tail != c->kept_head)
 		o.wc[o.n++] = c->kept[c->kept_tail++ % c->kept_cap];
+	/* messages on SRQ QPs' backups waiting for receives posted since */
+	fo_srq_deliver_all(s, &o);
 	/* peers' handshake messages noticed by the background thread */
 	for (int i = 0; i < SHIFT_DQP_BUCKETS; i++)
 		for (struct shift_dqp *d = s->dqp[i]; d; d = d->next_in_bucket)

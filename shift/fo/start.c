@@ -261,6 +261,11 @@ static int start_possible(struct shift_ctx *s, struct shift_dqp *d, struct out *
 		give_up_taken(d, o);
 		return -1;
 	}
+	if (d->dsrq && !d->dsrq->moved && !fo_srq_can_move(s, d)) {
+		fo_give_up(d, "a QP on its SRQ cannot fail over with it");
+		give_up_taken(d, o);
+		return -1;
+	}
 	if (fo_add(s, d)) {
 		fo_give_up(d, "too many failed-over QPs in this context");
 		give_up_taken(d, o);
@@ -357,6 +362,8 @@ int fo_start(struct shift_ctx *s, struct shift_dqp *d, struct out *o,
 		fo_drain_default(s, d->rcq, o);
 	if (atomic_in_flight(s, d, o, err))
 		return -2;
+	if (d->dsrq && !d->dsrq->moved)
+		fo_srq_move(s, d); /* the SRQ's other QPs leave the default SRQ too */
 	if (reads_outstanding(d)) {
 		/* either QP may have stopped inside a read response */
 		d->dflt_rd_stale = true;
@@ -407,6 +414,10 @@ int fo_finish_start(struct shift_ctx *s, struct shift_dqp *d, bool reset)
 	}
 	d->recv_hold = false;
 	shift_dqp_unlock(d);
+	if (d->dsrq && fo_srq_post_bounce(d)) {
+		fo_give_up(d, "cannot post receives on the backup QP");
+		return -1;
+	}
 	if (d->failovers > 1) {
 		if (!reset) /* (fo_reset_backup() published it) */
 			fo_ep_publish(s, d);

@@ -1,0 +1,264 @@
+/*
+ * The SRQ receive mirror (see dsrq.h): the registry of mirrored SRQs,
+ * recording posts, retiring by completion, handing the oldest live entry
+ * to the failover layer.
+ */
+#include "shift/dp/dsrq.h"
+#include "shift/base/log.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static pthread_mutex_t reg_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct shift_dsrq *reg;
+
+static uint32_t pow2_at_least(uint64_t n)
+{
+	uint32_t p = 1;
+
+	while (p < n && p < (1u << 30))
+		p <<= 1;
+	return p;
+}
+
+static int ring_alloc(struct shift_dsrq *q, uint32_t max_wr)
+{
+	uint32_t size = pow2_at_least(2ull * (max_wr ? max_wr : 1));
+	uint8_t *ring;
+
+	if ((uint64_t)size * q->stride > UINT32_MAX)
+		return -1;
+	ring = calloc(size, q->stride);
+	if (!ring)
+		return -1;
+	/* live entries keep their indices: copied slot by slot */
+	for (uint64_t i = q->tail; q->ring && i < q->head; i++)
+		memcpy(ring + ((i * q->stride) & (size * q->stride - 1)), shift_dsrq_entry(q, i),
+		       q->stride);
+	free(q->ring);
+	q->ring = ring;
+	q->size = size;
+	q->bmask = size * q->stride - 1;
+	return 0;
+}
+
+struct shift_dsrq *shift_dsrq_create(struct ibv_srq *srq, uint32_t max_wr, uint32_t max_sge,
+				     int (*prov_post)(struct ibv_srq *, struct ibv_recv_wr *,
+						      struct ibv_recv_wr **))
+{
+	struct shift_dsrq *q = calloc(1, sizeof(*q));
+
+	if (!q)
+		return NULL;
+	q->srq = srq;
+	q->prov_post = prov_post;
+	q->max_wr = max_wr;
+	q->max_sge = max_sge ? max_sge : 1;
+	q->stride = pow2_at_least(sizeof(struct shift_dsrq_entry) +
+				  q->max_sge * sizeof(struct ibv_sge));
+	snprintf(q->dev, sizeof(q->dev), "%.23s",
+		 srq->context && srq->context->device ? srq->context->device->name : "?");
+	if (ring_alloc(q, max_wr)) {
+		free(q);
+		return NULL;
+	}
+	shift_dsrq_add(q);
+	return q;
+}
+
+struct shift_dsrq *shift_dsrq_of(const struct ibv_srq *srq)
+{
+	for (struct shift_dsrq *q = __atomic_load_n(&reg, __ATOMIC_ACQUIRE); q;
+	     q = __atomic_load_n(&q->next, __ATOMIC_ACQUIRE))
+		if (q->srq == srq)
+			return q;
+	return NULL;
+}
+
+void shift_dsrq_add(struct shift_dsrq *q)
+{
+	pthread_mutex_lock(&reg_lock);
+	q->next = reg;
+	__atomic_store_n(&reg, q, __ATOMIC_RELEASE);
+	pthread_mutex_unlock(&reg_lock);
+}
+
+struct shift_dsrq *shift_dsrq_remove(struct ibv_srq *srq)
+{
+	struct shift_dsrq *q;
+
+	pthread_mutex_lock(&reg_lock);
+	for (struct shift_dsrq **pp = &reg; (q = *pp); pp = &q->next) {
+		if (q->srq == srq) {
+			__atomic_store_n(pp, q->next, __ATOMIC_RELEASE);
+			break;
+		}
+	}
+	pthread_mutex_unlock(&reg_lock);
+	return q;
+}
+
+void shift_dsrq_destroy(struct shift_dsrq *q)
+{
+	if (!q)
+		return;
+	free(q->ring);
+	free(q);
+}
+
+void shift_dsrq_unprotect(struct shift_dsrq *q, const char *why)
+{
+	shift_dsrq_lock(q);
+	bool was = q->unprotected;
+
+	/* (once moved the receives are SHIFT's for good: they stay so) */
+	if (!q->moved) {
+		q->unprotected = true;
+		q->why = why;
+	}
+	shift_dsrq_unlock(q);
+	if (!was && !q->moved)
+		shift_warn("%s: SRQ unprotected (%s): its QPs run as without SHIFT", q->dev, why);
+}
+
+int shift_dsrq_resize(struct shift_dsrq *q, uint32_t max_wr)
+{
+	int rc = 0;
+
+	shift_dsrq_lock(q);
+	q->max_wr = max_wr;
+	if (2ull * max_wr > q->size)
+		rc = ring_alloc(q, max_wr);
+	shift_dsrq_unlock(q);
+	if (rc)
+		shift_dsrq_unprotect(q, "out of memory resizing its mirror");
+	return rc;
+}
+
+/* Record wr at head (lock held): 0, or an errno (the provider's checks,
+ * when moved; EOVERFLOW: the mirror is full). */
+static int record_one(struct shift_dsrq *q, const struct ibv_recv_wr *wr)
+{
+	uint32_t n = (uint32_t)(wr->num_sge > 0 ? wr->num_sge : 0);
+	struct shift_dsrq_entry *e;
+	uint64_t len = 0;
+
+	if (n > q->max_sge)
+		return EINVAL;
+	if (q->moved && q->live >= q->max_wr)
+		return ENOMEM; /* (as the SRQ itself would refuse it) */
+	if (q->head - q->tail >= q->size)
+		return EOVERFLOW;
+	e = shift_dsrq_entry(q, q->head);
+	e->wr_id = wr->wr_id;
+	e->num_sge = n;
+	e->live = 1;
+	for (uint32_t i = 0; i < n; i++) {
+		e->sge[i] = wr->sg_list[i];
+		len += wr->sg_list[i].length;
+	}
+	if (len > q->max_len)
+		q->max_len = len;
+	q->head++;
+	q->live++;
+	return 0;
+}
+
+static void advance_tail(struct shift_dsrq *q)
+{
+	while (q->tail < q->head && !shift_dsrq_entry(q, q->tail)->live)
+		q->tail++;
+}
+
+/* Forget the entries recorded from `from` on (the provider refused them):
+ * they are the newest, so head moves back. Lock held. */
+static void unrecord_from(struct shift_dsrq *q, uint64_t from)
+{
+	while (q->head > from) {
+		q->head--;
+		if (shift_dsrq_entry(q, q->head)->live)
+			q->live--;
+	}
+}
+
+int shift_dsrq_post(struct shift_dsrq *q, struct ibv_recv_wr *wr, struct ibv_recv_wr **bad_wr)
+{
+	int rc = 0;
+
+	shift_dsrq_lock(q);
+	if (q->unprotected) {
+		shift_dsrq_unlock(q);
+		return q->prov_post(q->srq, wr, bad_wr);
+	}
+	uint64_t head = q->head;
+	struct ibv_recv_wr *w;
+
+	for (w = wr; w && !rc; w = rc ? w : w->next)
+		rc = record_one(q, w);
+	if (rc == EOVERFLOW) {
+		/* the mirror cannot follow: the SRQ runs unprotected */
+		unrecord_from(q, head);
+		q->unprotected = true;
+		q->why = "its receive mirror overflowed";
+		shift_dsrq_unlock(q);
+		shift_warn("%s: SRQ receive mirror overflow: the SRQ and its QPs run unprotected", q->dev);
+		return q->prov_post(q->srq, wr, bad_wr);
+	}
+	if (q->moved) {
+		/* recorded only: what arrives on the backup QPs fills them */
+		if (rc)
+			*bad_wr = w;
+		shift_dsrq_unlock(q);
+		return rc;
+	}
+	/* (a WR the mirror refused, the provider refuses too: the entries
+	 * recorded before it are those it takes) */
+	rc = q->prov_post(q->srq, wr, bad_wr);
+	if (rc) {
+		uint64_t keep = head;
+
+		for (w = wr; w && w != *bad_wr; w = w->next)
+			keep++;
+		unrecord_from(q, keep);
+	}
+	shift_dsrq_unlock(q);
+	return rc;
+}
+
+void shift_dsrq_retire(struct shift_dsrq *q, uint64_t wr_id)
+{
+	shift_dsrq_lock(q);
+	for (uint64_t i = q->tail; i < q->head; i++) {
+		struct shift_dsrq_entry *e = shift_dsrq_entry(q, i);
+
+		if (e->live && e->wr_id == wr_id) {
+			e->live = 0;
+			q->live--;
+			break;
+		}
+	}
+	advance_tail(q);
+	shift_dsrq_unlock(q);
+}
+
+int shift_dsrq_take_oldest(struct shift_dsrq *q, struct shift_dsrq_entry *out)
+{
+	int rc = -1;
+
+	shift_dsrq_lock(q);
+	advance_tail(q);
+	if (q->tail < q->head) {
+		struct shift_dsrq_entry *e = shift_dsrq_entry(q, q->tail);
+
+		memcpy(out, e, sizeof(*e) + e->num_sge * sizeof(struct ibv_sge));
+		e->live = 0;
+		q->live--;
+		advance_tail(q);
+		rc = 0;
+	}
+	shift_dsrq_unlock(q);
+	return rc;
+}
