@@ -14,3 +14,7 @@ if(TARGET shift_sim)
   shift_unit_test(test_channel SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/test_channel.c
     LIBS shift_core shift_sim)
 endif()
+if(TARGET shift_sim)
+  shift_unit_test(test_srq SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/test_srq.c
+    LIBS shift_core shift_sim)
+endif()

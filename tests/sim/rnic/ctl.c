@@ -337,6 +337,10 @@ static void sim_ack_async_event(struct ibv_async_event *event)
 	case IBV_EVENT_PORT_ERR:
 	case IBV_EVENT_DEVICE_FATAL:
 		break;
+	case IBV_EVENT_SRQ_LIMIT_REACHED:
+	case IBV_EVENT_SRQ_ERR:
+		event->element.srq->events_completed++;
+		break;
 	default:
 		if (event->element.qp)
 			event->element.qp->events_completed++;
