@@ -42,6 +42,9 @@ struct wl_params {
 	/* each QP completes its receives on a CQ of their own (one per side)
 	 * instead of sharing the side's CQ with its sends */
 	bool split_cq;
+	/* each side's QPs share one SRQ (receives of every connection come
+	 * from it; sendrecv's land in a buffer of the side's) */
+	bool srq;
 };
 
 struct wl_report {
