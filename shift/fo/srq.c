@@ -54,9 +54,23 @@ struct bounce {
 
 /* ---- moving an SRQ ----------------------------------------------------------- */
 
+/* Does the QP read no receive now (RESET, INIT, ERR)? It cannot read
+ * the default SRQ again once moved: connecting it is refused (shift/srq.c). */
+static bool reads_nothing(struct ibv_qp *qp)
+{
+	struct ibv_qp_attr a;
+	struct ibv_qp_init_attr ia;
+
+	memset(&a, 0, sizeof(a));
+	if (shift_lower->query_qp(qp, &a, IBV_QP_STATE, &ia))
+		return false;
+	return a.qp_state == IBV_QPS_RESET || a.qp_state == IBV_QPS_INIT ||
+	       a.qp_state == IBV_QPS_ERR;
+}
+
 /* May the QPs of d's SRQ all leave the default SRQ now? Each one other
- * than d is failed over already, can fail over (its backup ready), never
- * connected (it reads nothing), or was stopped by SHIFT for good. */
+ * than d is failed over already, can fail over (its backup ready), or
+ * reads nothing (never connected, or in ERR: a connection that failed). */
 bool fo_srq_can_move(struct shift_ctx *s, struct shift_dqp *d)
 {
 	struct shift_dsrq *q = d->dsrq;
@@ -68,7 +82,7 @@ bool fo_srq_can_move(struct shift_ctx *s, struct shift_dqp *d)
 			if (x == d || x->dsrq != q)
 				continue;
 			if (x->send_state == SHIFT_SEND_UNPROTECTED) {
-				if (!x->failovers)
+				if (!reads_nothing(x->qp))
 					return false; /* (its default QP may be live) */
 				continue;
 			}
@@ -107,7 +121,7 @@ void fo_srq_move(struct shift_ctx *s, struct shift_dqp *d)
 
 			n++;
 			fo_start(s, x, &o, NULL);
-			if (x->send_state == SHIFT_SEND_UNPROTECTED && !x->failovers) {
+			if (x->send_state == SHIFT_SEND_UNPROTECTED && !reads_nothing(x->qp)) {
 				/* (it could not fail over after all: it must not
 				 * read the default SRQ either) */
 				struct ibv_qp_attr e = { .qp_state = IBV_QPS_ERR };
