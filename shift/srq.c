@@ -123,7 +123,7 @@ bool shift_srq_ok(struct ibv_srq *srq)
 {
 	struct shift_dsrq *q = srq ? shift_dsrq_of(srq) : NULL;
 
-	return !srq || (q && !q->unprotected && !q->moved);
+	return !srq || (q && !shift_dsrq_unprotected(q) && !shift_dsrq_moved(q));
 }
 
 struct ibv_qp_cap shift_srq_qp_created(struct shift_ctx *s, struct ibv_qp *qp,
@@ -152,7 +152,7 @@ bool shift_srq_refuse_modify(struct ibv_qp *qp, const struct ibv_qp_attr *attr, 
 	struct shift_dsrq *q = qp && qp->srq && (mask & IBV_QP_STATE) && attr->qp_state == IBV_QPS_RTR ?
 				       shift_dsrq_of(qp->srq) : NULL;
 
-	if (!q || !q->moved)
+	if (!q || !shift_dsrq_moved(q))
 		return false;
 	shift_err("%s QP %u: cannot connect it: its SRQ's receives are on the backup path since a "
 		  "failover, the default SRQ must not be read again (EINVAL)", q->dev, qp->qp_num);

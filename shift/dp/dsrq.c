@@ -112,15 +112,15 @@ void shift_dsrq_destroy(struct shift_dsrq *q)
 void shift_dsrq_unprotect(struct shift_dsrq *q, const char *why)
 {
 	shift_dsrq_lock(q);
-	bool was = q->unprotected;
+	bool was = q->unprotected, moved = q->moved;
 
 	/* (once moved the receives are SHIFT's for good: they stay so) */
-	if (!q->moved) {
-		q->unprotected = true;
+	if (!moved) {
 		q->why = why;
+		__atomic_store_n(&q->unprotected, true, __ATOMIC_RELEASE);
 	}
 	shift_dsrq_unlock(q);
-	if (!was && !q->moved)
+	if (!was && !moved)
 		shift_warn("%s: SRQ unprotected (%s): its QPs run as without SHIFT", q->dev, why);
 }
 
@@ -198,11 +198,13 @@ int shift_dsrq_post(struct shift_dsrq *q, struct ibv_recv_wr *wr, struct ibv_rec
 
 	for (w = wr; w && !rc; w = rc ? w : w->next)
 		rc = record_one(q, w);
+	if (rc == EOVERFLOW && q->moved)
+		rc = ENOMEM; /* (cannot happen: live <= max_wr, taken oldest first) */
 	if (rc == EOVERFLOW) {
 		/* the mirror cannot follow: the SRQ runs unprotected */
 		unrecord_from(q, head);
-		q->unprotected = true;
 		q->why = "its receive mirror overflowed";
+		__atomic_store_n(&q->unprotected, true, __ATOMIC_RELEASE);
 		shift_dsrq_unlock(q);
 		shift_warn("%s: SRQ receive mirror overflow: the SRQ and its QPs run unprotected", q->dev);
 		return q->prov_post(q->srq, wr, bad_wr);

@@ -73,6 +73,18 @@ static inline struct shift_dsrq_entry *shift_dsrq_entry(struct shift_dsrq *q, ui
 	return (struct shift_dsrq_entry *)(q->ring + ((i * q->stride) & q->bmask));
 }
 
+/* moved and unprotected are written under the lock and read without it
+ * (a QP's creation, the failover layer): atomically */
+static inline bool shift_dsrq_moved(const struct shift_dsrq *q)
+{
+	return __atomic_load_n(&q->moved, __ATOMIC_ACQUIRE);
+}
+
+static inline bool shift_dsrq_unprotected(const struct shift_dsrq *q)
+{
+	return __atomic_load_n(&q->unprotected, __ATOMIC_ACQUIRE);
+}
+
 static inline void shift_dsrq_lock(struct shift_dsrq *q)
 {
 	while (__atomic_exchange_n(&q->lock, 1, __ATOMIC_ACQUIRE))

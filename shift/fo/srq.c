@@ -75,7 +75,7 @@ bool fo_srq_can_move(struct shift_ctx *s, struct shift_dqp *d)
 {
 	struct shift_dsrq *q = d->dsrq;
 
-	if (q->unprotected)
+	if (shift_dsrq_unprotected(q))
 		return false;
 	for (int i = 0; i < SHIFT_DQP_BUCKETS; i++) {
 		for (struct shift_dqp *x = s->dqp[i]; x; x = x->next_in_bucket) {
@@ -109,7 +109,7 @@ void fo_srq_move(struct shift_ctx *s, struct shift_dqp *d)
 	unsigned n = 0;
 
 	shift_dsrq_lock(q);
-	q->moved = true;
+	__atomic_store_n(&q->moved, true, __ATOMIC_RELEASE);
 	shift_dsrq_unlock(q);
 	for (int i = 0; i < SHIFT_DQP_BUCKETS; i++) {
 		for (struct shift_dqp *x = s->dqp[i]; x; x = x->next_in_bucket) {

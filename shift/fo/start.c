@@ -261,7 +261,7 @@ static int start_possible(struct shift_ctx *s, struct shift_dqp *d, struct out *
 		give_up_taken(d, o);
 		return -1;
 	}
-	if (d->dsrq && !d->dsrq->moved && !fo_srq_can_move(s, d)) {
+	if (d->dsrq && !shift_dsrq_moved(d->dsrq) && !fo_srq_can_move(s, d)) {
 		fo_give_up(d, "a QP on its SRQ cannot fail over with it");
 		give_up_taken(d, o);
 		return -1;
@@ -362,7 +362,7 @@ int fo_start(struct shift_ctx *s, struct shift_dqp *d, struct out *o,
 		fo_drain_default(s, d->rcq, o);
 	if (atomic_in_flight(s, d, o, err))
 		return -2;
-	if (d->dsrq && !d->dsrq->moved)
+	if (d->dsrq && !shift_dsrq_moved(d->dsrq))
 		fo_srq_move(s, d); /* the SRQ's other QPs leave the default SRQ too */
 	if (reads_outstanding(d)) {
 		/* either QP may have stopped inside a read response */

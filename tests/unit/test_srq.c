@@ -378,6 +378,32 @@ static void test_srq_messages_wait_for_receives(void **state)
 	drive();
 	assert_int_equal(got[0], 5);
 	assert_int_equal(got[1], 5);
+	/* (and some left waiting: destroying the QPs releases them) */
+	for (unsigned s = 5; s < 20; s++)
+		b_send(0, s);
+	drive();
+	assert_int_equal(got[0], 20);
+	for (unsigned s = 20; s < 24; s++)
+		b_send(1, s - 15);
+	drive();
+}
+
+/* ibv_create_srq_ex's slot: a basic SRQ is mirrored like ibv_create_srq's. */
+static void test_srq_ex_slot_mirrors_basic(void **state)
+{
+	struct verbs_context *v = verbs_get_ctx(A.ctx);
+	struct ibv_srq_init_attr_ex ax = {
+		.attr = { .max_wr = 16, .max_sge = 1 }, .comp_mask = IBV_SRQ_INIT_ATTR_PD |
+		IBV_SRQ_INIT_ATTR_TYPE, .srq_type = IBV_SRQT_BASIC, .pd = A.pd,
+	};
+	(void)state;
+
+	assert_non_null(v->create_srq_ex);
+	struct ibv_srq *srq = v->create_srq_ex(A.ctx, &ax);
+	assert_non_null(srq);
+	assert_non_null(shift_dsrq_of(srq));
+	assert_int_equal(shift_verbs.destroy_srq(srq), 0);
+	assert_null(shift_dsrq_of(srq));
 }
 
 /* Once the SRQ's receives are on the backup path, a QP connected on it
@@ -416,6 +442,7 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_srq_one_qp_fails_both_move, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_srq_messages_wait_for_receives, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_srq_moved_refuses_new_connection, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_srq_ex_slot_mirrors_basic, setup, teardown),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);
