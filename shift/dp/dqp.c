@@ -284,6 +284,14 @@ void shift_dqp_set_ep_wait(struct shift_dqp *d, enum shift_ep_wait to, const cha
 	d->ep_wait = to;
 }
 
+void shift_dqp_retire_app(struct shift_dqp *d, const struct ibv_wc *wc)
+{
+	if (wc->status == IBV_WC_SUCCESS)
+		shift_dqp_retire_slow(d, wc);
+	else if (d->dsrq && wc->status != IBV_WC_WR_FLUSH_ERR && (wc->opcode & IBV_WC_RECV))
+		shift_dsrq_retire(d->dsrq, wc->wr_id);
+}
+
 void shift_dqp_retire_slow(struct shift_dqp *d, const struct ibv_wc *wc)
 {
 	if (d->dsrq && (wc->opcode & IBV_WC_RECV))

@@ -471,6 +471,12 @@ struct shift_dsrq;
  * receive of a QP on an SRQ also retires the SRQ's entry (dp/dsrq.h). */
 void shift_dqp_retire_slow(struct shift_dqp *d, const struct ibv_wc *wc);
 
+/* A completion of this QP goes to the application as it is (the QP is
+ * unprotected, or the error is the application's): a success retires as
+ * shift_dqp_retire_slow(); a receive of an SRQ that completed in error
+ * other than flushed is consumed too (the application has it back). */
+void shift_dqp_retire_app(struct shift_dqp *d, const struct ibv_wc *wc);
+
 /* Retire on a successful completion of this QP: count it (see above). */
 static inline void shift_dqp_retire(struct shift_dqp *d, const struct ibv_wc *wc)
 {

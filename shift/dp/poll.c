@@ -96,7 +96,10 @@ static __attribute__((noinline)) int poll_retire(int slot, struct ibv_cq *cq, st
 				shift_dqp_retire_slow(d, &wc[i]);
 			else
 				shift_dqp_retire(d, &wc[i]);
-		} else if (d->send_state != SHIFT_SEND_UNPROTECTED || d->failovers) {
+		} else if (d->send_state == SHIFT_SEND_UNPROTECTED && !d->failovers) {
+			if (shift_unlikely(d->dsrq))
+				shift_dqp_retire_app(d, &wc[i]); /* (the application's) */
+		} else {
 			/* (an unprotected QP that failed over may still flush
 			 * SHIFT's own WRs: the slow path drops those) */
 			struct ibv_cq *c = cq ? cq : cq_of(d, &wc[i]);

@@ -22,6 +22,8 @@ void fo_from_default(struct shift_ctx *s, struct ibv_wc *wc, struct out *o)
 		return;
 	}
 	if (!d || d->send_state == SHIFT_SEND_UNPROTECTED) {
+		if (d)
+			shift_dqp_retire_app(d, wc); /* (an SRQ's receive is consumed) */
 		fo_emit(o, wc);
 		return;
 	}
@@ -47,6 +49,7 @@ void fo_from_default(struct shift_ctx *s, struct ibv_wc *wc, struct out *o)
 	if (rc == -2)
 		return; /* the connection failed: wc was passed on with the flushes */
 	shift_debug("%s QP %u: error %d passed to the application", d->dev, d->qpn, (int)wc->status);
+	shift_dqp_retire_app(d, wc);
 	fo_emit(o, wc);
 }
 
