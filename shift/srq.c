@@ -18,6 +18,7 @@
 #include "shift/shift.h"
 #include "shift/dp/dsrq.h"
 #include "shift/shadow/shadow.h"
+#include "shift/fo/failover.h"
 
 #include <errno.h>
 #include <string.h>
@@ -108,6 +109,10 @@ int shift_ibv_query_srq(struct ibv_srq *srq, struct ibv_srq_attr *srq_attr)
 int shift_ibv_destroy_srq(struct ibv_srq *srq)
 {
 	struct shift_dsrq *q = srq ? shift_dsrq_remove(srq) : NULL;
+	struct shift_ctx *s = q ? shift_ctx_of(srq->context) : NULL;
+
+	if (s)
+		shift_failover_srq_gone(s, q); /* (its QP on the SRQ) */
 	int rc = L->destroy_srq(srq);
 
 	if (rc) {

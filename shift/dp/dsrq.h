@@ -5,19 +5,27 @@
  * Receives on an SRQ are not the QPs': any QP attached to it may consume
  * any of them, and completions of different QPs (different CQs) are polled
  * in any order. So the mirror keeps each posted receive as an entry in a
- * ring, indexed like dqp.h's, but retires entries by identity: a successful
- * receive completion of a QP on the SRQ retires the oldest live entry with
- * its wr_id (an SRQ hands out its WQEs in the order posted, so of several
- * with one wr_id the oldest went first). tail moves past retired entries,
- * head is the next to post; the ring holds twice the SRQ's max_wr, so the
- * holes of out-of-order retirement rarely fill it (if they do the SRQ runs
- * unprotected, as a full QP mirror does).
+ * ring, indexed like dqp.h's, marked live while the application has not had
+ * it back; and the default SRQ's WQEs in the order posted, in a second ring
+ * (dq: wr_id and entry, or DQ_STALE for a WQE whose entry was filled from
+ * the backup path). A receive completion of a QP on the SRQ takes the first
+ * WQE of dq with its wr_id (the SRQ hands out its WQEs in the order posted,
+ * so of several with one wr_id the first went first): its entry is no
+ * longer in the default SRQ, nor live. tail moves past entries no longer
+ * live, head is the next to post; both rings hold four times the SRQ's
+ * max_wr, so the holes of out-of-order completion rarely fill them (if they
+ * do the SRQ runs unprotected, as a full QP mirror does).
  *
  * Failover (shift/fo/srq.c) takes an SRQ's receives over once every QP on
  * it has left its default QP ("moved"): from then on the application's
- * posts are only recorded here (the default SRQ is never posted to again,
- * see fo/srq.c), and the failover layer fills the oldest live entries with
- * what arrives on the backup QPs (shift_dsrq_take_oldest()).
+ * posts are only recorded here, and the failover layer fills the oldest
+ * live entries with what arrives on the backup QPs
+ * (shift_dsrq_take_oldest()); their WQEs stay in the default SRQ (verbs
+ * cannot take one back) until SHIFT consumes them with empty messages of
+ * its own (shift_dsrq_burned()). Once none is left there (d_phys = 0) the
+ * live entries go back to the default SRQ (shift_dsrq_unmove()) and the
+ * QPs may fail back; a QP still on its backup then takes receives out of
+ * the default SRQ the same way, one at a time.
  *
  * Posters, pollers and the failover layer share the mirror under one spin
  * lock (post_srq_recv is not the hot path SHIFT budgets: no SRQ there).
@@ -38,7 +46,9 @@
 struct shift_dsrq_entry {
 	uint64_t wr_id;
 	uint32_t num_sge;
-	uint32_t live; /* posted (or recorded while moved), not consumed */
+	uint16_t live; /* the application has not had it back */
+	uint16_t in_d; /* its WQE is in the default SRQ, at dq position dpos */
+	uint64_t dpos;
 	struct ibv_sge sge[];
 };
 
@@ -54,7 +64,15 @@ struct shift_dsrq {
 	uint32_t size, stride, bmask; /* powers of two; bmask = size * stride - 1 */
 	uint64_t head, tail;      /* recorded / first not yet retired */
 	uint32_t max_wr, max_sge; /* the SRQ's, as created (or modified) */
-	uint32_t live;            /* entries not consumed */
+	uint32_t live;            /* live entries */
+	/* the default SRQ's WQEs, in order: [dq_head, dq_tail) of dq_size */
+	struct shift_dsrq_dq {
+		uint64_t wr_id;
+		uint64_t idx;     /* the entry, DQ_STALE, or DQ_GONE (consumed) */
+	} *dq;
+	uint32_t dq_size;
+	uint64_t dq_head, dq_tail;
+	uint32_t d_phys;          /* WQEs in the default SRQ */
 	uint64_t max_len;         /* the largest receive recorded (bytes) */
 	/* every QP on it has left its default QP: posts are recorded only */
 	bool moved;
@@ -66,6 +84,7 @@ struct shift_dsrq {
 	/* the failover layer's (fo/srq.c): what arrived on the backup QPs and
 	 * waits for an entry, oldest first; the data path only carries it */
 	void *fo_pending_head, *fo_pending_tail;
+	void *fo_burner;          /* its loopback pair on the default NIC (fo/srq_burn.c) */
 };
 
 static inline struct shift_dsrq_entry *shift_dsrq_entry(struct shift_dsrq *q, uint64_t i)
@@ -117,10 +136,21 @@ void shift_dsrq_unprotect(struct shift_dsrq *q, const char *why);
 
 /* ibv_post_srq_recv of a context SHIFT took over (dp/post.c). */
 int shift_dsrq_post(struct shift_dsrq *q, struct ibv_recv_wr *wr, struct ibv_recv_wr **bad_wr);
-/* A receive completed successfully on a QP of the SRQ: retire its entry. */
+/* A receive completed on a QP of the SRQ, to the application (a success,
+ * or an error that is the application's): its entry left the default SRQ
+ * and is no longer live. */
 void shift_dsrq_retire(struct shift_dsrq *q, uint64_t wr_id);
+/* A WQE of the default SRQ was consumed by a message of SHIFT's (empty: it
+ * wrote nothing): its entry left the default SRQ, and stays live. */
+void shift_dsrq_burned(struct shift_dsrq *q, uint64_t wr_id);
 /* Take (retire) the oldest live entry, copied to e (room for max_sge
- * SGEs): 0, or -1 if none. The failover layer's, once moved. */
+ * SGEs): moved, any; else only one out of the default SRQ. 0, or -1. */
 int shift_dsrq_take_oldest(struct shift_dsrq *q, struct shift_dsrq_entry *e);
+/* Post the live entries that are not in the default SRQ to it: all of them
+ * to end "moved" (only once d_phys is 0), or those SHIFT took out and did
+ * not need. The number posted, or -1 (the provider refused: they stay). */
+int shift_dsrq_repost(struct shift_dsrq *q, bool unmove);
+/* Live entries not in the default SRQ (lock-free estimate). */
+uint32_t shift_dsrq_held(const struct shift_dsrq *q);
 
 #endif /* SHIFT_DP_DSRQ_H */

@@ -236,8 +236,10 @@ static void background(struct shift_ctx *s)
 		fo_poll_backup(s, c, &o, false);
 		pthread_mutex_unlock(&c->dp_lock);
 	}
-	/* (messages on SRQ QPs' backups, for receives posted since) */
+	/* (messages on SRQ QPs' backups, for receives posted since; the
+	 * default SRQs emptied for failback) */
 	fo_srq_deliver_all(s, NULL);
+	fo_srq_work(s);
 
 	/*
 	 * A passive application (a perftest server waiting on its socket)

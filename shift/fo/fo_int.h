@@ -120,5 +120,14 @@ void fo_srq_deliver(struct shift_dsrq *q, struct out *o);
 void fo_srq_bounced(struct shift_dqp *d, struct ibv_wc *wc, struct out *o);
 void fo_srq_deliver_all(struct shift_ctx *s, struct out *o);
 void fo_srq_forget(struct shift_dqp *d);
+bool fo_srq_defer(struct shift_dqp *d, const struct ibv_wc *wc);
+bool fo_srq_waits(const struct shift_dqp *d);
+void fo_srq_expect_notify(struct shift_dqp *d);
+bool fo_srq_take_notify(struct shift_dqp *d, struct ibv_wc *wc);
+void fo_srq_work(struct shift_ctx *s);
+void fo_srq_burner_destroy(struct shift_dsrq *q);
+unsigned fo_srq_burn(struct shift_ctx *s, struct shift_dsrq *q, struct shift_dqp *d, unsigned n);
+unsigned fo_srq_burning(const struct shift_dsrq *q);
+void fo_srq_burn_poll(struct shift_dsrq *q);
 
 #endif /* SHIFT_FO_INT_H */

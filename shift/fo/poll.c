@@ -14,6 +14,10 @@ void fo_from_default(struct shift_ctx *s, struct ibv_wc *wc, struct out *o)
 {
 	struct shift_dqp *d = shift_dqp_by_qpn(s, wc->qp_num);
 
+	/* (on an SRQ the peer's failback notification consumed an
+	 * application receive: it is SHIFT's control receive all the same) */
+	if (d && d->dsrq && d->failovers && (wc->opcode & IBV_WC_RECV))
+		(void)fo_srq_take_notify(d, wc);
 	if (d && d->failovers && (wc->wr_id & ~0xfull) == (SHIFT_WRID_CTRL_RECV & ~0xfull) &&
 	    (wc->wr_id & 0xf) - 1 < 5) {
 		/* SHIFT's own (probe, notification) never reach the application */
@@ -29,6 +33,9 @@ void fo_from_default(struct shift_ctx *s, struct ibv_wc *wc, struct out *o)
 	}
 	if (wc->status == IBV_WC_SUCCESS) {
 		shift_dqp_retire_slow(d, wc);
+		/* (behind messages of the backup path still waiting) */
+		if (d->dsrq && (wc->opcode & IBV_WC_RECV) && fo_srq_defer(d, wc))
+			return;
 		fo_emit(o, wc);
 		return;
 	}

@@ -35,7 +35,9 @@
 #include "shift/fo/fo_int.h"
 #include "shift/dp/dsrq.h"
 
-enum { SLOT_FREE, SLOT_POSTED, SLOT_PENDING };
+/* READY: not a slot, a completion of the default path held behind the
+ * messages that arrived before it (defer()) */
+enum { SLOT_FREE, SLOT_POSTED, SLOT_PENDING, SLOT_READY };
 
 struct slot {
 	struct slot *next;      /* the SRQ's pending FIFO */
@@ -49,6 +51,8 @@ struct bounce {
 	uint8_t *buf;
 	uint32_t len;           /* bytes per slot */
 	struct ibv_mr *mr;      /* on the backup QP's PD */
+	bool notify_due;        /* the next receive on the reset default QP is
+				 * the peer's failback notification */
 	struct slot slot[SHIFT_SRQ_BOUNCE];
 };
 
@@ -68,9 +72,19 @@ static bool reads_nothing(struct ibv_qp *qp)
 	       a.qp_state == IBV_QPS_ERR;
 }
 
+/* May x's default QP read the default SRQ? Its sends are on it, its
+ * receives are back on it, or it was reset for a failback (the peer's
+ * notification, and what the peer sends after it, land there). */
+static bool on_default(const struct shift_dqp *x)
+{
+	return x->send_state == SHIFT_SEND_DEFAULT || x->recv_state == SHIFT_RECV_DEFAULT ||
+	       x->dflt != SHIFT_DFLT_ERR;
+}
+
 /* May the QPs of d's SRQ all leave the default SRQ now? Each one other
- * than d is failed over already, can fail over (its backup ready), or
- * reads nothing (never connected, or in ERR: a connection that failed). */
+ * than d is failed over with its default QP stopped, can fail over (its
+ * backup ready: a new episode for one on its way back), or reads nothing
+ * (never connected, or in ERR: a connection that failed). */
 bool fo_srq_can_move(struct shift_ctx *s, struct shift_dqp *d)
 {
 	struct shift_dsrq *q = d->dsrq;
@@ -86,7 +100,7 @@ bool fo_srq_can_move(struct shift_ctx *s, struct shift_dqp *d)
 					return false; /* (its default QP may be live) */
 				continue;
 			}
-			if (x->send_state != SHIFT_SEND_DEFAULT)
+			if (!on_default(x))
 				continue;
 			pthread_mutex_lock(&s->rnic->lock);
 			bool connected = x->shadow && x->shadow->app_state >= IBV_QPS_RTR &&
@@ -102,7 +116,8 @@ bool fo_srq_can_move(struct shift_ctx *s, struct shift_dqp *d)
 }
 
 /* d (stopped, drained) takes its SRQ's receives over: every other QP on it
- * fails over too (slow_lock held). */
+ * that may read the default SRQ fails over too, a QP on its way back a
+ * new episode (slow_lock held). */
 void fo_srq_move(struct shift_ctx *s, struct shift_dqp *d)
 {
 	struct shift_dsrq *q = d->dsrq;
@@ -113,9 +128,9 @@ void fo_srq_move(struct shift_ctx *s, struct shift_dqp *d)
 	shift_dsrq_unlock(q);
 	for (int i = 0; i < SHIFT_DQP_BUCKETS; i++) {
 		for (struct shift_dqp *x = s->dqp[i]; x; x = x->next_in_bucket) {
-			if (x == d || x->dsrq != q || x->send_state != SHIFT_SEND_DEFAULT ||
-			    !x->shadow || __atomic_load_n(&x->shadow->state, __ATOMIC_ACQUIRE) !=
-						  SHIFT_SHADOW_READY)
+			if (x == d || x->dsrq != q || x->send_state == SHIFT_SEND_UNPROTECTED ||
+			    !on_default(x) || !x->shadow ||
+			    __atomic_load_n(&x->shadow->state, __ATOMIC_ACQUIRE) != SHIFT_SHADOW_READY)
 				continue;
 			struct out o = { .wc = NULL, .n = 0, .max = 0, .c = x->scq };
 
@@ -132,6 +147,24 @@ void fo_srq_move(struct shift_ctx *s, struct shift_dqp *d)
 	}
 	shift_info("%s QP %u: its SRQ's receives move to the backup path (%u more QPs on the SRQ "
 		   "fail over with it; %u receives outstanding)", d->dev, d->qpn, n, q->live);
+}
+
+/* The default NIC of an SRQ back on its default SRQ died again while
+ * messages on backup QPs wait for receives it holds (none of its QPs reads
+ * it, or none can now: the port watch fails those over): the receives move
+ * to the backup path again, through d (failed over), and its default QP
+ * is stopped if it was reset for a failback. */
+static void move_again(struct shift_ctx *s, struct shift_dqp *d)
+{
+	if (!fo_srq_can_move(s, d))
+		return; /* (a QP still on the default path: the port watch first) */
+	if (on_default(d)) {
+		struct out o = { .wc = NULL, .n = 0, .max = 0, .c = d->scq };
+
+		fo_start(s, d, &o, NULL); /* (it moves them) */
+		return;
+	}
+	fo_srq_move(s, d);
 }
 
 /* ---- SHIFT's receives on the backup QP ----------------------------------------- */
@@ -219,9 +252,49 @@ static bool scatter(const struct shift_dsrq_entry *e, const uint8_t *src, uint32
 	return true;
 }
 
+/* Pop the oldest waiting item of q (lock: slow_lock). */
+static void pop(struct shift_dsrq *q, struct slot *x)
+{
+	q->fo_pending_head = x->next;
+	if (!x->next)
+		q->fo_pending_tail = NULL;
+}
+
+/* The messages that arrived on the backup QPs and wait for receives:
+ * until the first of them without one. */
+static unsigned waiting(const struct shift_dsrq *q)
+{
+	unsigned n = 0;
+
+	for (const struct slot *x = q->fo_pending_head; x; x = x->next)
+		n += x->state == SLOT_PENDING;
+	return n;
+}
+
+/* Put one waiting message into the application's receive e. */
+static void fill(struct slot *x, const struct shift_dsrq_entry *e, struct out *o)
+{
+	struct shift_dqp *d = x->d;
+	struct bounce *b = d->fo_bounce;
+	unsigned k = (unsigned)(x - b->slot);
+	struct ibv_wc wc = x->wc;
+	struct out ro = { .wc = NULL, .n = 0, .max = 0, .c = d->rcq };
+
+	if (wc.opcode == IBV_WC_RECV && !scatter(e, b->buf + (size_t)k * b->len, wc.byte_len))
+		wc.status = IBV_WC_LOC_LEN_ERR;
+	wc.wr_id = e->wr_id;
+	wc.qp_num = d->qpn;
+	fo_emit(o && o->c == d->rcq ? o : &ro, &wc);
+	x->state = SLOT_FREE;
+	if (d->send_state != SHIFT_SEND_UNPROTECTED && d->bk && x->gen == d->bk_gen)
+		(void)post_slot(d, b, k);
+}
+
 /* The messages waiting on q go into the oldest receives the application
- * posted, in arrival order; each slot is posted again (o: the CQ being
- * polled, or NULL). */
+ * posted, in arrival order, each slot posted again; the default path's
+ * completions held behind them follow in their place (o: the CQ being
+ * polled, or NULL). Once q is back on the default SRQ, a receive for a
+ * message comes out of it by an empty SEND of SHIFT's (fo/srq_burn.c). */
 void fo_srq_deliver(struct shift_dsrq *q, struct out *o)
 {
 	union {
@@ -232,28 +305,122 @@ void fo_srq_deliver(struct shift_dsrq *q, struct out *o)
 
 	if (q->max_sge > SHIFT_DSRQ_MAX_SGE)
 		return; /* (not mirrored: the front refuses such SRQs) */
-	while ((x = q->fo_pending_head) && shift_dsrq_take_oldest(q, &u.e) == 0) {
+	while ((x = q->fo_pending_head)) {
 		struct shift_dqp *d = x->d;
-		struct bounce *b = d->fo_bounce;
-		unsigned k = (unsigned)(x - b->slot);
-		struct ibv_wc wc = x->wc;
-		struct out ro = { .wc = NULL, .n = 0, .max = 0, .c = d->rcq };
 
-		q->fo_pending_head = x->next;
-		if (!x->next)
-			q->fo_pending_tail = NULL;
-		if (wc.opcode == IBV_WC_RECV &&
-		    !scatter(&u.e, b->buf + (size_t)k * b->len, wc.byte_len))
-			wc.status = IBV_WC_LOC_LEN_ERR;
-		wc.wr_id = u.e.wr_id;
-		wc.qp_num = d->qpn;
-		fo_emit(o && o->c == d->rcq ? o : &ro, &wc);
-		x->state = SLOT_FREE;
-		if (d->send_state != SHIFT_SEND_UNPROTECTED && d->bk && x->gen == d->bk_gen)
-			(void)post_slot(d, b, k);
+		if (x->state == SLOT_READY) {
+			struct out ro = { .wc = NULL, .n = 0, .max = 0, .c = d->rcq };
+
+			pop(q, x);
+			fo_emit(o && o->c == d->rcq ? o : &ro, &x->wc);
+			free(x);
+		} else if (shift_dsrq_take_oldest(q, &u.e) == 0) {
+			pop(q, x);
+			fill(x, &u.e, o);
+		} else {
+			unsigned need = waiting(q), burning = fo_srq_burning(q);
+			struct shift_ctx *s = shift_ctx_of(d->qp->context);
+
+			if (s && !shift_dsrq_moved(q) && need > burning)
+				fo_srq_burn(s, q, d, need - burning);
+			break;
+		}
+		if (d->notify_pending)
+			fo_try_notify(d); /* (its receives may move back now) */
 	}
 }
 
+/* A receive completion of d on the default path while messages that
+ * arrived before it on a backup QP wait for receives: held behind them
+ * (true), so each QP's completions keep their order. */
+bool fo_srq_defer(struct shift_dqp *d, const struct ibv_wc *wc)
+{
+	struct shift_dsrq *q = d->dsrq;
+	struct slot *x;
+
+	if (!q->fo_pending_head || !(x = calloc(1, sizeof(*x))))
+		return false;
+	x->d = d;
+	x->wc = *wc;
+	x->state = SLOT_READY;
+	((struct slot *)q->fo_pending_tail)->next = x;
+	q->fo_pending_tail = x;
+	return true;
+}
+
+/* Does a message that arrived on d's backup QP wait for a receive? */
+bool fo_srq_waits(const struct shift_dqp *d)
+{
+	for (const struct slot *x = d->dsrq ? d->dsrq->fo_pending_head : NULL; x; x = x->next)
+		if (x->d == d && x->state == SLOT_PENDING)
+			return true;
+	return false;
+}
+
+/* d's default QP was reset: the next receive it consumes is the peer's
+ * failback notification (an SRQ has no room for SHIFT's own receive). */
+void fo_srq_expect_notify(struct shift_dqp *d)
+{
+	struct bounce *b = bounce_of(d);
+
+	if (b)
+		b->notify_due = true;
+}
+
+/* A receive completion of d on its default QP: the notification (true; wc
+ * becomes SHIFT's control receive's, and the application's receive it
+ * consumed, empty, stays the application's). */
+bool fo_srq_take_notify(struct shift_dqp *d, struct ibv_wc *wc)
+{
+	struct bounce *b = d->fo_bounce;
+
+	if (!b || !b->notify_due || wc->status != IBV_WC_SUCCESS)
+		return false;
+	b->notify_due = false;
+	shift_dsrq_burned(d->dsrq, wc->wr_id);
+	wc->wr_id = SHIFT_WRID_CTRL_RECV;
+	return true;
+}
+
+/* The background's share for the SRQs of s's failed-over QPs: their pairs'
+ * completions; a moved SRQ emptied of the WQEs the backup path made stale
+ * once its port is up, then its receives back on it (its QPs may fail back
+ * from then on); receives taken out and not needed put back. */
+void fo_srq_work(struct shift_ctx *s)
+{
+	struct shift_dsrq *seen[8];
+	unsigned nseen = 0;
+	int n = __atomic_load_n(&s->nfo, __ATOMIC_ACQUIRE);
+
+	for (int i = 0; i < n; i++) {
+		struct shift_dqp *d = __atomic_load_n(&s->fo[i], __ATOMIC_ACQUIRE);
+		struct shift_dsrq *q = d ? d->dsrq : NULL;
+		bool dup = false;
+
+		for (unsigned k = 0; q && k < nseen; k++)
+			dup |= seen[k] == q;
+		if (!q || dup || shift_dsrq_unprotected(q) || d->send_state == SHIFT_SEND_UNPROTECTED)
+			continue;
+		if (nseen < 8)
+			seen[nseen++] = q;
+		fo_srq_burn_poll(q);
+		if (!shift_dsrq_moved(q) && waiting(q) && !fo_port_active(s, d))
+			move_again(s, d);
+		if (!shift_dsrq_moved(q)) {
+			fo_srq_deliver(q, NULL);
+			if (!q->fo_pending_head && !fo_srq_burning(q) && shift_dsrq_held(q))
+				(void)shift_dsrq_repost(q, false);
+			continue;
+		}
+		if (!fo_port_active(s, d))
+			continue; /* (the default NIC is not back) */
+		if (q->d_phys > fo_srq_burning(q))
+			fo_srq_burn(s, q, d, q->d_phys - fo_srq_burning(q));
+		if (!q->d_phys && !fo_srq_burning(q) && shift_dsrq_repost(q, true) >= 0)
+			shift_info("%s: SRQ's default receives consumed by SHIFT: %u receives back on "
+				   "the default SRQ, its QPs may fail back", q->dev, q->live);
+	}
+}
 /* A completion of SHIFT's receive on d's backup QP (application data, or
  * its failure). */
 void fo_srq_bounced(struct shift_dqp *d, struct ibv_wc *wc, struct out *o)

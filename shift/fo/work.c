@@ -123,8 +123,7 @@ static void restart_after_backup_failure(struct shift_ctx *s, struct shift_dqp *
 	 * waits for its probe (answered: back to the default QP, ret_start;
 	 * failed: a new failover), the other end gives it the time to decide
 	 * (its return record comes first) */
-	bool maybe_back = d->dflt != SHIFT_DFLT_OK && shift_config.probe_ms && !d->dsrq &&
-			  fo_port_active(s, d);
+	bool maybe_back = d->dflt != SHIFT_DFLT_OK && shift_config.probe_ms && fo_port_active(s, d);
 	if (maybe_back && (fo_prober(d) ? d->probe_fails == d->bk_probe_fails : true))
 		grace = fo_prober(d) ? UINT64_MAX / 2 : 4 * grace;
 	if (d->bk_error && d->bk_restarts < SHIFT_BK_RESTARTS && now > d->bk_error_at &&
@@ -175,9 +174,9 @@ static bool episode_expired(struct shift_ctx *s, struct shift_dqp *d, uint64_t n
  * port is up; probe from it at the probe period, backing off. */
 static void probe_default(struct shift_ctx *s, struct shift_dqp *d, uint64_t now)
 {
-	/* (a QP on an SRQ stays on its backup: its default SRQ still holds
-	 * receives whose buffers are the backup path's now, fo/srq.c) */
-	if (d->dsrq)
+	/* (a QP on an SRQ waits until its default SRQ holds no receive whose
+	 * buffer the backup path filled: fo_srq_work()) */
+	if (d->dsrq && shift_dsrq_moved(d->dsrq))
 		return;
 	/* (also while a handshake cannot finish because a backup failed: the
 	 * default path may be the way back, ret_start) */

@@ -289,6 +289,15 @@ static bool a_failed_over(int i)
 	return d->failovers > 0 && d->send_state != SHIFT_SEND_UNPROTECTED;
 }
 
+/* A's QP i is back on its default QP in both directions. */
+static bool a_back(int i)
+{
+	struct shift_dqp *d = shift_dqp_of_qp(A.qp[i]);
+
+	return d->failbacks > 0 && d->send_state == SHIFT_SEND_DEFAULT &&
+	       d->recv_state == SHIFT_RECV_DEFAULT;
+}
+
 /* Receives both connections consumed on the default SRQ are retired from
  * the mirror, so the backup path fills only the others: every message
  * arrives once, in order, into its own receive. */
@@ -352,7 +361,46 @@ static void test_srq_one_qp_fails_both_move(void **state)
 {
 	(void)state;
 	run_traffic_with_fault(fatal_a_qp0);
+	/* (the NIC works: SHIFT empties the default SRQ of the receives the
+	 * backup path filled, and both QPs come back) */
+	assert_false(shift_dsrq_of(A.srq)->moved);
+	assert_true(a_back(0));
+	assert_true(a_back(1));
+}
+
+/* After A's NIC comes back, the SRQ's receives go back to the default SRQ
+ * (the stale WQEs there consumed by SHIFT first, none reaching the
+ * application) and both QPs fail back; with both backup NICs dead then,
+ * traffic still flows, on the default path. */
+static void test_srq_failback_after_recovery(void **state)
+{
+	(void)state;
+	run_traffic_with_fault(kill_a_nic);
 	assert_true(shift_dsrq_of(A.srq)->moved);
+	sim_dev_revive(sim_host_dev(host[0], 0));
+	a_post_recvs(4);
+	for (int k = 0; k < 40 && !(a_back(0) && a_back(1)); k++) {
+		b_send(0, got[0]);
+		drive();
+		b_send(1, got[1]);
+		drive();
+		a_post_recvs(2);
+	}
+	assert_false(shift_dsrq_of(A.srq)->moved);
+	assert_true(a_back(0));
+	assert_true(a_back(1));
+	sim_dev_kill(sim_host_dev(host[0], 1), 0);
+	sim_dev_kill(sim_host_dev(host[1], 1), 0);
+	a_post_recvs(8);
+	for (unsigned k = 0; k < 4; k++) {
+		b_send(0, got[0] + k);
+		b_send(1, got[1] + k);
+	}
+	unsigned g0 = got[0], g1 = got[1];
+
+	drive();
+	assert_int_equal(got[0], g0 + 4);
+	assert_int_equal(got[1], g1 + 4);
 }
 
 /* Messages that arrive on the backup path while A's application has no
@@ -440,6 +488,7 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_sim_srq_basics, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_srq_receives_survive_nic_death, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_srq_one_qp_fails_both_move, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_srq_failback_after_recovery, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_srq_messages_wait_for_receives, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_srq_moved_refuses_new_connection, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_srq_ex_slot_mirrors_basic, setup, teardown),
