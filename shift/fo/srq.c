@@ -96,8 +96,10 @@ bool fo_srq_can_move(struct shift_ctx *s, struct shift_dqp *d)
 			if (x == d || x->dsrq != q)
 				continue;
 			if (x->send_state == SHIFT_SEND_UNPROTECTED) {
-				if (!reads_nothing(x->qp))
-					return false; /* (its default QP may be live) */
+				/* (one whose connection SHIFT failed is stopped
+				 * by the move; another's may be live) */
+				if (!x->failovers && !reads_nothing(x->qp))
+					return false;
 				continue;
 			}
 			if (!on_default(x))
@@ -128,6 +130,15 @@ void fo_srq_move(struct shift_ctx *s, struct shift_dqp *d)
 	shift_dsrq_unlock(q);
 	for (int i = 0; i < SHIFT_DQP_BUCKETS; i++) {
 		for (struct shift_dqp *x = s->dqp[i]; x; x = x->next_in_bucket) {
+			if (x != d && x->dsrq == q && x->send_state == SHIFT_SEND_UNPROTECTED &&
+			    x->failovers && !reads_nothing(x->qp)) {
+				/* (its connection failed: its default QP, reset for
+				 * a failback, must not read the SRQ either) */
+				struct ibv_qp_attr e = { .qp_state = IBV_QPS_ERR };
+
+				shift_lower->modify_qp(x->qp, &e, IBV_QP_STATE);
+				continue;
+			}
 			if (x == d || x->dsrq != q || x->send_state == SHIFT_SEND_UNPROTECTED ||
 			    !on_default(x) || !x->shadow ||
 			    __atomic_load_n(&x->shadow->state, __ATOMIC_ACQUIRE) != SHIFT_SHADOW_READY)
@@ -165,6 +176,27 @@ static void move_again(struct shift_ctx *s, struct shift_dqp *d)
 		return;
 	}
 	fo_srq_move(s, d);
+}
+
+/* d, failed over already, cannot fail over again with its SRQ (another QP
+ * on it cannot): the connection fails for the application, every WR still
+ * outstanding on either QP flushed to it (as when an episode expires). */
+void fo_srq_fail(struct shift_ctx *s, struct shift_dqp *d, struct out *o)
+{
+	struct ibv_qp_attr e = { .qp_state = IBV_QPS_ERR };
+
+	shift_warn("%s QP %u: cannot fail over again (a QP on its SRQ cannot): the error goes to "
+		   "the application", d->dev, d->qpn);
+	if (d->bk)
+		shift_lower->modify_qp(d->bk, &e, IBV_QP_STATE);
+	shift_lower->modify_qp(d->qp, &e, IBV_QP_STATE);
+	shift_dqp_lock(d);
+	shift_dqp_set_send_state(d, SHIFT_SEND_FALLBACK, "the connection fails");
+	shift_dqp_unlock(d);
+	fo_drain_default(s, d->scq, NULL);
+	if (d->rcq != d->scq)
+		fo_drain_default(s, d->rcq, NULL);
+	fo_fail_connection(s, d, o, false, NULL);
 }
 
 /* ---- SHIFT's receives on the backup QP ----------------------------------------- */

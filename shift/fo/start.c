@@ -262,6 +262,10 @@ static int start_possible(struct shift_ctx *s, struct shift_dqp *d, struct out *
 		return -1;
 	}
 	if (d->dsrq && !shift_dsrq_moved(d->dsrq) && !fo_srq_can_move(s, d)) {
+		if (d->send_state != SHIFT_SEND_DEFAULT) {
+			fo_srq_fail(s, d, o); /* (failed over already) */
+			return -2;
+		}
 		fo_give_up(d, "a QP on its SRQ cannot fail over with it");
 		give_up_taken(d, o);
 		return -1;
@@ -354,8 +358,10 @@ int fo_start(struct shift_ctx *s, struct shift_dqp *d, struct out *o,
 		return -1;
 	if (d->send_state != SHIFT_SEND_DEFAULT && !again)
 		return 0;
-	if (start_possible(s, d, o))
-		return -1;
+	int rc = start_possible(s, d, o);
+
+	if (rc)
+		return rc < -1 ? rc : -1;
 	stop_default(s, d, again);
 	fo_drain_default(s, d->scq, o);
 	if (d->rcq != d->scq)
