@@ -288,7 +288,7 @@ void shift_dqp_retire_app(struct shift_dqp *d, const struct ibv_wc *wc)
 {
 	if (wc->status == IBV_WC_SUCCESS)
 		shift_dqp_retire_slow(d, wc);
-	else if (d->dsrq && wc->status != IBV_WC_WR_FLUSH_ERR && (wc->opcode & IBV_WC_RECV))
+	else if (d->dsrq && (wc->opcode & IBV_WC_RECV))
 		shift_dsrq_retire(d->dsrq, wc->wr_id);
 }
 

@@ -473,8 +473,9 @@ void shift_dqp_retire_slow(struct shift_dqp *d, const struct ibv_wc *wc);
 
 /* A completion of this QP goes to the application as it is (the QP is
  * unprotected, or the error is the application's): a success retires as
- * shift_dqp_retire_slow(); a receive of an SRQ that completed in error
- * other than flushed is consumed too (the application has it back). */
+ * shift_dqp_retire_slow(); a receive of an SRQ that completed in error is
+ * consumed too (the application has it back; providers that do not set
+ * the opcode of an error completion leave it in the mirror). */
 void shift_dqp_retire_app(struct shift_dqp *d, const struct ibv_wc *wc);
 
 /* Retire on a successful completion of this QP: count it (see above). */

@@ -42,8 +42,13 @@ void fo_from_default(struct shift_ctx *s, struct ibv_wc *wc, struct out *o)
 	/* a flush of a QP already on its backup; unless a direction came
 	 * back to the default QP (my receives) and it failed again */
 	if (d->send_state != SHIFT_SEND_DEFAULT &&
-	    !(d->need_rearm && d->recv_state == SHIFT_RECV_DEFAULT))
+	    !(d->need_rearm && d->recv_state == SHIFT_RECV_DEFAULT)) {
+		/* (an SRQ receive it had taken: out of the SRQ, still the
+		 * application's, where the provider says so) */
+		if (d->dsrq && (wc->opcode & IBV_WC_RECV))
+			shift_dsrq_burned(d->dsrq, wc->wr_id);
 		return;
+	}
 	shift_debug("%s QP %u: error completion %d (opcode %d, wr %#llx) starts a failover", d->dev,
 		    d->qpn, (int)wc->status, (int)wc->opcode, (unsigned long long)wc->wr_id);
 	int rc = fo_start(s, d, o, wc);
