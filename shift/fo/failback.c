@@ -153,6 +153,8 @@ int fo_receives_back(struct shift_dqp *d)
 		}
 	}
 	shift_dqp_set_recv_state(d, SHIFT_RECV_DEFAULT, "receives back on the default QP");
+	if (d->dsrq)
+		fo_srq_release(d); /* (what its reset default QP received meanwhile) */
 	return 0;
 }
 
@@ -274,7 +276,9 @@ static void probe_ok(struct shift_dqp *d, const char *how)
  * are all accounted for, my remaining receives move to the default QP. */
 void fo_try_notify(struct shift_dqp *d)
 {
-	uint32_t behind = CTRL_COUNT(d->notify_count - (uint32_t)d->rq_tail);
+	/* (on an SRQ the peer's later sends may be received already) */
+	uint32_t counted = d->dsrq ? fo_srq_counted(d) : (uint32_t)d->rq_tail;
+	uint32_t behind = CTRL_COUNT(d->notify_count - counted);
 
 	if (!d->notify_pending)
 		return;

@@ -53,6 +53,11 @@ struct bounce {
 	struct ibv_mr *mr;      /* on the backup QP's PD */
 	bool notify_due;        /* the next receive on the reset default QP is
 				 * the peer's failback notification */
+	/* receive completions of the reset default QP before my receives are
+	 * back: later than every message of the backup path (the peer sends
+	 * there only after its notification), held until those are out */
+	struct slot *held_head, *held_tail;
+	uint32_t late;          /* ... how many (not in the notification's count) */
 	struct slot slot[SHIFT_SRQ_BOUNCE];
 };
 
@@ -353,8 +358,10 @@ void fo_srq_deliver(struct shift_dsrq *q, struct out *o)
 			unsigned need = waiting(q), burning = fo_srq_burning(q);
 			struct shift_ctx *s = shift_ctx_of(d->qp->context);
 
-			if (s && !shift_dsrq_moved(q) && need > burning)
-				fo_srq_burn(s, q, d, need - burning);
+			if (s && !shift_dsrq_moved(q) && need > burning &&
+			    fo_srq_burn(s, q, d, need - burning))
+				shift_debug("%s: %u receives taken out of the default SRQ for messages "
+					    "on backup QPs", q->dev, need - burning);
 			break;
 		}
 		if (d->notify_pending)
@@ -362,22 +369,71 @@ void fo_srq_deliver(struct shift_dsrq *q, struct out *o)
 	}
 }
 
-/* A receive completion of d on the default path while messages that
- * arrived before it on a backup QP wait for receives: held behind them
- * (true), so each QP's completions keep their order. */
+static void append(struct shift_dsrq *q, struct slot *x)
+{
+	x->next = NULL;
+	if (q->fo_pending_tail)
+		((struct slot *)q->fo_pending_tail)->next = x;
+	else
+		q->fo_pending_head = x;
+	q->fo_pending_tail = x;
+}
+
+/* A receive completion of d on the default path: held (true) while it
+ * must wait, so each QP's completions keep their order: d's default QP was
+ * reset for a failback and d's receives are not back yet (the messages of
+ * the backup path, all earlier, are not all handed out), or messages that
+ * arrived on a backup QP before it wait for receives. */
 bool fo_srq_defer(struct shift_dqp *d, const struct ibv_wc *wc)
 {
 	struct shift_dsrq *q = d->dsrq;
+	bool reset = d->dflt != SHIFT_DFLT_ERR && d->recv_state == SHIFT_RECV_FALLBACK;
+	struct bounce *b = reset ? bounce_of(d) : NULL;
 	struct slot *x;
 
-	if (!q->fo_pending_head || !(x = calloc(1, sizeof(*x))))
+	if ((!reset && !q->fo_pending_head) || (reset && !b) || !(x = calloc(1, sizeof(*x))))
 		return false;
 	x->d = d;
 	x->wc = *wc;
 	x->state = SLOT_READY;
-	((struct slot *)q->fo_pending_tail)->next = x;
-	q->fo_pending_tail = x;
+	if (!reset) {
+		append(q, x);
+		return true;
+	}
+	if (b->held_tail)
+		b->held_tail->next = x;
+	else
+		b->held_head = x;
+	b->held_tail = x;
+	b->late++;
 	return true;
+}
+
+/* d's receive counter as the peer's notification counts it: without what
+ * its reset default QP received after the notification (fo_try_notify). */
+uint32_t fo_srq_counted(const struct shift_dqp *d)
+{
+	const struct bounce *b = d->fo_bounce;
+
+	return (uint32_t)d->rq_tail - (b ? b->late : 0);
+}
+
+/* d's receives are back on its default QP: what it held follows the
+ * messages waiting on its SRQ (fo_srq_deliver hands them out). */
+void fo_srq_release(struct shift_dqp *d)
+{
+	struct bounce *b = d->fo_bounce;
+
+	while (b && b->held_head) {
+		struct slot *x = b->held_head;
+
+		b->held_head = x->next;
+		append(d->dsrq, x);
+	}
+	if (b)
+		b->held_tail = NULL;
+	if (b)
+		b->late = 0;
 }
 
 /* Does a message that arrived on d's backup QP wait for a receive? */
@@ -461,8 +517,15 @@ void fo_srq_bounced(struct shift_dqp *d, struct ibv_wc *wc, struct out *o)
 	unsigned k = (unsigned)(SHIFT_WRID_INDEX(wc->wr_id) & ~SHIFT_WRID_BOUNCE);
 	struct shift_dsrq *q = d->dsrq;
 
-	if (!b || !q || k >= SHIFT_SRQ_BOUNCE || b->slot[k].state != SLOT_POSTED)
+	/* (a flush of an earlier generation's posting of this slot, polled
+	 * after the slot was posted again: not this posting's) */
+	if (!b || !q || k >= SHIFT_SRQ_BOUNCE || b->slot[k].state != SLOT_POSTED ||
+	    SHIFT_WRID_GEN_OF(wc->wr_id) != (b->slot[k].gen & 0x3fffu)) {
+		if (wc->status == IBV_WC_SUCCESS)
+			shift_warn("%s QP %u: a message on the backup QP landed in a buffer SHIFT "
+				   "no longer expects (slot %u): dropped", d->dev, d->qpn, k);
 		return;
+	}
 	struct slot *x = &b->slot[k];
 
 	if (wc->status != IBV_WC_SUCCESS) {
@@ -472,12 +535,7 @@ void fo_srq_bounced(struct shift_dqp *d, struct ibv_wc *wc, struct out *o)
 	shift_dqp_retire(d, wc); /* (its receive counter) */
 	x->wc = *wc;
 	x->state = SLOT_PENDING;
-	x->next = NULL;
-	if (q->fo_pending_tail)
-		((struct slot *)q->fo_pending_tail)->next = x;
-	else
-		q->fo_pending_head = x;
-	q->fo_pending_tail = x;
+	append(q, x);
 	fo_srq_deliver(q, o);
 }
 
@@ -485,14 +543,11 @@ void fo_srq_bounced(struct shift_dqp *d, struct ibv_wc *wc, struct out *o)
  * SRQ of s's failed-over QPs (slow_lock held; o as for fo_srq_deliver). */
 void fo_srq_deliver_all(struct shift_ctx *s, struct out *o)
 {
-	int n = __atomic_load_n(&s->nfo, __ATOMIC_ACQUIRE);
-
-	for (int i = 0; i < n; i++) {
-		struct shift_dqp *d = __atomic_load_n(&s->fo[i], __ATOMIC_ACQUIRE);
-
-		if (d && d->dsrq && d->dsrq->fo_pending_head)
-			fo_srq_deliver(d->dsrq, o);
-	}
+	/* (every QP: one back on its default QP may still have a turn) */
+	for (int i = 0; i < SHIFT_DQP_BUCKETS; i++)
+		for (struct shift_dqp *d = s->dqp[i]; d; d = d->next_in_bucket)
+			if (d->dsrq && d->dsrq->fo_pending_head)
+				fo_srq_deliver(d->dsrq, o);
 }
 
 /* d is being destroyed: its waiting messages leave the SRQ's FIFO (they
@@ -518,11 +573,19 @@ void fo_srq_forget(struct shift_dqp *d)
 					q->fo_pending_head = nx;
 				if (q->fo_pending_tail == x)
 					q->fo_pending_tail = prev;
+				if (x->state == SLOT_READY)
+					free(x);
 			} else {
 				prev = x;
 			}
 			x = nx;
 		}
+	}
+	while (b->held_head) {
+		struct slot *x = b->held_head;
+
+		b->held_head = x->next;
+		free(x);
 	}
 	if (b->mr)
 		shift_lower->dereg_mr(b->mr);

@@ -363,6 +363,8 @@ int fo_start(struct shift_ctx *s, struct shift_dqp *d, struct out *o,
 	if (rc)
 		return rc < -1 ? rc : -1;
 	stop_default(s, d, again);
+	if (d->dsrq)
+		fo_srq_release(d); /* (its reset default QP's, older than the drain's) */
 	fo_drain_default(s, d->scq, o);
 	if (d->rcq != d->scq)
 		fo_drain_default(s, d->rcq, o);
