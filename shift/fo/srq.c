@@ -1,67 +1,44 @@
 /*
- * Failover of QPs on a shared receive queue (the SRQ's mirror is
- * shift/dp/dsrq.h; the front's side shift/srq.c).
+ * Failover and failback of QPs on a shared receive queue (the SRQ's mirror
+ * is shift/dp/dsrq.h; the front's side shift/srq.c; fo/srq_deliver.c hands
+ * out what arrives on the backup QPs, fo/srq_burn.c takes WQEs out of the
+ * default SRQ).
  *
  * An SRQ's receives belong to no QP: any QP on it consumes the oldest. And
  * a WQE posted to an SRQ stays there until a message consumes it: verbs
- * cannot take it back. So the receives cannot move to the backup NIC while
- * a QP still reads the default SRQ (a buffer posted on both could take two
- * messages), nor can part of them. The SRQ fails over as a whole:
+ * cannot take it back, except by consuming it. So:
  *
- * - The first QP on it that fails over stops every other QP on it (their
- *   own failovers, fo_start(), as if each had seen the error: their peers
- *   follow on the handshake message as usual) once it has checked that
- *   each one can (fo_srq_can_move: else it gives up, and the error is the
- *   application's). From then on the SRQ is "moved": the default SRQ is
- *   never read again (its QPs stay in ERR, there is no failback to it; a
- *   QP the application connects on it later is refused, shift/srq.c), and
- *   the application's posts are only recorded in the mirror.
+ * - Failover moves the SRQ as a whole. The first QP on it that fails over
+ *   stops every other QP on it that may read the default SRQ (their own
+ *   failovers, fo_start(), as if each had seen the error; a QP on its way
+ *   back a new episode; their peers follow as usual) once it has checked
+ *   that each one can (fo_srq_can_move: else it gives up). From then on the
+ *   SRQ is "moved": no QP reads the default SRQ (a QP the application
+ *   connects on it is refused, shift/srq.c), the application's posts are
+ *   only recorded, and what arrives on the backup QPs fills the oldest
+ *   live receives (their WQEs in the default SRQ go stale).
  * - Each backup QP has a receive queue of its own: SHIFT's control receive
  *   at its head (the handshake works as for any QP) and SHIFT_SRQ_BOUNCE
  *   receives of SHIFT's buffers behind it (fo_srq_post_bounce). What the
- *   peer sends lands there; it counts in the QP's receive counter at once
- *   (it was executed: the handshake after a later failover must say so),
- *   and goes, in arrival order, into the oldest receive the application
- *   posted on the SRQ and has not had back (fo_srq_deliver): its data
- *   copied, its completion the application's (wr_id, QP number, length,
- *   immediate). A message that finds no receive waits until the
- *   application posts one; its buffer is posted again only then, so at
- *   most SHIFT_SRQ_BOUNCE messages per QP wait, and the sender sees RNR
- *   beyond that, as it would with an empty SRQ.
- * - The receive counter of each QP (the handshake's) is the number of
- *   receives that QP consumed: its own successful receive completions,
- *   as for a QP with a receive queue.
+ *   peer sends lands there and counts in the QP's receive counter at once
+ *   (it was executed: a later handshake must say so).
+ * - Once the default NIC is back, SHIFT consumes every WQE left in the
+ *   default SRQ with empty SENDs of its own (fo_srq_work, fo/srq_burn.c),
+ *   then posts the live receives there again: the SRQ is no longer moved,
+ *   and its QPs fail back one by one as any QP (the default QP reset, the
+ *   probe, the notification: on an SRQ the first receive a reset default
+ *   QP consumes, fo_srq_take_notify). A QP still on its backup then gets a
+ *   receive for each message by consuming the default SRQ's next one the
+ *   same way. Receive completions of a reset default QP wait until the
+ *   QP's backup-path messages are all handed out (fo_srq_defer), so each
+ *   QP's completions keep their order.
+ * - The receive counter of each QP (the handshake's, the notification's)
+ *   is the number of receives that QP consumed, as for a QP with a receive
+ *   queue.
  */
-#include "shift/fo/fo_int.h"
-#include "shift/dp/dsrq.h"
+#include "shift/fo/srq_int.h"
 
-/* READY: not a slot, a completion of the default path held behind the
- * messages that arrived before it (defer()) */
-enum { SLOT_FREE, SLOT_POSTED, SLOT_PENDING, SLOT_READY };
-
-struct slot {
-	struct slot *next;      /* the SRQ's pending FIFO */
-	struct shift_dqp *d;
-	struct ibv_wc wc;
-	uint8_t state;
-	unsigned gen;           /* the backup generation it was posted in */
-};
-
-struct bounce {
-	uint8_t *buf;
-	uint32_t len;           /* bytes per slot */
-	struct ibv_mr *mr;      /* on the backup QP's PD */
-	bool notify_due;        /* the next receive on the reset default QP is
-				 * the peer's failback notification */
-	/* receive completions of the reset default QP before my receives are
-	 * back: later than every message of the backup path (the peer sends
-	 * there only after its notification), held until those are out */
-	struct slot *held_head, *held_tail;
-	uint32_t late;          /* ... how many (not in the notification's count) */
-	struct slot slot[SHIFT_SRQ_BOUNCE];
-};
-
-/* ---- moving an SRQ ----------------------------------------------------------- */
+/* ---- moving an SRQ ---------------------------------------------------------- */
 
 /* Does the QP read no receive now (RESET, INIT, ERR)? It cannot read
  * the default SRQ again once moved: connecting it is refused (shift/srq.c). */
@@ -204,9 +181,9 @@ void fo_srq_fail(struct shift_ctx *s, struct shift_dqp *d, struct out *o)
 	fo_fail_connection(s, d, o, false, NULL);
 }
 
-/* ---- SHIFT's receives on the backup QP ----------------------------------------- */
+/* ---- SHIFT's receives on the backup QP ------------------------------------- */
 
-static struct bounce *bounce_of(struct shift_dqp *d)
+struct bounce *fo_srq_bounce_of(struct shift_dqp *d)
 {
 	struct bounce *b = d->fo_bounce;
 	struct shift_rnic *r = shift_rnic_of(d->qp->context);
@@ -231,7 +208,7 @@ static struct bounce *bounce_of(struct shift_dqp *d)
 	return b;
 }
 
-static int post_slot(struct shift_dqp *d, struct bounce *b, unsigned k)
+int fo_srq_post_slot(struct shift_dqp *d, struct bounce *b, unsigned k)
 {
 	struct ibv_sge sge = { .addr = (uintptr_t)(b->buf + (size_t)k * b->len), .length = b->len,
 			       .lkey = b->mr->lkey };
@@ -252,7 +229,7 @@ static int post_slot(struct shift_dqp *d, struct bounce *b, unsigned k)
  * of the earlier generation's). 0, or -1. */
 int fo_srq_post_bounce(struct shift_dqp *d)
 {
-	struct bounce *b = bounce_of(d);
+	struct bounce *b = fo_srq_bounce_of(d);
 
 	if (!b)
 		return -1;
@@ -261,195 +238,19 @@ int fo_srq_post_bounce(struct shift_dqp *d)
 
 		if (x->state == SLOT_POSTED && x->gen != d->bk_gen)
 			x->state = SLOT_FREE;
-		if (x->state == SLOT_FREE && post_slot(d, b, k))
+		if (x->state == SLOT_FREE && fo_srq_post_slot(d, b, k))
 			return -1;
 	}
 	return 0;
 }
 
-/* ---- what arrives on the backup QPs ----------------------------------------- */
-
-/* Copy a message's bytes into an application receive's SGEs: false if
- * they do not fit (the application's receive is too short). */
-static bool scatter(const struct shift_dsrq_entry *e, const uint8_t *src, uint32_t len)
-{
-	uint64_t room = 0;
-
-	for (uint32_t i = 0; i < e->num_sge; i++)
-		room += e->sge[i].length;
-	if (len > room)
-		return false;
-	for (uint32_t i = 0; i < e->num_sge && len; i++) {
-		uint32_t n = e->sge[i].length < len ? e->sge[i].length : len;
-
-		memcpy((void *)(uintptr_t)e->sge[i].addr, src, n);
-		src += n;
-		len -= n;
-	}
-	return true;
-}
-
-/* Pop the oldest waiting item of q (lock: slow_lock). */
-static void pop(struct shift_dsrq *q, struct slot *x)
-{
-	q->fo_pending_head = x->next;
-	if (!x->next)
-		q->fo_pending_tail = NULL;
-}
-
-/* The messages that arrived on the backup QPs and wait for receives:
- * until the first of them without one. */
-static unsigned waiting(const struct shift_dsrq *q)
-{
-	unsigned n = 0;
-
-	for (const struct slot *x = q->fo_pending_head; x; x = x->next)
-		n += x->state == SLOT_PENDING;
-	return n;
-}
-
-/* Put one waiting message into the application's receive e. */
-static void fill(struct slot *x, const struct shift_dsrq_entry *e, struct out *o)
-{
-	struct shift_dqp *d = x->d;
-	struct bounce *b = d->fo_bounce;
-	unsigned k = (unsigned)(x - b->slot);
-	struct ibv_wc wc = x->wc;
-	struct out ro = { .wc = NULL, .n = 0, .max = 0, .c = d->rcq };
-
-	if (wc.opcode == IBV_WC_RECV && !scatter(e, b->buf + (size_t)k * b->len, wc.byte_len))
-		wc.status = IBV_WC_LOC_LEN_ERR;
-	wc.wr_id = e->wr_id;
-	wc.qp_num = d->qpn;
-	fo_emit(o && o->c == d->rcq ? o : &ro, &wc);
-	x->state = SLOT_FREE;
-	if (d->send_state != SHIFT_SEND_UNPROTECTED && d->bk && x->gen == d->bk_gen)
-		(void)post_slot(d, b, k);
-}
-
-/* The messages waiting on q go into the oldest receives the application
- * posted, in arrival order, each slot posted again; the default path's
- * completions held behind them follow in their place (o: the CQ being
- * polled, or NULL). Once q is back on the default SRQ, a receive for a
- * message comes out of it by an empty SEND of SHIFT's (fo/srq_burn.c). */
-void fo_srq_deliver(struct shift_dsrq *q, struct out *o)
-{
-	union {
-		struct shift_dsrq_entry e;
-		uint8_t room[sizeof(struct shift_dsrq_entry) + SHIFT_DSRQ_MAX_SGE * sizeof(struct ibv_sge)];
-	} u;
-	struct slot *x;
-
-	if (q->max_sge > SHIFT_DSRQ_MAX_SGE)
-		return; /* (not mirrored: the front refuses such SRQs) */
-	while ((x = q->fo_pending_head)) {
-		struct shift_dqp *d = x->d;
-
-		if (x->state == SLOT_READY) {
-			struct out ro = { .wc = NULL, .n = 0, .max = 0, .c = d->rcq };
-
-			pop(q, x);
-			fo_emit(o && o->c == d->rcq ? o : &ro, &x->wc);
-			free(x);
-		} else if (shift_dsrq_take_oldest(q, &u.e) == 0) {
-			pop(q, x);
-			fill(x, &u.e, o);
-		} else {
-			unsigned need = waiting(q), burning = fo_srq_burning(q);
-			struct shift_ctx *s = shift_ctx_of(d->qp->context);
-
-			if (s && !shift_dsrq_moved(q) && need > burning &&
-			    fo_srq_burn(s, q, d, need - burning))
-				shift_debug("%s: %u receives taken out of the default SRQ for messages "
-					    "on backup QPs", q->dev, need - burning);
-			break;
-		}
-		if (d->notify_pending)
-			fo_try_notify(d); /* (its receives may move back now) */
-	}
-}
-
-static void append(struct shift_dsrq *q, struct slot *x)
-{
-	x->next = NULL;
-	if (q->fo_pending_tail)
-		((struct slot *)q->fo_pending_tail)->next = x;
-	else
-		q->fo_pending_head = x;
-	q->fo_pending_tail = x;
-}
-
-/* A receive completion of d on the default path: held (true) while it
- * must wait, so each QP's completions keep their order: d's default QP was
- * reset for a failback and d's receives are not back yet (the messages of
- * the backup path, all earlier, are not all handed out), or messages that
- * arrived on a backup QP before it wait for receives. */
-bool fo_srq_defer(struct shift_dqp *d, const struct ibv_wc *wc)
-{
-	struct shift_dsrq *q = d->dsrq;
-	bool reset = d->dflt != SHIFT_DFLT_ERR && d->recv_state == SHIFT_RECV_FALLBACK;
-	struct bounce *b = reset ? bounce_of(d) : NULL;
-	struct slot *x;
-
-	if ((!reset && !q->fo_pending_head) || (reset && !b) || !(x = calloc(1, sizeof(*x))))
-		return false;
-	x->d = d;
-	x->wc = *wc;
-	x->state = SLOT_READY;
-	if (!reset) {
-		append(q, x);
-		return true;
-	}
-	if (b->held_tail)
-		b->held_tail->next = x;
-	else
-		b->held_head = x;
-	b->held_tail = x;
-	b->late++;
-	return true;
-}
-
-/* d's receive counter as the peer's notification counts it: without what
- * its reset default QP received after the notification (fo_try_notify). */
-uint32_t fo_srq_counted(const struct shift_dqp *d)
-{
-	const struct bounce *b = d->fo_bounce;
-
-	return (uint32_t)d->rq_tail - (b ? b->late : 0);
-}
-
-/* d's receives are back on its default QP: what it held follows the
- * messages waiting on its SRQ (fo_srq_deliver hands them out). */
-void fo_srq_release(struct shift_dqp *d)
-{
-	struct bounce *b = d->fo_bounce;
-
-	while (b && b->held_head) {
-		struct slot *x = b->held_head;
-
-		b->held_head = x->next;
-		append(d->dsrq, x);
-	}
-	if (b)
-		b->held_tail = NULL;
-	if (b)
-		b->late = 0;
-}
-
-/* Does a message that arrived on d's backup QP wait for a receive? */
-bool fo_srq_waits(const struct shift_dqp *d)
-{
-	for (const struct slot *x = d->dsrq ? d->dsrq->fo_pending_head : NULL; x; x = x->next)
-		if (x->d == d && x->state == SLOT_PENDING)
-			return true;
-	return false;
-}
+/* ---- failback ----------------------------------------------------------------- */
 
 /* d's default QP was reset: the next receive it consumes is the peer's
  * failback notification (an SRQ has no room for SHIFT's own receive). */
 void fo_srq_expect_notify(struct shift_dqp *d)
 {
-	struct bounce *b = bounce_of(d);
+	struct bounce *b = fo_srq_bounce_of(d);
 
 	if (b)
 		b->notify_due = true;
@@ -492,7 +293,7 @@ void fo_srq_work(struct shift_ctx *s)
 		if (nseen < 8)
 			seen[nseen++] = q;
 		fo_srq_burn_poll(q);
-		if (!shift_dsrq_moved(q) && waiting(q) && !fo_port_active(s, d))
+		if (!shift_dsrq_moved(q) && fo_srq_waiting(q) && !fo_port_active(s, d))
 			move_again(s, d);
 		if (!shift_dsrq_moved(q)) {
 			fo_srq_deliver(q, NULL);
@@ -508,46 +309,6 @@ void fo_srq_work(struct shift_ctx *s)
 			shift_info("%s: SRQ's default receives consumed by SHIFT: %u receives back on "
 				   "the default SRQ, its QPs may fail back", q->dev, q->live);
 	}
-}
-/* A completion of SHIFT's receive on d's backup QP (application data, or
- * its failure). */
-void fo_srq_bounced(struct shift_dqp *d, struct ibv_wc *wc, struct out *o)
-{
-	struct bounce *b = d->fo_bounce;
-	unsigned k = (unsigned)(SHIFT_WRID_INDEX(wc->wr_id) & ~SHIFT_WRID_BOUNCE);
-	struct shift_dsrq *q = d->dsrq;
-
-	/* (a flush of an earlier generation's posting of this slot, polled
-	 * after the slot was posted again: not this posting's) */
-	if (!b || !q || k >= SHIFT_SRQ_BOUNCE || b->slot[k].state != SLOT_POSTED ||
-	    SHIFT_WRID_GEN_OF(wc->wr_id) != (b->slot[k].gen & 0x3fffu)) {
-		if (wc->status == IBV_WC_SUCCESS)
-			shift_warn("%s QP %u: a message on the backup QP landed in a buffer SHIFT "
-				   "no longer expects (slot %u): dropped", d->dev, d->qpn, k);
-		return;
-	}
-	struct slot *x = &b->slot[k];
-
-	if (wc->status != IBV_WC_SUCCESS) {
-		x->state = SLOT_FREE;
-		return;
-	}
-	shift_dqp_retire(d, wc); /* (its receive counter) */
-	x->wc = *wc;
-	x->state = SLOT_PENDING;
-	append(q, x);
-	fo_srq_deliver(q, o);
-}
-
-/* Messages waiting for receives the application has posted since: every
- * SRQ of s's failed-over QPs (slow_lock held; o as for fo_srq_deliver). */
-void fo_srq_deliver_all(struct shift_ctx *s, struct out *o)
-{
-	/* (every QP: one back on its default QP may still have a turn) */
-	for (int i = 0; i < SHIFT_DQP_BUCKETS; i++)
-		for (struct shift_dqp *d = s->dqp[i]; d; d = d->next_in_bucket)
-			if (d->dsrq && d->dsrq->fo_pending_head)
-				fo_srq_deliver(d->dsrq, o);
 }
 
 /* d is being destroyed: its waiting messages leave the SRQ's FIFO (they

@@ -14,8 +14,7 @@
  * and MTU an application QP on the SRQ uses. A failure (the NIC died
  * again) breaks it: it is destroyed and made again when next needed.
  */
-#include "shift/fo/fo_int.h"
-#include "shift/dp/dsrq.h"
+#include "shift/fo/srq_int.h"
 
 #define BURN_DEPTH 64
 
