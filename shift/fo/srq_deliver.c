@@ -218,9 +218,17 @@ void fo_srq_bounced(struct shift_dqp *d, struct ibv_wc *wc, struct out *o)
  * SRQ of s's failed-over QPs (slow_lock held; o as for fo_srq_deliver). */
 void fo_srq_deliver_all(struct shift_ctx *s, struct out *o)
 {
-	/* (every QP: one back on its default QP may still have a turn) */
-	for (int i = 0; i < SHIFT_DQP_BUCKETS; i++)
-		for (struct shift_dqp *d = s->dqp[i]; d; d = d->next_in_bucket)
+	/* (every QP: one back on its default QP may still have a turn; one
+	 * whose receives came back another way, its connection failed, lets
+	 * what it held go) */
+	for (int i = 0; i < SHIFT_DQP_BUCKETS; i++) {
+		for (struct shift_dqp *d = s->dqp[i]; d; d = d->next_in_bucket) {
+			struct bounce *b = d->fo_bounce;
+
+			if (b && b->held_head && d->recv_state == SHIFT_RECV_DEFAULT)
+				fo_srq_release(d);
 			if (d->dsrq && d->dsrq->fo_pending_head)
 				fo_srq_deliver(d->dsrq, o);
+		}
+	}
 }
