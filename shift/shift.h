@@ -84,5 +84,6 @@ int shift_ibv_query_qp(struct ibv_qp *qp, struct ibv_qp_attr *attr,
 int shift_ibv_destroy_qp(struct ibv_qp *qp);
 int shift_ibv_query_ece(struct ibv_qp *qp, struct ibv_ece *ece);
 int shift_ibv_set_ece(struct ibv_qp *qp, struct ibv_ece *ece);
+struct ibv_qp_ex *shift_ibv_qp_to_qp_ex(struct ibv_qp *qp);
 
 #endif /* SHIFT_SHIFT_H */

@@ -1,12 +1,15 @@
 /*
  * The front's share of a context SHIFT took over: the struct verbs_context
  * slots it routes through itself (extended verbs: create_qp_ex and
- * create_cq_ex record their objects for shadowing, query_port and
- * query_device_ex pass through), and linking a new QP's data-path state to
- * its shadow objects.
+ * create_cq_ex record their objects for shadowing and put SHIFT's data path
+ * into their ibv_qp_ex and ibv_cq_ex, shift/dp/qpex.h and cqex.h;
+ * query_port and query_device_ex pass through), and linking a new QP's
+ * data-path state to its shadow objects.
  */
 #include "shift/shift.h"
 #include "shift/srq.h"
+#include "shift/dp/cqex.h"
+#include "shift/dp/qpex.h"
 #include "shift/shadow/chan.h"
 #include "shift/shadow/shadow.h"
 
@@ -40,6 +43,51 @@ static int shift_vctx_query_device_ex(struct ibv_context *context,
 	return s->query_device_ex(context, input, attr, attr_size);
 }
 
+/*
+ * Can a QP created with attr be protected, and through which ibv_qp_ex?
+ * NULL: yes (*qx set if it posts through ibv_wr_*); else why not. An RC QP
+ * on an extended CQ SHIFT left alone, or posting operations SHIFT cannot
+ * carry to a backup QP, is not (one warning line).
+ */
+static const char *qp_ex_unprotected(struct ibv_qp *qp, const struct ibv_qp_init_attr_ex *attr,
+				     struct ibv_qp_ex **qx)
+{
+	*qx = NULL;
+	if (shift_cqx_blocks(attr->send_cq) || shift_cqx_blocks(attr->recv_cq))
+		return "its CQ was created with wc_flags SHIFT cannot answer for "
+		       "(only IBV_WC_STANDARD_FLAGS)";
+	if (!(attr->comp_mask & IBV_QP_INIT_ATTR_SEND_OPS_FLAGS))
+		return NULL;
+	if (attr->send_ops_flags & ~SHIFT_QPX_OPS)
+		return "its send_ops_flags include operations SHIFT cannot carry to a backup QP "
+		       "(only send, RDMA write and read, compare-swap and fetch-add)";
+	*qx = shift_lower->qp_to_qp_ex ? shift_lower->qp_to_qp_ex(qp) : NULL;
+	return *qx ? NULL : "the library gives no ibv_qp_ex for it";
+}
+
+/* The data-path state of a new RC QP created by create_qp_ex. */
+static void qp_ex_protect(struct shift_ctx *s, struct ibv_qp *qp, struct ibv_qp_init_attr_ex *attr)
+{
+	struct ibv_qp_ex *qx;
+	const char *why = qp_ex_unprotected(qp, attr, &qx);
+	struct shift_dqp *d;
+
+	if (why) {
+		shift_warn("%s QP %u unprotected: %s", qp->context->device->name, qp->qp_num, why);
+		return;
+	}
+	d = shift_dqp_create(qp, &attr->cap, attr->sq_sig_all);
+	if (!d)
+		return;
+	if (qx && shift_qpx_attach(s, d, qx)) {
+		shift_warn("%s QP %u unprotected: its ibv_qp_ex cannot be taken over (no "
+			   "wr_start/complete/abort, or out of memory)", d->dev, d->qpn);
+		shift_dqp_destroy(d);
+		return;
+	}
+	shift_ctx_add_dqp(s, d);
+}
+
 static struct ibv_qp *shift_vctx_create_qp_ex(struct ibv_context *context,
 					      struct ibv_qp_init_attr_ex *attr)
 {
@@ -52,12 +100,8 @@ static struct ibv_qp *shift_vctx_create_qp_ex(struct ibv_context *context,
 	struct ibv_qp *qp = s->create_qp_ex(context, attr);
 
 	if (qp && s->rnic && attr->qp_type == IBV_QPT_RC && shift_srq_ok(attr->srq) &&
-	    !(attr->comp_mask & IBV_QP_INIT_ATTR_XRCD)) {
-		struct shift_dqp *d = shift_dqp_create(qp, &attr->cap, attr->sq_sig_all);
-
-		if (d)
-			shift_ctx_add_dqp(s, d);
-	}
+	    !(attr->comp_mask & IBV_QP_INIT_ATTR_XRCD))
+		qp_ex_protect(s, qp, attr);
 	if (qp && s->rnic) {
 		struct ibv_qp_cap cap = shift_srq_qp_created(s, qp, attr->qp_type, attr->srq,
 							     &attr->cap);
@@ -71,6 +115,12 @@ static struct ibv_qp *shift_vctx_create_qp_ex(struct ibv_context *context,
 	return qp;
 }
 
+/*
+ * An extended CQ: SHIFT polls it itself (shift/dp/cqex.h) if it can answer
+ * every read_* the application asked for; it then needs the QP number of
+ * each completion, which it asks the provider for. Otherwise the CQ stays
+ * the provider's and its QPs run unprotected.
+ */
 static struct ibv_cq_ex *shift_vctx_create_cq_ex(struct ibv_context *context,
 						 struct ibv_cq_init_attr_ex *attr)
 {
@@ -80,13 +130,31 @@ static struct ibv_cq_ex *shift_vctx_create_cq_ex(struct ibv_context *context,
 		errno = EOPNOTSUPP;
 		return NULL;
 	}
+	uint64_t app_flags = attr->wc_flags;
+	bool wrap = s->rnic && !(app_flags & ~SHIFT_CQX_WC_FLAGS);
 	struct shift_chan *k = shift_chan_lower_begin(attr->channel);
-	struct ibv_cq_ex *cq = s->create_cq_ex(context, attr);
+	struct ibv_cq_ex *cq;
 
+	if (wrap)
+		attr->wc_flags |= IBV_WC_EX_WITH_QP_NUM;
+	cq = s->create_cq_ex(context, attr);
+	attr->wc_flags = app_flags;
+	if (!cq && wrap && !(app_flags & IBV_WC_EX_WITH_QP_NUM)) {
+		wrap = false; /* the provider would not add it: as the application asked */
+		cq = s->create_cq_ex(context, attr);
+	}
 	shift_chan_lower_end(k, attr->channel);
-	if (cq && s->rnic)
-		shift_shadow_cq(s->rnic, ibv_cq_ex_to_cq(cq), (int)attr->cqe,
-				attr->channel, (int)attr->comp_vector);
+	if (!cq || !s->rnic)
+		return cq;
+	if (wrap && !shift_cqx_attach(s, cq, app_flags)) {
+		shift_shadow_cq(s->rnic, ibv_cq_ex_to_cq(cq), (int)attr->cqe, attr->channel,
+				(int)attr->comp_vector);
+		return cq;
+	}
+	shift_cqx_unwrapped(s, cq);
+	shift_warn("%s: extended CQ %p unprotected, and its QPs: SHIFT cannot poll it (wc_flags "
+		   "%#llx; it answers IBV_WC_STANDARD_FLAGS and needs the QP number)",
+		   context->device->name, (void *)cq, (unsigned long long)app_flags);
 	return cq;
 }
 

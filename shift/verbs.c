@@ -10,12 +10,15 @@
  */
 #include "shift/shift.h"
 #include "shift/srq.h"
+#include "shift/dp/cqex.h"
+#include "shift/dp/qpex.h"
 #include "shift/dp/state.h"
 #include "providers/provider.h"
 #include "shift/shadow/shadow.h"
 #include "shift/shadow/chan.h"
 #include "shift/fo/failover.h"
 
+#include <errno.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -98,6 +101,8 @@ int shift_ibv_close_device(struct ibv_context *context)
 	if (s) {
 		shift_vctx_give_back(s);
 		shift_srq_vctx_give_back(s);
+		shift_qpx_detach_ctx(s);
+		shift_cqx_detach_ctx(s);
 	}
 	shift_ctx_detach(context);
 	shift_provider_forget(context);
@@ -290,12 +295,18 @@ int shift_ibv_destroy_cq(struct ibv_cq *cq)
 {
 	struct shift_rnic *r = cq ? rnic_of(cq->context) : NULL;
 	struct ibv_comp_channel *ch = r ? shift_chan_cq_detach(r, cq) : NULL;
+	/* an extended CQ gets its provider's poll functions back first */
+	struct shift_cqx *x = cq ? shift_cqx_forget(cq) : NULL;
 	int rc = L->destroy_cq(cq);
 
 	if (!rc && r)
 		shift_shadow_cq_gone(r, cq);
 	else if (rc)
 		shift_chan_cq_reattach(r, cq, ch);
+	if (rc)
+		shift_cqx_restore(x);
+	else
+		shift_cqx_free(x);
 	return rc;
 }
 
@@ -316,7 +327,9 @@ struct ibv_qp *shift_ibv_create_qp(struct ibv_pd *pd,
 	struct ibv_qp *qp = L->create_qp(pd, qp_init_attr);
 	struct shift_rnic *r = qp ? rnic_of(pd->context) : NULL;
 
-	if (r && qp_init_attr->qp_type == IBV_QPT_RC && shift_srq_ok(qp_init_attr->srq)) {
+	/* (a QP on an extended CQ SHIFT cannot poll runs unprotected) */
+	if (r && qp_init_attr->qp_type == IBV_QPT_RC && shift_srq_ok(qp_init_attr->srq) &&
+	    !shift_cqx_blocks(qp_init_attr->send_cq) && !shift_cqx_blocks(qp_init_attr->recv_cq)) {
 		/* create_qp wrote the actual capabilities back into the attr */
 		struct shift_dqp *d = shift_dqp_create(qp, &qp_init_attr->cap,
 						       qp_init_attr->sq_sig_all);
@@ -389,6 +402,8 @@ int shift_ibv_destroy_qp(struct ibv_qp *qp)
 	struct shift_rnic *r = s ? s->rnic : NULL;
 	/* forget it while qp is still valid; put it back if the verb fails */
 	struct shift_dqp *d = s ? shift_failover_forget(s, qp) : NULL;
+	/* its ibv_qp_ex gets the provider's builders back */
+	struct shift_qpx *x = d ? shift_qpx_forget(qp) : NULL;
 	int rc;
 
 	if (r)
@@ -397,12 +412,23 @@ int shift_ibv_destroy_qp(struct ibv_qp *qp)
 	if (rc) {
 		if (d)
 			shift_ctx_add_dqp(s, d);
+		shift_qpx_restore(x);
 		shift_warn("destroy_qp failed (%s): the QP's shadow is released anyway",
 			   strerror(rc));
 		return rc;
 	}
+	shift_qpx_free(x);
 	shift_dqp_destroy(d);
 	return rc;
+}
+
+struct ibv_qp_ex *shift_ibv_qp_to_qp_ex(struct ibv_qp *qp)
+{
+	if (!L->qp_to_qp_ex) {
+		errno = EOPNOTSUPP;
+		return NULL;
+	}
+	return L->qp_to_qp_ex(qp);
 }
 
 int shift_ibv_query_ece(struct ibv_qp *qp, struct ibv_ece *ece)
@@ -456,6 +482,7 @@ const struct shift_lower shift_verbs = {
 	.destroy_qp = shift_ibv_destroy_qp,
 	.query_ece = shift_ibv_query_ece,
 	.set_ece = shift_ibv_set_ece,
+	.qp_to_qp_ex = shift_ibv_qp_to_qp_ex,
 	.create_srq = shift_ibv_create_srq,
 	.modify_srq = shift_ibv_modify_srq,
 	.query_srq = shift_ibv_query_srq,

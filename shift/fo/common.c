@@ -149,15 +149,16 @@ static int local_keys(struct shift_dqp *d, struct ibv_sge *sge, unsigned n)
 /* ---- posting on the backup QP ------------------------------------------ */
 
 /*
- * Post mirrored send WR idx again: on the backup QP (keys translated, wr_id
- * tagged for translation back) or, when failing back, on the default QP
- * exactly as the application posted it.
+ * Mirrored send WR idx as it is posted again: for the backup QP (keys
+ * translated, wr_id tagged for translation back) or, when failing back, for
+ * the default QP exactly as the application posted it; sge has room for
+ * its SGEs.
  */
-int fo_post_mirrored(struct shift_dqp *d, uint64_t idx, bool dflt)
+static int build_mirrored(struct shift_dqp *d, uint64_t idx, bool dflt, struct ibv_send_wr *wrp,
+			  struct ibv_sge *sge)
 {
 	struct shift_swqe *e = shift_dqp_swqe(d, idx);
-	struct ibv_sge sge[e->num_sge ? e->num_sge : 1];
-	struct ibv_send_wr wr, *bad;
+	struct ibv_send_wr wr;
 
 	memset(&wr, 0, sizeof(wr));
 	wr.wr_id = dflt ? e->wr_id : SHIFT_WRID_DATA | SHIFT_WRID_GEN(d->bk_gen) | idx;
@@ -205,6 +206,40 @@ int fo_post_mirrored(struct shift_dqp *d, uint64_t idx, bool dflt)
 			return -1;
 		}
 	}
+	*wrp = wr;
+	return 0;
+}
+
+/* Can the backup QP carry mirrored send WRs [from, to) (only the READs
+ * among them, if reads)? Not an operation on the default NIC's own objects
+ * (memory windows, invalidation), nor memory without a backup key (a memory
+ * window's rkey, an MR not replayed yet). */
+bool fo_bk_carries(struct shift_dqp *d, uint64_t from, uint64_t to, bool reads)
+{
+	for (uint64_t i = from; i < to; i++) {
+		struct shift_swqe *e = shift_dqp_swqe(d, i);
+		struct ibv_sge sge[e->num_sge ? e->num_sge : 1];
+		struct ibv_send_wr wr;
+
+		if (reads && e->opcode != IBV_WR_RDMA_READ)
+			continue;
+		if (e->opcode == IBV_WR_BIND_MW || e->opcode == IBV_WR_LOCAL_INV ||
+		    e->opcode == IBV_WR_SEND_WITH_INV || e->opcode == IBV_WR_TSO ||
+		    build_mirrored(d, i, false, &wr, sge))
+			return false;
+	}
+	return true;
+}
+
+/* Post mirrored send WR idx again (build_mirrored). */
+int fo_post_mirrored(struct shift_dqp *d, uint64_t idx, bool dflt)
+{
+	struct shift_swqe *e = shift_dqp_swqe(d, idx);
+	struct ibv_sge sge[e->num_sge ? e->num_sge : 1];
+	struct ibv_send_wr wr, *bad;
+
+	if (build_mirrored(d, idx, dflt, &wr, sge))
+		return -1;
 	int rc = dflt ? d->prov_post_send(d->qp, &wr, &bad) : ibv_post_send(d->bk, &wr, &bad);
 	if (rc) {
 		shift_debug("%s QP %u: %s post_send: %s", d->dev, d->qpn, dflt ? "default" : "backup",

@@ -57,6 +57,7 @@ struct shift_dqp *fo_dqp_of_bk(struct shift_ctx *s, uint32_t bk_qpn);
 int fo_post_mirrored(struct shift_dqp *d, uint64_t idx, bool dflt);
 enum ibv_wc_opcode fo_send_wc_opcode(unsigned opcode);
 int fo_post_bk_placeholder(struct shift_dqp *d, uint64_t idx);
+bool fo_bk_carries(struct shift_dqp *d, uint64_t from, uint64_t to, bool reads);
 int fo_post_bk_send(struct shift_dqp *d, uint64_t idx);
 int fo_post_bk_recv(struct shift_dqp *d, uint64_t idx);
 void fo_give_up(struct shift_dqp *d, const char *why);

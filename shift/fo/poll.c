@@ -189,8 +189,10 @@ static void from_backup(struct shift_ctx *s, struct ibv_wc *wc, struct out *o, b
 		if (!d || wc->status == IBV_WC_SUCCESS || d->bk_flushing || d->bk_error ||
 		    d->send_state == SHIFT_SEND_UNPROTECTED || !d->need_rearm)
 			return;
-	} else if (!(wc->wr_id & SHIFT_WRID_DATA)) {
-		return;
+	} else if (!(wc->wr_id & SHIFT_WRID_DATA) ||
+		   (d->send_state == SHIFT_SEND_UNPROTECTED &&
+		    SHIFT_WRID_GEN_OF(wc->wr_id) != d->bk_gen)) {
+		return; /* (the latter: a backup QP abandoned, its WRs flushed) */
 	}
 	if (wc->status != IBV_WC_SUCCESS && d->send_state != SHIFT_SEND_UNPROTECTED) {
 		backup_failed(d, wc);

@@ -160,7 +160,16 @@ static bool replay_qp_create(struct shift_rnic *r, struct shift_qp *q)
 		.sq_sig_all = q->sq_sig_all,
 	};
 	init.cap.max_recv_wr += 1; /* SHIFT's control receive */
+	/* SHIFT's handshake message and the empty READ that may precede it
+	 * share the send queue with every WR the application has outstanding
+	 * (a queue of one WR, ibv_rc_pingpong's, would refuse the retransmit);
+	 * a device at its limit gets the application's size alone */
+	init.cap.max_send_wr += 2;
 	q->bk = shift_lower->create_qp(q->pd->bk, &init);
+	if (!q->bk) {
+		init.cap.max_send_wr -= 2;
+		q->bk = shift_lower->create_qp(q->pd->bk, &init);
+	}
 	if (!q->bk) {
 		qp_fail(r, q, "backup QP creation failed");
 		return false;

@@ -62,6 +62,7 @@ struct wl_ep {
 	struct wl *wl;
 	unsigned conn, side;
 	struct ibv_qp *qp;
+	struct ibv_qp_ex *qpx;		/* ex_verbs: its ibv_wr_* builders */
 	uint8_t *buf;
 	struct ibv_mr *mr;
 	uint64_t raddr;			/* the peer's buffer */
@@ -93,6 +94,7 @@ struct wl_side {
 	struct ibv_pd *pd;
 	struct ibv_cq *cq;
 	struct ibv_cq *rcq; /* receives: cq, or its own (wl_params.split_cq) */
+	struct ibv_cq_ex *cqx, *rcqx; /* ex_verbs: the same CQs, extended */
 	/* wl_params.srq: the side's SRQ, its receive buffer (SRQ_SLOTS
 	 * slots, the free ones listed), and which receives completed */
 	struct ibv_srq *srq;
@@ -222,6 +224,71 @@ static uint32_t ring_room(const struct wl_ep *e)
 
 static void first_error(struct wl_ep *e, const char *what, uint64_t wr_id);
 
+/* One WR through the ibv_wr_* builders (wr_id and flags set already). */
+static void build_ex(struct ibv_qp_ex *q, const struct ibv_send_wr *wr)
+{
+	switch (wr->opcode) {
+	case IBV_WR_RDMA_WRITE:
+		ibv_wr_rdma_write(q, wr->wr.rdma.rkey, wr->wr.rdma.remote_addr);
+		break;
+	case IBV_WR_RDMA_WRITE_WITH_IMM:
+		ibv_wr_rdma_write_imm(q, wr->wr.rdma.rkey, wr->wr.rdma.remote_addr, wr->imm_data);
+		break;
+	case IBV_WR_RDMA_READ:
+		ibv_wr_rdma_read(q, wr->wr.rdma.rkey, wr->wr.rdma.remote_addr);
+		break;
+	case IBV_WR_SEND:
+		ibv_wr_send(q);
+		break;
+	case IBV_WR_SEND_WITH_IMM:
+		ibv_wr_send_imm(q, wr->imm_data);
+		break;
+	case IBV_WR_ATOMIC_CMP_AND_SWP:
+		ibv_wr_atomic_cmp_swp(q, wr->wr.atomic.rkey, wr->wr.atomic.remote_addr,
+				      wr->wr.atomic.compare_add, wr->wr.atomic.swap);
+		break;
+	default:
+		ibv_wr_atomic_fetch_add(q, wr->wr.atomic.rkey, wr->wr.atomic.remote_addr,
+					wr->wr.atomic.compare_add);
+		break;
+	}
+}
+
+/* ibv_post_send's chain through ibv_wr_start .. ibv_wr_complete: all or
+ * nothing (*bad = the chain on failure). */
+static int post_ex(struct ibv_qp_ex *q, struct ibv_send_wr *wr, struct ibv_send_wr **bad)
+{
+	int rc;
+
+	ibv_wr_start(q);
+	for (struct ibv_send_wr *x = wr; x; x = x->next) {
+		q->wr_id = x->wr_id;
+		q->wr_flags = x->send_flags & ~(unsigned)IBV_SEND_INLINE;
+		build_ex(q, x);
+		if (x->send_flags & IBV_SEND_INLINE) {
+			struct ibv_data_buf b[4];
+
+			for (int i = 0; i < x->num_sge && i < 4; i++) {
+				b[i].addr = (void *)(uintptr_t)x->sg_list[i].addr;
+				b[i].length = x->sg_list[i].length;
+			}
+			if (x->num_sge == 1)
+				ibv_wr_set_inline_data(q, b[0].addr, b[0].length);
+			else
+				ibv_wr_set_inline_data_list(q, (size_t)x->num_sge, b);
+		} else if (x->num_sge == 1) {
+			ibv_wr_set_sge(q, x->sg_list[0].lkey, x->sg_list[0].addr,
+				       x->sg_list[0].length);
+		} else {
+			ibv_wr_set_sge_list(q, (size_t)x->num_sge, x->sg_list);
+		}
+	}
+	rc = ibv_wr_complete(q);
+	if (rc)
+		*bad = wr;
+	return rc;
+}
+
 /* Posts a chain; records each WR in the ring. A failed post is an
  * app-visible error. */
 static bool post(struct wl_ep *e, struct ibv_send_wr *wr)
@@ -235,7 +302,7 @@ static bool post(struct wl_ep *e, struct ibv_send_wr *wr)
 			(x->send_flags & IBV_SEND_SIGNALED) != 0;
 		e->r_tail++;
 	}
-	rc = ibv_post_send(e->qp, wr, &bad);
+	rc = e->qpx ? post_ex(e->qpx, wr, &bad) : ibv_post_send(e->qp, wr, &bad);
 	if (rc) {
 		/* un-record what was not posted */
 		for (struct ibv_send_wr *x = bad; x; x = x->next)
@@ -742,10 +809,40 @@ static bool poll_side(struct wl *wl, unsigned side)
 	return moved;
 }
 
+/* ibv_poll_cq's answer through ibv_start_poll .. ibv_end_poll and the
+ * ibv_wc_read_* accessors (the CQ's wc_flags: byte_len, imm, qp_num). */
+static int poll_ex(struct ibv_cq_ex *cq, int max, struct ibv_wc *wc)
+{
+	struct ibv_poll_cq_attr attr = { .comp_mask = 0 };
+	int n = 0, rc = ibv_start_poll(cq, &attr);
+
+	if (rc)
+		return rc == ENOENT ? 0 : -1;
+	do {
+		memset(&wc[n], 0, sizeof(wc[n]));
+		wc[n].wr_id = cq->wr_id;
+		wc[n].status = cq->status;
+		wc[n].opcode = ibv_wc_read_opcode(cq);
+		wc[n].vendor_err = ibv_wc_read_vendor_err(cq);
+		wc[n].qp_num = ibv_wc_read_qp_num(cq);
+		wc[n].wc_flags = ibv_wc_read_wc_flags(cq);
+		if (wc[n].status == IBV_WC_SUCCESS) {
+			wc[n].byte_len = ibv_wc_read_byte_len(cq);
+			if (wc[n].wc_flags & IBV_WC_WITH_IMM)
+				wc[n].imm_data = ibv_wc_read_imm_data(cq);
+		}
+		n++;
+	} while (n < max && !(rc = ibv_next_poll(cq)));
+	ibv_end_poll(cq);
+	return rc && rc != ENOENT ? -1 : n;
+}
+
 static bool poll_cq_of(struct wl *wl, unsigned side, struct ibv_cq *cq)
 {
 	struct ibv_wc wc[16];
-	int n = ibv_poll_cq(cq, 16, wc);
+	struct wl_side *sd = &wl->side[side];
+	struct ibv_cq_ex *cqx = !sd->cqx ? NULL : cq == sd->cq ? sd->cqx : sd->rcqx;
+	int n = cqx ? poll_ex(cqx, 16, wc) : ibv_poll_cq(cq, 16, wc);
 
 	if (n < 0) {
 		violation(wl, "side %u: poll_cq failed", side);
@@ -845,6 +942,16 @@ void wl_finish(struct wl *wl, struct wl_report *r)
 
 /* --- setup and teardown -------------------------------------------------- */
 
+static struct ibv_cq_ex *create_cq_ex(struct ibv_context *ctx)
+{
+	struct ibv_cq_init_attr_ex a = {
+		.cqe = 2048,
+		.wc_flags = IBV_WC_EX_WITH_BYTE_LEN | IBV_WC_EX_WITH_IMM | IBV_WC_EX_WITH_QP_NUM,
+	};
+
+	return ibv_create_cq_ex(ctx, &a);
+}
+
 /* The side's SRQ, its receive buffer and bookkeeping (wl_params.srq). */
 static int open_srq(struct wl_side *sd, const struct wl_params *p)
 {
@@ -868,8 +975,7 @@ static int open_srq(struct wl_side *sd, const struct wl_params *p)
 static int open_side(struct wl_side *sd, const struct shift_lower *v,
 		     const char *dev, const struct wl_params *p)
 {
-	bool split_cq = p->split_cq;
-
+	bool split_cq = p->split_cq, ex = p->ex_verbs;
 	struct ibv_device **list;
 	int n = 0;
 
@@ -886,6 +992,15 @@ static int open_side(struct wl_side *sd, const struct shift_lower *v,
 	sd->pd = v->alloc_pd(sd->ctx);
 	if (!sd->pd)
 		return -1;
+	if (ex) {
+		sd->cqx = create_cq_ex(sd->ctx);
+		sd->rcqx = split_cq ? create_cq_ex(sd->ctx) : sd->cqx;
+		sd->cq = sd->cqx ? ibv_cq_ex_to_cq(sd->cqx) : NULL;
+		sd->rcq = sd->rcqx ? ibv_cq_ex_to_cq(sd->rcqx) : NULL;
+		if (!sd->cq || !sd->rcq)
+			return -1;
+		return p->srq ? open_srq(sd, p) : 0;
+	}
 	sd->cq = v->create_cq(sd->ctx, 2048, NULL, NULL, 0);
 	if (!sd->cq)
 		return -1;
@@ -914,7 +1029,28 @@ static int open_ep(struct wl *wl, struct wl_ep *e, unsigned conn,
 	ia.cap.max_recv_sge = 1;
 	ia.cap.max_inline_data = 64;
 	ia.qp_type = IBV_QPT_RC;
-	e->qp = sd->v->create_qp(sd->pd, &ia);
+	if (wl->p.ex_verbs) {
+		struct ibv_qp_init_attr_ex ax;
+
+		memset(&ax, 0, sizeof(ax));
+		ax.send_cq = ia.send_cq;
+		ax.recv_cq = ia.recv_cq;
+		ax.cap = ia.cap;
+		ax.srq = ia.srq;
+		ax.qp_type = IBV_QPT_RC;
+		ax.pd = sd->pd;
+		ax.comp_mask = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS;
+		ax.send_ops_flags = IBV_QP_EX_WITH_RDMA_WRITE | IBV_QP_EX_WITH_RDMA_WRITE_WITH_IMM |
+				    IBV_QP_EX_WITH_SEND | IBV_QP_EX_WITH_RDMA_READ |
+				    IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP |
+				    IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD;
+		e->qp = ibv_create_qp_ex(sd->ctx, &ax);
+		e->qpx = e->qp ? ibv_qp_to_qp_ex(e->qp) : NULL;
+		if (!e->qpx)
+			return -1;
+	} else {
+		e->qp = sd->v->create_qp(sd->pd, &ia);
+	}
 	if (!e->qp)
 		return -1;
 	e->buf = calloc(1, BUFSZ);

@@ -42,6 +42,10 @@ struct wl_params {
 	/* each QP completes its receives on a CQ of their own (one per side)
 	 * instead of sharing the side's CQ with its sends */
 	bool split_cq;
+	/* the extended verbs: CQs from ibv_create_cq_ex polled with
+	 * ibv_start_poll / next_poll / end_poll and ibv_wc_read_*, QPs from
+	 * ibv_create_qp_ex posted with ibv_wr_* */
+	bool ex_verbs;
 	/* each side's QPs share one SRQ (receives of every connection come
 	 * from it; sendrecv's land in a buffer of the side's) */
 	bool srq;

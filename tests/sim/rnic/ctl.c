@@ -605,11 +605,14 @@ static struct ibv_cq_ex *sim_create_cq_ex(struct ibv_context *c,
 		errno = EINVAL;
 		return NULL;
 	}
-	if (ia->wc_flags & ~(uint64_t)IBV_WC_STANDARD_FLAGS) {
+	if (ia->wc_flags & ~(uint64_t)(IBV_WC_STANDARD_FLAGS |
+				       IBV_WC_EX_WITH_COMPLETION_TIMESTAMP)) {
 		errno = EOPNOTSUPP;
 		return NULL;
 	}
 	cq = sim_cq_new(c, (int)ia->cqe, ia->cq_context, ia->channel);
+	if (cq && (ia->wc_flags & IBV_WC_EX_WITH_COMPLETION_TIMESTAMP))
+		sim_cq_ex_timestamps(cq);
 	return cq ? &cq->cq : NULL;
 }
 
@@ -768,6 +771,7 @@ const struct shift_lower sim_lower_proto = {
 	.destroy_qp = sim_destroy_qp,
 	.query_ece = sim_query_ece,
 	.set_ece = sim_set_ece,
+	.qp_to_qp_ex = ibv_qp_to_qp_ex, /* the sim's (qpex.c) */
 	.create_srq = sim_create_srq,
 	.modify_srq = sim_modify_srq,
 	.query_srq = sim_query_srq,

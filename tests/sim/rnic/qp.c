@@ -205,7 +205,8 @@ struct ibv_qp *sim_create_qp_ex(struct ibv_context *c,
 
 	if (!(ia->comp_mask & IBV_QP_INIT_ATTR_PD) ||
 	    (ia->comp_mask & ~(uint32_t)(IBV_QP_INIT_ATTR_PD |
-					 IBV_QP_INIT_ATTR_CREATE_FLAGS)) ||
+					 IBV_QP_INIT_ATTR_CREATE_FLAGS |
+					 IBV_QP_INIT_ATTR_SEND_OPS_FLAGS)) ||
 	    ((ia->comp_mask & IBV_QP_INIT_ATTR_CREATE_FLAGS) &&
 	     ia->create_flags)) {
 		errno = EOPNOTSUPP;
@@ -220,6 +221,15 @@ struct ibv_qp *sim_create_qp_ex(struct ibv_context *c,
 	base.qp_type = ia->qp_type;
 	base.sq_sig_all = ia->sq_sig_all;
 	qp = sim_qp_new(c, ia->pd, &base);
+	if (qp && (ia->comp_mask & IBV_QP_INIT_ATTR_SEND_OPS_FLAGS)) {
+		int rc = sim_qp_ex_init((struct sim_qp *)qp, ia->send_ops_flags);
+
+		if (rc) {
+			sim_destroy_qp(qp);
+			errno = rc;
+			return NULL;
+		}
+	}
 	if (qp)
 		ia->cap = base.cap;
 	return qp;
@@ -423,6 +433,7 @@ void sim_qp_free(struct sim_qp *q)
 	free(q->sq);
 	free(q->rq);
 	free(q->inl_arena);
+	sim_qp_ex_free(q);
 	free(q);
 }
 

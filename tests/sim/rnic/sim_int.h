@@ -2,7 +2,8 @@
  * Internal structures of the simulated RNIC, shared by its files:
  * world.c (scheduler, faults, trace), ctl.c (control verbs, CQs, channels,
  * async events), qp.c (QP state machine), wire.c (data path and the RC
- * requester/responder engine), cqex.c (extended CQ polling).
+ * requester/responder engine), cqex.c (extended CQ polling), qpex.c
+ * (the ibv_wr_* work-request builders).
  *
  * Every verbs object is embedded first in its sim_* struct ("must be
  * first"), so the verbs pointer and the sim pointer convert by a cast.
@@ -176,7 +177,12 @@ struct sim_srq {
 };
 
 struct sim_qp {
-	struct ibv_qp qp;		/* must be first */
+	union {				/* must be first */
+		struct ibv_qp qp;
+		struct ibv_qp_ex qpx;	/* its qp_base is qp */
+	};
+	bool ex;			/* created with send_ops_flags (qpex.c) */
+	struct sim_wr_build *build;	/* ibv_wr_* batch being built (qpex.c) */
 	struct sim_ctx *ctx;
 	struct sim_srq *srq;		/* receives come from it, if set */
 	struct sim_dev *dev;
@@ -320,5 +326,13 @@ void sim_rq_take(struct sim_qp *q);
 
 /* cqex.c */
 void sim_cq_ex_init(struct sim_cq *cq);
+/* ibv_wc_read_completion_ts (IBV_WC_EX_WITH_COMPLETION_TIMESTAMP): the
+ * network time of the poll */
+void sim_cq_ex_timestamps(struct sim_cq *cq);
+
+/* qpex.c: the ibv_qp_ex work-request builders of a QP created with
+ * IBV_QP_INIT_ATTR_SEND_OPS_FLAGS (0, or EOPNOTSUPP / ENOMEM). */
+int sim_qp_ex_init(struct sim_qp *q, uint64_t send_ops_flags);
+void sim_qp_ex_free(struct sim_qp *q);
 
 #endif /* SHIFT_SIM_INT_H */
