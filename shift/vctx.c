@@ -7,6 +7,7 @@
  * data-path state to its shadow objects.
  */
 #include "shift/shift.h"
+#include "shift/srq.h"
 #include "shift/dp/cqex.h"
 #include "shift/dp/qpex.h"
 #include "shift/shadow/chan.h"
@@ -104,10 +105,13 @@ static struct ibv_qp *shift_vctx_create_qp_ex(struct ibv_context *context,
 
 	if (!qp || !s->rnic)
 		return qp;
-	if (attr->qp_type == IBV_QPT_RC && !attr->srq)
+	if (attr->qp_type == IBV_QPT_RC && shift_srq_ok(attr->srq) &&
+	    !(attr->comp_mask & IBV_QP_INIT_ATTR_XRCD))
 		d = qp_ex_protect(s, qp, attr);
-	shift_shadow_qp(s->rnic, qp, attr->qp_type, attr->send_cq, attr->recv_cq, &attr->cap,
-			attr->sq_sig_all, attr->srq != NULL || (attr->comp_mask & IBV_QP_INIT_ATTR_XRCD));
+	struct ibv_qp_cap cap = shift_srq_qp_created(d, qp, attr->qp_type, attr->srq, &attr->cap);
+
+	shift_shadow_qp(s->rnic, qp, attr->qp_type, attr->send_cq, attr->recv_cq, &cap,
+			attr->sq_sig_all, (attr->srq && !d) || (attr->comp_mask & IBV_QP_INIT_ATTR_XRCD));
 	shift_dqp_link(s, d, attr->send_cq, attr->recv_cq); /* (before it is published) */
 	if (d)
 		shift_ctx_add_dqp(s, d);
@@ -192,6 +196,7 @@ void shift_vctx_take(struct shift_ctx *s)
 	VCTX_TAKE(s, vctx, query_device_ex);
 	VCTX_TAKE(s, vctx, create_qp_ex);
 	VCTX_TAKE(s, vctx, create_cq_ex);
+	shift_srq_vctx_take(s);
 }
 
 void shift_vctx_give_back(struct shift_ctx *s)
@@ -204,6 +209,7 @@ void shift_vctx_give_back(struct shift_ctx *s)
 	VCTX_GIVE_BACK(s, vctx, query_device_ex);
 	VCTX_GIVE_BACK(s, vctx, create_qp_ex);
 	VCTX_GIVE_BACK(s, vctx, create_cq_ex);
+	shift_srq_vctx_give_back(s);
 }
 
 void shift_dqp_link(struct shift_ctx *s, struct shift_dqp *d, struct ibv_cq *send_cq,

@@ -9,6 +9,7 @@
  * unprotected.
  */
 #include "shift/shift.h"
+#include "shift/srq.h"
 #include "shift/dp/cqex.h"
 #include "shift/dp/qpex.h"
 #include "shift/dp/state.h"
@@ -98,7 +99,7 @@ int shift_ibv_close_device(struct ibv_context *context)
 	if (r)
 		shift_rnic_stop(r);
 	if (s) {
-		shift_vctx_give_back(s);
+		shift_vctx_give_back(s); /* (the SRQ slot too) */
 		shift_qpx_detach_ctx(s);
 		shift_cqx_detach_ctx(s);
 	}
@@ -335,11 +336,14 @@ struct ibv_qp *shift_ibv_create_qp(struct ibv_pd *pd,
 		return qp;
 	/* create_qp wrote the actual capabilities back into the attr; a QP on
 	 * an extended CQ SHIFT cannot poll runs unprotected */
-	if (qp_init_attr->qp_type == IBV_QPT_RC && !qp_init_attr->srq &&
+	if (qp_init_attr->qp_type == IBV_QPT_RC && shift_srq_ok(qp_init_attr->srq) &&
 	    !shift_cqx_blocks(qp_init_attr->send_cq) && !shift_cqx_blocks(qp_init_attr->recv_cq))
 		d = shift_dqp_create(qp, &qp_init_attr->cap, qp_init_attr->sq_sig_all);
+	struct ibv_qp_cap cap = shift_srq_qp_created(d, qp, qp_init_attr->qp_type,
+						     qp_init_attr->srq, &qp_init_attr->cap);
+
 	shift_shadow_qp(r, qp, qp_init_attr->qp_type, qp_init_attr->send_cq, qp_init_attr->recv_cq,
-			&qp_init_attr->cap, qp_init_attr->sq_sig_all, qp_init_attr->srq != NULL);
+			&cap, qp_init_attr->sq_sig_all, qp_init_attr->srq && !d);
 	/* linked to its shadows before it is published: the background pass
 	 * walks the published ones without a lock */
 	shift_dqp_link(shift_ctx_of(pd->context), d, qp_init_attr->send_cq, qp_init_attr->recv_cq);
@@ -369,6 +373,8 @@ int shift_ibv_modify_qp(struct ibv_qp *qp, struct ibv_qp_attr *attr,
 	struct ibv_qp_attr fixed;
 	int rc;
 
+	if (shift_srq_refuse_modify(qp, attr, attr_mask))
+		return EINVAL;
 	/* a retry count the provider would turn into "forever" (rxe's 7), on
 	 * a QP SHIFT protects: it must see the path fail */
 	if (d && attr && (attr_mask & IBV_QP_RETRY_CNT) && attr->retry_cnt >= 7 &&
@@ -500,4 +506,8 @@ const struct shift_lower shift_verbs = {
 	.query_ece = shift_ibv_query_ece,
 	.set_ece = shift_ibv_set_ece,
 	.qp_to_qp_ex = shift_ibv_qp_to_qp_ex,
+	.create_srq = shift_ibv_create_srq,
+	.modify_srq = shift_ibv_modify_srq,
+	.query_srq = shift_ibv_query_srq,
+	.destroy_srq = shift_ibv_destroy_srq,
 };

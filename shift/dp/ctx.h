@@ -58,6 +58,8 @@ struct shift_ctx {
 				       struct ibv_qp_init_attr_ex *qp_init_attr_ex);
 	struct ibv_cq_ex *(*create_cq_ex)(struct ibv_context *context,
 					  struct ibv_cq_init_attr_ex *init_attr);
+	struct ibv_srq *(*create_srq_ex)(struct ibv_context *context,
+					 struct ibv_srq_init_attr_ex *srq_init_attr_ex);
 	/* index in shift_ctx_tab, or -1 for a context past the first
 	 * SHIFT_FAST_CTX (in shift_ctx_more, with the generic fast poll) */
 	int slot;

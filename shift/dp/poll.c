@@ -86,11 +86,20 @@ static __attribute__((noinline)) int poll_retire(struct shift_ctx *s, struct shi
 			d = shift_dqp_by_qpn(s, wc[i].qp_num);
 			if (!d)
 				continue; /* not protected: as it is */
-			__atomic_store_n(last, d, __ATOMIC_RELAXED);
+			/* (a QP on an SRQ is never cached: the fast poll's
+			 * retire does not know its SRQ) */
+			if (!d->dsrq)
+				__atomic_store_n(last, d, __ATOMIC_RELAXED);
 		}
 		if (shift_likely(wc[i].status == IBV_WC_SUCCESS)) {
-			shift_dqp_retire(d, &wc[i]);
-		} else if (d->send_state != SHIFT_SEND_UNPROTECTED || d->failovers) {
+			if (shift_unlikely(d->dsrq))
+				shift_dqp_retire_slow(d, &wc[i]);
+			else
+				shift_dqp_retire(d, &wc[i]);
+		} else if (d->send_state == SHIFT_SEND_UNPROTECTED && !d->failovers) {
+			if (shift_unlikely(d->dsrq))
+				shift_dqp_retire_app(d, &wc[i]); /* (the application's) */
+		} else {
 			/* (an unprotected QP that failed over may still flush
 			 * SHIFT's own WRs: the slow path drops those) */
 			struct ibv_cq *c = cq ? cq : cq_of(d, &wc[i]);

@@ -124,8 +124,10 @@ struct shift_dqp *shift_failover_forget(struct shift_ctx *s, struct ibv_qp *qp)
 	pthread_mutex_lock(&s->slow_lock);
 	struct shift_dqp *d = shift_ctx_remove_dqp(s, qp);
 
-	if (d)
+	if (d) {
 		fo_remove(s, d);
+		fo_srq_forget(d);
+	}
 	pthread_mutex_unlock(&s->slow_lock);
 	return d;
 }
@@ -261,6 +263,10 @@ static void background(struct shift_ctx *s)
 		fo_poll_backup(s, c, &o, false);
 		pthread_mutex_unlock(&c->dp_lock);
 	}
+	/* (messages on SRQ QPs' backups, for receives posted since; the
+	 * default SRQs emptied for failback) */
+	fo_srq_deliver_all(s, NULL);
+	fo_srq_work(s);
 
 	/*
 	 * A passive application (a perftest server waiting on its socket)

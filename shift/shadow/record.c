@@ -229,7 +229,7 @@ void shift_shadow_qp(struct shift_rnic *r, struct ibv_qp *qp,
 	if (type != IBV_QPT_RC)
 		shift_qp_unprotected_locked(q, "not an RC QP");
 	else if (has_srq)
-		shift_qp_unprotected_locked(q, "uses an SRQ (not shadowed yet)");
+		shift_qp_unprotected_locked(q, "uses an SRQ SHIFT cannot protect (XRC, tag matching, or shared with a QP that cannot fail over)");
 	else if (!q->pd || !q->send_cq || !q->recv_cq)
 		shift_qp_unprotected_locked(q, "its PD or CQ is not shadowed");
 	else if (r->unprotected)

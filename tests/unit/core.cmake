@@ -19,6 +19,10 @@ if(TARGET shift_sim)
     LIBS shift_core shift_sim)
 endif()
 if(TARGET shift_sim)
+  shift_unit_test(test_srq SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/test_srq.c
+    LIBS shift_core shift_sim)
+endif()
+if(TARGET shift_sim)
   shift_unit_test(test_apperr SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/test_apperr.c
     LIBS shift_core shift_sim)
 endif()
