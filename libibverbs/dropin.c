@@ -96,6 +96,10 @@ static void fill_lower(const char *path)
 	REAL(query_ece, "ibv_query_ece", "IBVERBS_1.10");
 	REAL(set_ece, "ibv_set_ece", "IBVERBS_1.10");
 	REAL(qp_to_qp_ex, "ibv_qp_to_qp_ex", "IBVERBS_1.6");
+	REAL(create_srq, "ibv_create_srq", "IBVERBS_1.1");
+	REAL(modify_srq, "ibv_modify_srq", "IBVERBS_1.1");
+	REAL(query_srq, "ibv_query_srq", "IBVERBS_1.1");
+	REAL(destroy_srq, "ibv_destroy_srq", "IBVERBS_1.1");
 	shift_lower_set(&real_lower);
 }
 

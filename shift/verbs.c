@@ -9,6 +9,7 @@
  * unprotected.
  */
 #include "shift/shift.h"
+#include "shift/srq.h"
 #include "shift/dp/cqex.h"
 #include "shift/dp/qpex.h"
 #include "shift/dp/state.h"
@@ -70,6 +71,7 @@ static void install_upcalls(void)
 {
 	shift_dp_set_upcalls(&upcalls);
 	shift_shadow_set_background(shift_failover_background);
+	shift_fork_install();
 }
 
 struct ibv_context *shift_ibv_open_device(struct ibv_device *device)
@@ -83,7 +85,7 @@ struct ibv_context *shift_ibv_open_device(struct ibv_device *device)
 		s = shift_ctx_attach(ctx); /* on failure: unprotected, logged */
 		if (s) {
 			shift_vctx_take(s);
-			s->rnic = shift_rnic_start(s);
+			shift_rnic_start(s); /* (sets s->rnic) */
 		}
 	}
 	return ctx;
@@ -97,7 +99,7 @@ int shift_ibv_close_device(struct ibv_context *context)
 	if (r)
 		shift_rnic_stop(r);
 	if (s) {
-		shift_vctx_give_back(s);
+		shift_vctx_give_back(s); /* (the SRQ slot too) */
 		shift_qpx_detach_ctx(s);
 		shift_cqx_detach_ctx(s);
 	}
@@ -230,7 +232,8 @@ int shift_ibv_rereg_mr(struct ibv_mr *mr, int flags, struct ibv_pd *pd,
 	struct shift_rnic *r = mr ? rnic_of(mr->context) : NULL;
 	int rc = L->rereg_mr(mr, flags, pd, addr, length, access);
 
-	if (!rc && r)
+	/* (DO_FORK_OLD: the MR changed, only the old range's fork state did not) */
+	if ((!rc || rc == IBV_REREG_MR_ERR_DO_FORK_OLD) && r)
 		shift_shadow_mr_rereg(r, mr, flags, access);
 	return rc;
 }
@@ -284,7 +287,12 @@ struct ibv_cq *shift_ibv_create_cq(struct ibv_context *context, int cqe,
 
 int shift_ibv_resize_cq(struct ibv_cq *cq, int cqe)
 {
-	return L->resize_cq(cq, cqe);
+	struct shift_rnic *r = cq ? rnic_of(cq->context) : NULL;
+	int rc = L->resize_cq(cq, cqe);
+
+	if (!rc && r)
+		shift_shadow_cq_resized(r, cq);
+	return rc;
 }
 
 int shift_ibv_destroy_cq(struct ibv_cq *cq)
@@ -322,24 +330,25 @@ struct ibv_qp *shift_ibv_create_qp(struct ibv_pd *pd,
 {
 	struct ibv_qp *qp = L->create_qp(pd, qp_init_attr);
 	struct shift_rnic *r = qp ? rnic_of(pd->context) : NULL;
+	struct shift_dqp *d = NULL;
 
-	/* (a QP on an extended CQ SHIFT cannot poll runs unprotected) */
-	if (r && qp_init_attr->qp_type == IBV_QPT_RC && !qp_init_attr->srq &&
-	    !shift_cqx_blocks(qp_init_attr->send_cq) && !shift_cqx_blocks(qp_init_attr->recv_cq)) {
-		/* create_qp wrote the actual capabilities back into the attr */
-		struct shift_dqp *d = shift_dqp_create(qp, &qp_init_attr->cap,
-						       qp_init_attr->sq_sig_all);
+	if (!r)
+		return qp;
+	/* create_qp wrote the actual capabilities back into the attr; a QP on
+	 * an extended CQ SHIFT cannot poll runs unprotected */
+	if (qp_init_attr->qp_type == IBV_QPT_RC && shift_srq_ok(qp_init_attr->srq) &&
+	    !shift_cqx_blocks(qp_init_attr->send_cq) && !shift_cqx_blocks(qp_init_attr->recv_cq))
+		d = shift_dqp_create(qp, &qp_init_attr->cap, qp_init_attr->sq_sig_all);
+	struct ibv_qp_cap cap = shift_srq_qp_created(d, qp, qp_init_attr->qp_type,
+						     qp_init_attr->srq, &qp_init_attr->cap);
 
-		if (d)
-			shift_ctx_add_dqp(shift_ctx_of(pd->context), d);
-	}
-	if (r) {
-		shift_shadow_qp(r, qp, qp_init_attr->qp_type, qp_init_attr->send_cq,
-				qp_init_attr->recv_cq, &qp_init_attr->cap,
-				qp_init_attr->sq_sig_all, qp_init_attr->srq != NULL);
-		shift_dqp_link(shift_ctx_of(pd->context), qp, qp_init_attr->send_cq,
-			       qp_init_attr->recv_cq);
-	}
+	shift_shadow_qp(r, qp, qp_init_attr->qp_type, qp_init_attr->send_cq, qp_init_attr->recv_cq,
+			&cap, qp_init_attr->sq_sig_all, qp_init_attr->srq && !d);
+	/* linked to its shadows before it is published: the background pass
+	 * walks the published ones without a lock */
+	shift_dqp_link(shift_ctx_of(pd->context), d, qp_init_attr->send_cq, qp_init_attr->recv_cq);
+	if (d)
+		shift_ctx_add_dqp(shift_ctx_of(pd->context), d);
 	return qp;
 }
 
@@ -364,6 +373,8 @@ int shift_ibv_modify_qp(struct ibv_qp *qp, struct ibv_qp_attr *attr,
 	struct ibv_qp_attr fixed;
 	int rc;
 
+	if (shift_srq_refuse_modify(qp, attr, attr_mask))
+		return EINVAL;
 	/* a retry count the provider would turn into "forever" (rxe's 7), on
 	 * a QP SHIFT protects: it must see the path fail */
 	if (d && attr && (attr_mask & IBV_QP_RETRY_CNT) && attr->retry_cnt >= 7 &&
@@ -430,7 +441,7 @@ int shift_ibv_destroy_qp(struct ibv_qp *qp)
 		return rc;
 	}
 	shift_qpx_free(x);
-	shift_dqp_destroy(d);
+	shift_dqp_destroy_later(d);
 	return rc;
 }
 
@@ -495,4 +506,8 @@ const struct shift_lower shift_verbs = {
 	.query_ece = shift_ibv_query_ece,
 	.set_ece = shift_ibv_set_ece,
 	.qp_to_qp_ex = shift_ibv_qp_to_qp_ex,
+	.create_srq = shift_ibv_create_srq,
+	.modify_srq = shift_ibv_modify_srq,
+	.query_srq = shift_ibv_query_srq,
+	.destroy_srq = shift_ibv_destroy_srq,
 };

@@ -21,6 +21,7 @@
  */
 #include "shift/dp/cqex.h"
 #include "shift/dp/ctx.h"
+#include "shift/dp/dsrq.h"
 
 #include <errno.h>
 #include <pthread.h>
@@ -249,9 +250,12 @@ static inline int retire(struct shift_cqx *x, struct ibv_cq_ex *cq, bool first)
 	if (!d)
 		return 0; /* not protected: as it is */
 	if (shift_likely(cq->status == IBV_WC_SUCCESS)) {
-		if (x->fn.read_opcode(cq) & IBV_WC_RECV)
+		if (x->fn.read_opcode(cq) & IBV_WC_RECV) {
+			/* (a QP on an SRQ: the SRQ's entry too, dp/dsrq.h) */
+			if (shift_unlikely(d->dsrq))
+				shift_dsrq_retire(d->dsrq, cq->wr_id);
 			__atomic_fetch_add(&d->rq_tail, 1, __ATOMIC_RELAXED);
-		else
+		} else
 			__atomic_fetch_add(&d->sig_tail, 1, __ATOMIC_RELAXED);
 		return 0;
 	}
@@ -485,5 +489,15 @@ void shift_cqx_detach_ctx(struct shift_ctx *s)
 			free(x);
 		}
 	}
+	pthread_mutex_unlock(&reg);
+}
+
+void shift_cqx_fork_prepare(void)
+{
+	pthread_mutex_lock(&reg);
+}
+
+void shift_cqx_fork_done(void)
+{
 	pthread_mutex_unlock(&reg);
 }

@@ -4,6 +4,8 @@
  * work SHIFT adds to a post; it touches preallocated memory only.
  */
 #include "shift/dp/dqp.h"
+#include "shift/dp/dsrq.h"
+#include "shift/dp/limbo.h"
 
 #include <stddef.h>
 #include <stdio.h>
@@ -111,6 +113,16 @@ void shift_dqp_destroy(struct shift_dqp *d)
 	free(d->sq);
 	free(d->rq);
 	free(d);
+}
+
+static void dqp_free(void *d)
+{
+	shift_dqp_destroy(d);
+}
+
+void shift_dqp_destroy_later(struct shift_dqp *d)
+{
+	shift_limbo_put(d, dqp_free);
 }
 
 static int mirror_full(struct shift_dqp *d, const char *q)
@@ -297,4 +309,19 @@ void shift_dqp_set_ep_wait(struct shift_dqp *d, enum shift_ep_wait to, const cha
 	if (d->ep_wait != to)
 		shift_state_ep_change(d->ep_wait, to, d->dev, d->qpn, why);
 	d->ep_wait = to;
+}
+
+void shift_dqp_retire_app(struct shift_dqp *d, const struct ibv_wc *wc)
+{
+	if (wc->status == IBV_WC_SUCCESS)
+		shift_dqp_retire_slow(d, wc);
+	else if (d->dsrq && (wc->opcode & IBV_WC_RECV))
+		shift_dsrq_retire(d->dsrq, wc->wr_id);
+}
+
+void shift_dqp_retire_slow(struct shift_dqp *d, const struct ibv_wc *wc)
+{
+	if (d->dsrq && (wc->opcode & IBV_WC_RECV))
+		shift_dsrq_retire(d->dsrq, wc->wr_id);
+	shift_dqp_retire(d, wc);
 }

@@ -79,6 +79,8 @@ enum {
 #define SHIFT_WRID_DATA (1ull << 63)      /* | RECV | mirror index */
 #define SHIFT_WRID_RECV (1ull << 62)
 #define SHIFT_WRID_INDEX(w) ((w) & ((1ull << 48) - 1))
+/* ... | RECV | BOUNCE | slot: SHIFT's own receive of a QP on an SRQ */
+#define SHIFT_WRID_BOUNCE (1ull << 47)
 /* the backup QP's generation (resets) a WR was posted in: completions of an
  * earlier one (flushes of a reset, late) are told apart from the current */
 #define SHIFT_WRID_GEN(g) ((uint64_t)((g) & 0x3fffu) << 48)
@@ -196,6 +198,7 @@ struct shift_dqp {
 	uint64_t ctrl_seen_ms;        /* when the background thread saw it */
 	struct { uint32_t app, bk; } rkeys[16]; /* remote key translations */
 	unsigned nrkeys;
+	unsigned long rkeys_ep;       /* ... read in failover number rkeys_ep */
 
 	/* failback (shift/fo/failback.c), under the CQs' dp_lock */
 	uint8_t dflt;                 /* SHIFT_DFLT_*: the default QP's condition */
@@ -279,6 +282,11 @@ struct shift_dqp {
 	bool retry_cnt_changed;
 	uint8_t app_retry_cnt;
 
+	/* on an SRQ (dp/dsrq.h): its receives are the SRQ's, rq_tail counts
+	 * those this QP consumed (the handshake's receive counter) */
+	struct shift_dsrq *dsrq;
+	void *fo_bounce;              /* the failover layer's (fo/srq.c) */
+
 	/* statistics (shiftctl, logs) */
 	unsigned long failovers, failbacks, retransmitted;
 	bool atomic_boundary_hit;
@@ -345,6 +353,10 @@ static inline unsigned shift_dqp_opslot(unsigned opcode)
 struct shift_dqp *shift_dqp_create(struct ibv_qp *qp, const struct ibv_qp_cap *cap,
 				   int sq_sig_all);
 void shift_dqp_destroy(struct shift_dqp *d);
+/* The same once no lock-free reader (a poll's last-QP cache, a lookup
+ * chain) can still hold d (dp/limbo.h): for a QP the application
+ * destroyed while its CQs may still be polled. */
+void shift_dqp_destroy_later(struct shift_dqp *d);
 
 /*
  * Mirror the WR chain about to be posted. Returns 0, or -1 if the mirror
@@ -503,6 +515,19 @@ static inline void shift_dqp_record_recv_one(struct shift_dqp *d, const struct i
 	e->sge[0] = wr->sg_list[0];
 	d->rq_head = h + 1;
 }
+
+struct shift_dsrq;
+
+/* Retire on a successful completion of this QP outside the fast poll: a
+ * receive of a QP on an SRQ also retires the SRQ's entry (dp/dsrq.h). */
+void shift_dqp_retire_slow(struct shift_dqp *d, const struct ibv_wc *wc);
+
+/* A completion of this QP goes to the application as it is (the QP is
+ * unprotected, or the error is the application's): a success retires as
+ * shift_dqp_retire_slow(); a receive of an SRQ that completed in error is
+ * consumed too (the application has it back; providers that do not set
+ * the opcode of an error completion leave it in the mirror). */
+void shift_dqp_retire_app(struct shift_dqp *d, const struct ibv_wc *wc);
 
 /* Retire on a successful completion of this QP: count it (see above). */
 static inline void shift_dqp_retire(struct shift_dqp *d, const struct ibv_wc *wc)

@@ -40,6 +40,7 @@ static void unprotect(struct shift_ctx *s, struct shift_dqp *d, struct out *o,
 	shift_dqp_lock(d);
 	shift_dqp_set_send_state(d, SHIFT_SEND_UNPROTECTED, "the application's error");
 	shift_dqp_unlock(d);
+	shift_dqp_retire_app(d, wc); /* (an SRQ's receive is the application's) */
 	fo_emit(o, wc);
 	if (d->post_failed) {
 		shift_ctx_set_slow(s, true); /* (kept completions) */
@@ -75,6 +76,15 @@ static enum shift_wc_class flush_cause(struct shift_ctx *s, struct shift_dqp *d,
 	return SHIFT_WC_APP;
 }
 
+/* A receive of d's SRQ that completed in error while d fails over: out of
+ * the default SRQ, still the application's (as fo_from_default's flushes
+ * of a QP already on its backup). */
+static void srq_burned(struct shift_dqp *d, const struct ibv_wc *wc)
+{
+	if (d->dsrq && wc->status != IBV_WC_SUCCESS && (wc->opcode & IBV_WC_RECV))
+		shift_dsrq_burned(d->dsrq, wc->wr_id);
+}
+
 /* The path failed under d: a failover (the former fo_from_default). */
 static void path_failure(struct shift_ctx *s, struct shift_dqp *d, struct ibv_wc *wc,
 			 struct out *o)
@@ -84,6 +94,7 @@ static void path_failure(struct shift_ctx *s, struct shift_dqp *d, struct ibv_wc
 	int rc = fo_start(s, d, o, wc);
 
 	if (rc == 0) {
+		srq_burned(d, wc);
 		if (d->ctrl_pending)
 			fo_on_ctrl(s, d, o);
 		return; /* the error itself is SHIFT's, not the application's */
@@ -91,6 +102,7 @@ static void path_failure(struct shift_ctx *s, struct shift_dqp *d, struct ibv_wc
 	if (rc == -2)
 		return; /* the connection failed: wc was passed on with the flushes */
 	shift_debug("%s QP %u: error %d passed to the application", d->dev, d->qpn, (int)wc->status);
+	shift_dqp_retire_app(d, wc);
 	fo_emit(o, wc);
 }
 
@@ -103,8 +115,12 @@ void fo_on_error(struct shift_ctx *s, struct shift_dqp *d, struct ibv_wc *wc, st
 	if (k == SHIFT_WC_FLUSH)
 		k = flush_cause(s, d, o);
 	if (k == SHIFT_WC_OK) {
-		if (d->send_state == SHIFT_SEND_UNPROTECTED)
+		if (d->send_state == SHIFT_SEND_UNPROTECTED) {
+			shift_dqp_retire_app(d, wc);
 			fo_emit(o, wc);
+		} else {
+			srq_burned(d, wc);
+		}
 		return; /* (else it failed over: the flush is SHIFT's) */
 	}
 	if (k == SHIFT_WC_PATH) {
@@ -153,8 +169,11 @@ void fo_stash_add(struct shift_dqp *d, struct shift_cq *c, const struct ibv_wc *
 
 /* The failover's trigger and the stashed completions, back where they
  * came (the trigger ahead of everything its drain kept). */
-static void put_back(struct out *o, const struct fo_start_ctx *sc, struct shift_fo_stash *st)
+static void put_back(struct shift_dqp *d, struct out *o, const struct fo_start_ctx *sc,
+		     struct shift_fo_stash *st)
 {
+	if (sc->err)
+		shift_dqp_retire_app(d, sc->err); /* (an SRQ's receive is the application's) */
 	if (sc->err && sc->direct && o->n < o->max)
 		o->wc[o->n++] = *sc->err;
 	else if (sc->err)
@@ -162,12 +181,21 @@ static void put_back(struct out *o, const struct fo_start_ctx *sc, struct shift_
 	for (size_t i = 0; i < st->n; i++) {
 		uint64_t before = sc->err && !sc->direct && st->e[i].c == o->c;
 
+		shift_dqp_retire_app(d, &st->e[i].wc);
+
 		for (size_t j = 0; j < i; j++)
 			before += st->e[j].c == st->e[i].c;
 		fo_kept_insert(st->e[i].c, st->e[i].at + before, &st->e[i].wc);
 	}
 	if (st->lost)
 		shift_err("out of memory keeping completions: some completions lost");
+}
+
+/* The drain's SRQ receives that do not reach the application (srq_burned). */
+static void srq_burned_all(struct shift_dqp *d, const struct shift_fo_stash *st)
+{
+	for (size_t i = 0; d->dsrq && i < st->n; i++)
+		srq_burned(d, &st->e[i].wc);
 }
 
 static const struct ibv_wc *first_app(const struct fo_start_ctx *sc,
@@ -196,14 +224,17 @@ int fo_judge_start(struct shift_ctx *s, struct shift_dqp *d, struct out *o,
 	bool app = st->app || k == SHIFT_WC_APP;
 	bool path = st->path || k == SHIFT_WC_PATH || d->dflt_path_err || d->port_was_down;
 
-	if (!app && (path || !sc->unsure || !fo_port_active(s, d)))
+	if (!app && (path || !sc->unsure || !fo_port_active(s, d))) {
+		srq_burned_all(d, st);
 		return 0;
+	}
 	shift_info("%s QP %u: %s: no failover, the QP is no longer protected", d->dev, d->qpn,
 		   app ? "an error of the application" : "its QP failed while its device works");
 	if (sc->again) {
 		/* a direction was on the backup: every WR flushes after the
 		 * application's error */
 		fo_fail_connection(s, d, o, true, first_app(sc, st));
+		srq_burned_all(d, st); /* (not handed out: no receive queue to flush) */
 		return -2;
 	}
 	shift_dqp_lock(d);
@@ -214,7 +245,7 @@ int fo_judge_start(struct shift_ctx *s, struct shift_dqp *d, struct out *o,
 	d->need_rearm = false; /* (its backup was not used) */
 	if (!d->failovers)
 		fo_remove(s, d);
-	put_back(o, sc, st);
+	put_back(d, o, sc, st);
 	if (sc->refused)
 		fo_flush_held(d, o, NULL, d->sq_taken, d->rq_taken);
 	return -2;
@@ -313,8 +344,10 @@ void fo_end_from(struct shift_ctx *s, struct shift_dqp *d, struct out *o, const 
 		struct ibv_qp_attr e = { .qp_state = IBV_QPS_ERR };
 
 		shift_lower->modify_qp(d->qp, &e, IBV_QP_STATE);
-		if (err->status != IBV_WC_SUCCESS)
+		if (err->status != IBV_WC_SUCCESS) {
+			shift_dqp_retire_app(d, err); /* (an SRQ's receive) */
 			fo_emit(o, err);
+		}
 		bool sflush = sq < d->sq_head, rflush = rq < d->rq_head;
 
 		fo_flush_held(d, o, NULL, sq, rq);

@@ -111,18 +111,24 @@ static void watch_ports(struct shift_ctx *s, uint64_t now_ms)
 	s->ports_down = down;
 }
 
-/* Held by a whole background pass and by shift_failover_forget(): a pass
- * never walks a QP state that destroy_qp is about to free. */
+/* Held by a whole background pass (of any context: the passes of all
+ * RNICs take turns). */
 static pthread_mutex_t bg_lock = PTHREAD_MUTEX_INITIALIZER;
 
+/* Under the context's slow_lock, which the background pass and the slow
+ * poll hold while they walk the context's QPs: neither meets a QP state
+ * that destroy_qp is about to free (the fast path's lock-free readers are
+ * covered by freeing it late, dp/limbo.h). */
 struct shift_dqp *shift_failover_forget(struct shift_ctx *s, struct ibv_qp *qp)
 {
-	pthread_mutex_lock(&bg_lock);
+	pthread_mutex_lock(&s->slow_lock);
 	struct shift_dqp *d = shift_ctx_remove_dqp(s, qp);
 
-	if (d)
+	if (d) {
 		fo_remove(s, d);
-	pthread_mutex_unlock(&bg_lock);
+		fo_srq_forget(d);
+	}
+	pthread_mutex_unlock(&s->slow_lock);
 	return d;
 }
 
@@ -223,7 +229,7 @@ void fo_join_peer(struct shift_ctx *s, struct shift_dqp *d, uint64_t now)
  * every completion SHIFT kept has been handed out. */
 static void fast_again(struct shift_ctx *s, struct shift_cq *head)
 {
-	if (__atomic_load_n(&s->slow, __ATOMIC_ACQUIRE) && !__atomic_load_n(&s->nfo, __ATOMIC_ACQUIRE)) {
+	if (__atomic_load_n(&s->slow, __ATOMIC_ACQUIRE) && !s->nfo) {
 		bool quiet = !s->ports_down;
 
 		for (struct shift_cq *c = head; c && quiet; c = c->next) {
@@ -251,12 +257,16 @@ static void background(struct shift_ctx *s)
 	struct shift_cq *head = r->cqs;
 	pthread_mutex_unlock(&r->lock);
 	for (struct shift_cq *c = head; c; c = c->next) {
-		if (!c->bk || c->dead || pthread_mutex_trylock(&c->dp_lock))
+		if (!c->bk || SHIFT_SHADOW_DEAD(c) || pthread_mutex_trylock(&c->dp_lock))
 			continue;
 		struct out o = { .wc = NULL, .n = 0, .max = 0, .c = c };
 		fo_poll_backup(s, c, &o, false);
 		pthread_mutex_unlock(&c->dp_lock);
 	}
+	/* (messages on SRQ QPs' backups, for receives posted since; the
+	 * default SRQs emptied for failback) */
+	fo_srq_deliver_all(s, NULL);
+	fo_srq_work(s);
 
 	/*
 	 * A passive application (a perftest server waiting on its socket)
@@ -282,10 +292,10 @@ static void background(struct shift_ctx *s)
 	/* failback: probes, switching back, re-arming the backup */
 	shift_clock_tick();
 	uint64_t fbt = shift_clock_ms();
-	int nfo = __atomic_load_n(&s->nfo, __ATOMIC_ACQUIRE);
+	int nfo = s->nfo;
 	fo_ep_prefetch(s, nfo, fbt);
-	for (int i = 0; i < nfo; i++) {
-		struct shift_dqp *d = __atomic_load_n(&s->fo[i], __ATOMIC_ACQUIRE);
+	for (int i = 0; i < nfo && i < s->nfo; i++) {
+		struct shift_dqp *d = s->fo[i];
 
 		if (!d || !d->scq)
 			continue;
@@ -302,8 +312,8 @@ static void background(struct shift_ctx *s)
 		fo_unlock_cqs(d);
 	}
 	/* (a batched read the pass did not use is stale by the next one) */
-	for (int i = 0; i < nfo; i++) {
-		struct shift_dqp *d = __atomic_load_n(&s->fo[i], __ATOMIC_ACQUIRE);
+	for (int i = 0; i < s->nfo; i++) {
+		struct shift_dqp *d = s->fo[i];
 
 		if (d)
 			d->kv_pref = 0;

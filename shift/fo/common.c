@@ -25,54 +25,52 @@ uint64_t fo_probe_wait(const struct shift_dqp *d)
 }
 
 /* ---- the context's list of failed-over QPs ----------------------------
- * fo[] has holes (NULL) so lock-free readers never miss a moved entry;
- * nfo is its high-water mark. Writers hold fo_lock. */
-static pthread_mutex_t fo_lock = PTHREAD_MUTEX_INITIALIZER;
-
+ * fo[] has holes (NULL) left by QPs that failed back; nfo is its high-water
+ * mark. It grows without bound (doubling). Every reader and writer holds
+ * the context's slow_lock: the slow poll, the background pass and
+ * shift_failover_forget(). */
 int fo_add(struct shift_ctx *s, struct shift_dqp *d)
 {
-	int rc = -1;
+	int hole = -1;
 
-	pthread_mutex_lock(&fo_lock);
-	for (int i = 0; i < s->nfo; i++)
-		if (__atomic_load_n(&s->fo[i], __ATOMIC_RELAXED) == d)
-			rc = 0;
-	for (int i = 0; rc && i < SHIFT_MAX_FO; i++) {
-		if (i < s->nfo && s->fo[i])
-			continue;
-		__atomic_store_n(&s->fo[i], d, __ATOMIC_RELEASE);
-		if (i == s->nfo)
-			__atomic_store_n(&s->nfo, i + 1, __ATOMIC_RELEASE);
-		rc = 0;
+	for (int i = 0; i < s->nfo; i++) {
+		if (s->fo[i] == d)
+			return 0;
+		if (!s->fo[i] && hole < 0)
+			hole = i;
 	}
-	pthread_mutex_unlock(&fo_lock);
-	return rc;
-}
+	if (hole < 0 && s->nfo == s->fo_cap) {
+		int cap = s->fo_cap ? 2 * s->fo_cap : 16;
+		struct shift_dqp **n = realloc(s->fo, sizeof(*n) * (size_t)cap);
 
-/* a failover of the context was logged as a warning since its list of
- * failed-over QPs was last empty (fo_first_failover) */
-static bool fo_warned[SHIFT_MAX_CTX];
+		if (!n)
+			return -1;
+		s->fo = n;
+		s->fo_cap = cap;
+	}
+	if (hole < 0)
+		hole = s->nfo++;
+	s->fo[hole] = d;
+	return 0;
+}
 
 void fo_remove(struct shift_ctx *s, struct shift_dqp *d)
 {
-	pthread_mutex_lock(&fo_lock);
 	for (int i = 0; i < s->nfo; i++)
 		if (s->fo[i] == d)
-			__atomic_store_n(&s->fo[i], NULL, __ATOMIC_RELEASE);
+			s->fo[i] = NULL;
 	while (s->nfo && !s->fo[s->nfo - 1])
 		s->nfo--;
 	if (!s->nfo)
-		fo_warned[s->slot] = false;
-	pthread_mutex_unlock(&fo_lock);
+		s->fo_warned = false;
 }
 
+/* The first failover since the context's list was last empty? (slow_lock) */
 bool fo_first_failover(struct shift_ctx *s)
 {
-	pthread_mutex_lock(&fo_lock);
-	bool first = !fo_warned[s->slot];
+	bool first = !s->fo_warned;
 
-	fo_warned[s->slot] = true;
-	pthread_mutex_unlock(&fo_lock);
+	s->fo_warned = true;
 	return first;
 }
 
@@ -129,10 +127,8 @@ void fo_kept_insert(struct shift_cq *c, uint64_t at, const struct ibv_wc *wc)
 
 struct shift_dqp *fo_dqp_of_bk(struct shift_ctx *s, uint32_t bk_qpn)
 {
-	int n = __atomic_load_n(&s->nfo, __ATOMIC_ACQUIRE);
-
-	for (int i = 0; i < n; i++) {
-		struct shift_dqp *d = __atomic_load_n(&s->fo[i], __ATOMIC_ACQUIRE);
+	for (int i = 0; i < s->nfo; i++) {
+		struct shift_dqp *d = s->fo[i];
 
 		if (d && d->bk && d->bk->qp_num == bk_qpn)
 			return d;
@@ -149,7 +145,13 @@ static int remote_key(struct shift_dqp *d, uint32_t app_rkey, uint32_t *bk)
 	void *v;
 	size_t len;
 
-	for (unsigned i = 0; i < d->nrkeys; i++) {
+	/* the peer may have registered its MRs anew since the last failover
+	 * (ibv_rereg_mr, or dereg and reg): read them again in each one */
+	if (d->rkeys_ep != d->failovers) {
+		d->nrkeys = 0;
+		d->rkeys_ep = d->failovers;
+	}
+	for (unsigned i = 0; i < d->nrkeys && i < 16; i++) {
 		if (d->rkeys[i].app == app_rkey) {
 			*bk = d->rkeys[i].bk;
 			return 0;

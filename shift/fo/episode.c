@@ -149,7 +149,7 @@ void fo_ep_prefetch(struct shift_ctx *s, int nfo, uint64_t now)
 	if (!r || !r->kv)
 		return;
 	for (int k = 0; k < nfo && !any; k++) {
-		struct shift_dqp *d = __atomic_load_n(&s->fo[k], __ATOMIC_ACQUIRE);
+		struct shift_dqp *d = s->fo[k];
 
 		any = d && fo_ep_due(d, now);
 	}
@@ -159,7 +159,7 @@ void fo_ep_prefetch(struct shift_ctx *s, int nfo, uint64_t now)
 		size_t n = 0;
 
 		for (; i < nfo && n < SHIFT_KV_MGET_MAX; i++) {
-			struct shift_dqp *d = __atomic_load_n(&s->fo[i], __ATOMIC_ACQUIRE);
+			struct shift_dqp *d = s->fo[i];
 
 			/* due, or due within half its period: read with the
 			 * others (the schedules of QPs that failed over

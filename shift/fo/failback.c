@@ -69,13 +69,20 @@ int fo_reset_default(struct shift_ctx *s, struct shift_dqp *d)
 	pthread_mutex_unlock(&r->lock);
 	if ((mask & need) != need)
 		return -1;
+	/* (a QP on an SRQ reads the default SRQ again only once SHIFT has
+	 * consumed the WQEs there whose buffers the backup path filled) */
+	if (d->dsrq && shift_dsrq_moved(d->dsrq))
+		return -1;
 	if (shift_qp_reset(d->qp) || shift_qp_to_init(d->qp, &app, app.port_num))
 		return -1;
 	d->dflt_path_err = false;
 	d->port_was_down = false; /* (a fresh QP: its failures are new ones) */
 	/* the peer's failback notification consumes this, ahead of the
-	 * application's receives reposted after it */
-	if (d->prov_post_recv(d->qp, &rwr, &rbad))
+	 * application's receives reposted after it (on an SRQ: the first
+	 * receive the QP consumes, fo/srq.c) */
+	if (d->dsrq)
+		fo_srq_expect_notify(d);
+	else if (d->prov_post_recv(d->qp, &rwr, &rbad))
 		return -1;
 	d->ctrl_recv_out = true;
 	if (shift_qp_to_rtr(d->qp, &app, mask, &app.ah_attr, app.path_mtu, app.dest_qp_num,
@@ -148,6 +155,8 @@ int fo_receives_back(struct shift_dqp *d)
 		}
 	}
 	shift_dqp_set_recv_state(d, SHIFT_RECV_DEFAULT, "receives back on the default QP");
+	if (d->dsrq)
+		fo_srq_release(d); /* (what its reset default QP received meanwhile) */
 	return 0;
 }
 
@@ -269,12 +278,16 @@ static void probe_ok(struct shift_dqp *d, const char *how)
  * are all accounted for, my remaining receives move to the default QP. */
 void fo_try_notify(struct shift_dqp *d)
 {
-	uint32_t behind = CTRL_COUNT(d->notify_count - (uint32_t)d->rq_tail);
+	/* (on an SRQ the peer's later sends may be received already) */
+	uint32_t counted = d->dsrq ? fo_srq_counted(d) : (uint32_t)d->rq_tail;
+	uint32_t behind = CTRL_COUNT(d->notify_count - counted);
 
 	if (!d->notify_pending)
 		return;
 	if (behind && behind < (1u << 29))
 		return; /* backup receive completions still to come */
+	if (d->dsrq && fo_srq_waits(d))
+		return; /* (on an SRQ: ... and handed out, fo/srq.c) */
 	if (behind)
 		shift_warn("%s QP %u: consumed more receives (%u) than the peer sent on the backup (%u)",
 			   d->dev, d->qpn, CTRL_COUNT((uint32_t)d->rq_tail), d->notify_count);
@@ -285,7 +298,7 @@ void fo_try_notify(struct shift_dqp *d)
 	if (rc)
 		return;
 	shift_info("%s QP %u: receives back on the default QP (%llu reposted)", d->dev, d->qpn,
-		   (unsigned long long)(d->rq_head - d->rq_tail));
+		   (unsigned long long)(d->rq_head > d->rq_tail ? d->rq_head - d->rq_tail : 0));
 }
 
 /* SHIFT's own completions on a default QP that has failed over. */

@@ -58,4 +58,9 @@ int shift_post_send_fallback(struct shift_dqp *d, struct ibv_send_wr *wr,
 int shift_post_recv_fallback(struct shift_dqp *d, struct ibv_recv_wr *wr,
 			     struct ibv_recv_wr **bad_wr);
 
+/* The application destroys an SRQ (struct shift_dsrq of shift/dp/dsrq.h):
+ * SHIFT's own QP on it goes first (fo/srq_burn.c). */
+struct shift_dsrq;
+void shift_failover_srq_gone(struct shift_ctx *s, struct shift_dsrq *q);
+
 #endif /* SHIFT_FAILOVER_H */

@@ -13,6 +13,7 @@
 #include "shift/base/config.h"
 #include "shift/base/lower.h"
 #include "shift/dp/ctx.h"
+#include "shift/dp/dsrq.h"
 #include "shift/dp/errclass.h"
 #include "shift/dp/state.h"
 #include "kv/kv.h"
@@ -134,6 +135,26 @@ void fo_unlock_cqs(struct shift_dqp *d);
 void fo_poke_read(struct shift_ctx *s, uint64_t now);
 void fo_join_peer(struct shift_ctx *s, struct shift_dqp *d, uint64_t now);
 bool fo_take_refused(struct shift_dqp *d, int rc, uint64_t sq_from, uint64_t rq_from);
+struct shift_dsrq;
+bool fo_srq_can_move(struct shift_ctx *s, struct shift_dqp *d);
+void fo_srq_move(struct shift_ctx *s, struct shift_dqp *d);
+int fo_srq_post_bounce(struct shift_dqp *d);
+void fo_srq_deliver(struct shift_dsrq *q, struct out *o);
+void fo_srq_bounced(struct shift_dqp *d, struct ibv_wc *wc, struct out *o);
+void fo_srq_deliver_all(struct shift_ctx *s, struct out *o);
+void fo_srq_forget(struct shift_dqp *d);
+bool fo_srq_defer(struct shift_dqp *d, const struct ibv_wc *wc);
+bool fo_srq_waits(const struct shift_dqp *d);
+void fo_srq_expect_notify(struct shift_dqp *d);
+bool fo_srq_take_notify(struct shift_dqp *d, struct ibv_wc *wc);
+void fo_srq_work(struct shift_ctx *s);
+void fo_srq_fail(struct shift_ctx *s, struct shift_dqp *d, struct out *o);
+void fo_srq_release(struct shift_dqp *d);
+uint32_t fo_srq_counted(const struct shift_dqp *d);
+void fo_srq_burner_destroy(struct shift_dsrq *q);
+unsigned fo_srq_burn(struct shift_ctx *s, struct shift_dsrq *q, struct shift_dqp *d, unsigned n);
+unsigned fo_srq_burning(const struct shift_dsrq *q);
+void fo_srq_burn_poll(struct shift_dsrq *q);
 /* the application's errors and its own ERR/RESET (fo/apperr.c) */
 void fo_on_error(struct shift_ctx *s, struct shift_dqp *d, struct ibv_wc *wc, struct out *o);
 void fo_stash_add(struct shift_dqp *d, struct shift_cq *c, const struct ibv_wc *wc);

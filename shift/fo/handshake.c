@@ -143,6 +143,18 @@ void fo_retransmit(struct shift_dqp *d, struct out *o)
 		   (unsigned long long)d->switch_us);
 }
 
+/* The peer waits for my answer: tell it the connection is over here (the
+ * application closed it, or it cannot be saved). */
+static void answer_abort(struct shift_dqp *d)
+{
+	if (!d->ctrl_sent && d->shadow &&
+	    __atomic_load_n(&d->shadow->state, __ATOMIC_ACQUIRE) == SHIFT_SHADOW_READY) {
+		if (!d->bk)
+			d->bk = d->shadow->bk;
+		d->ctrl_sent = fo_send_ctrl(d, CTRL_ABORT) == 0;
+	}
+}
+
 /* The peer's handshake message arrived for d. */
 void fo_on_ctrl(struct shift_ctx *s, struct shift_dqp *d, struct out *o)
 {
@@ -156,19 +168,14 @@ void fo_on_ctrl(struct shift_ctx *s, struct shift_dqp *d, struct out *o)
 		return;
 	}
 	/* (my own failover now; it may find the QP failed for the
-	 * application's error instead: then the answer below) */
+	 * application's error instead, or unable to follow (a QP on an SRQ
+	 * that cannot move): then the answer below, or the peer would wait
+	 * for ever) */
 	if (d->send_state == SHIFT_SEND_DEFAULT && fo_start(s, d, o, NULL) &&
 	    d->send_state != SHIFT_SEND_UNPROTECTED)
 		return;
 	if (d->send_state == SHIFT_SEND_UNPROTECTED) {
-		/* the peer waits for my answer: tell it the connection is over
-		 * here (the application closed it, or it cannot be saved) */
-		if (!d->ctrl_sent && d->shadow &&
-		    __atomic_load_n(&d->shadow->state, __ATOMIC_ACQUIRE) == SHIFT_SHADOW_READY) {
-			if (!d->bk)
-				d->bk = d->shadow->bk;
-			d->ctrl_sent = fo_send_ctrl(d, CTRL_ABORT) == 0;
-		}
+		answer_abort(d);
 		return;
 	}
 	/* waiting for the peer's backup: its message proves it is ready */

@@ -14,6 +14,10 @@ void fo_from_default(struct shift_ctx *s, struct ibv_wc *wc, struct out *o)
 {
 	struct shift_dqp *d = shift_dqp_by_qpn(s, wc->qp_num);
 
+	/* (on an SRQ the peer's failback notification consumed an
+	 * application receive: it is SHIFT's control receive all the same) */
+	if (d && d->dsrq && d->failovers && (wc->opcode & IBV_WC_RECV))
+		(void)fo_srq_take_notify(d, wc);
 	if (d && d->failovers && shift_dqp_own_kind(d, wc->wr_id)) {
 		/* SHIFT's own (probe, notification) never reach the application */
 		if (shift_wc_class(wc->status) == SHIFT_WC_PATH)
@@ -23,11 +27,16 @@ void fo_from_default(struct shift_ctx *s, struct ibv_wc *wc, struct out *o)
 		return;
 	}
 	if (!d || d->send_state == SHIFT_SEND_UNPROTECTED) {
+		if (d)
+			shift_dqp_retire_app(d, wc); /* (an SRQ's receive is consumed) */
 		fo_emit(o, wc);
 		return;
 	}
 	if (wc->status == IBV_WC_SUCCESS) {
-		shift_dqp_retire(d, wc);
+		shift_dqp_retire_slow(d, wc);
+		/* (behind messages of the backup path still waiting) */
+		if (d->dsrq && (wc->opcode & IBV_WC_RECV) && fo_srq_defer(d, wc))
+			return;
 		fo_emit(o, wc);
 		return;
 	}
@@ -39,8 +48,13 @@ void fo_from_default(struct shift_ctx *s, struct ibv_wc *wc, struct out *o)
 	/* a flush of a QP already on its backup; unless a direction came
 	 * back to the default QP (my receives) and it failed again */
 	if (d->send_state != SHIFT_SEND_DEFAULT &&
-	    !(d->need_rearm && d->recv_state == SHIFT_RECV_DEFAULT))
+	    !(d->need_rearm && d->recv_state == SHIFT_RECV_DEFAULT)) {
+		/* (an SRQ receive it had taken: out of the SRQ, still the
+		 * application's, where the provider says so) */
+		if (d->dsrq && (wc->opcode & IBV_WC_RECV))
+			shift_dsrq_burned(d->dsrq, wc->wr_id);
 		return;
+	}
 	fo_on_error(s, d, wc, o);
 }
 
@@ -91,8 +105,27 @@ static void backup_failed(struct shift_dqp *d, struct ibv_wc *wc)
 	d->kv_at = 0;
 }
 
-/* An application WR completed on the backup QP: its wr_id and QP number
- * back, retired, handed out; the fence's completion switches back. */
+/* One of SHIFT's receives on the backup QP of a QP on an SRQ (fo/srq.c)? */
+static inline bool fo_wrid_bounce(uint64_t wr_id)
+{
+	return (wr_id & SHIFT_WRID_RECV) && (SHIFT_WRID_INDEX(wr_id) & SHIFT_WRID_BOUNCE);
+}
+
+/* A success on the backup QP: the backup path works (restarts reset, the
+ * failover's timing logged once). */
+static void backup_works(struct shift_dqp *d)
+{
+	d->bk_restarts = 0;
+	if (!d->fallback_us && d->t_error_us) {
+		d->fallback_us = shift_clock_us() - d->t_error_us;
+		if (!d->fallback_us)
+			d->fallback_us = 1;
+		shift_info("%s QP %u: failover-timing dev=%s qp=%u switch_us=%llu fallback_us=%llu",
+			   d->dev, d->qpn, d->dev, d->qpn, (unsigned long long)d->switch_us,
+			   (unsigned long long)d->fallback_us);
+	}
+}
+
 /* A backup completion of the application's WR: its wr_id and QP number. */
 void fo_app_translate(struct shift_dqp *d, struct ibv_wc *wc)
 {
@@ -111,20 +144,21 @@ void fo_app_translate(struct shift_dqp *d, struct ibv_wc *wc)
 	wc->qp_num = d->qpn;
 }
 
+/* An application WR completed on the backup QP: its wr_id and QP number
+ * back, retired, handed out; the fence's completion switches back. */
 static void app_completion(struct shift_dqp *d, struct ibv_wc *wc, struct out *o)
 {
+	if (fo_wrid_bounce(wc->wr_id)) {
+		/* a QP on an SRQ: into the application's receives (fo/srq.c) */
+		if (wc->status == IBV_WC_SUCCESS)
+			backup_works(d);
+		fo_srq_bounced(d, wc, o);
+		return;
+	}
 	fo_app_translate(d, wc);
 	if (wc->status == IBV_WC_SUCCESS) {
 		shift_dqp_retire(d, wc);
-		d->bk_restarts = 0; /* the backup path works */
-		if (!d->fallback_us && d->t_error_us) {
-			d->fallback_us = shift_clock_us() - d->t_error_us;
-			if (!d->fallback_us)
-				d->fallback_us = 1;
-			shift_info("%s QP %u: failover-timing dev=%s qp=%u switch_us=%llu fallback_us=%llu",
-				   d->dev, d->qpn, d->dev, d->qpn, (unsigned long long)d->switch_us,
-				   (unsigned long long)d->fallback_us);
-		}
+		backup_works(d);
 	}
 	fo_emit(o, wc);
 	if (d->app_ended)
@@ -179,7 +213,10 @@ static void from_backup(struct shift_ctx *s, struct ibv_wc *wc, struct out *o, b
 	}
 	if (wc->status != IBV_WC_SUCCESS && d->send_state != SHIFT_SEND_UNPROTECTED) {
 		/* the application's error on a WR of its own, this episode */
+		/* (not one of SHIFT's receives for a QP on an SRQ: its failure
+		 * is the backup's, as before) */
 		if (shift_wc_class(wc->status) == SHIFT_WC_APP && (wc->wr_id & SHIFT_WRID_DATA) &&
+		    !fo_wrid_bounce(wc->wr_id) &&
 		    SHIFT_WRID_GEN_OF(wc->wr_id) == d->bk_gen && !d->bk_flushing && !d->bk_error) {
 			fo_backup_app_error(s, d, wc, o);
 			return;
@@ -264,6 +301,8 @@ int shift_poll_slow(struct shift_ctx *s, struct ibv_cq *cq, int num_entries,
 	}
 	while (o.n < o.max && c->kept_tail != c->kept_head)
 		o.wc[o.n++] = c->kept[c->kept_tail++ % c->kept_cap];
+	/* messages on SRQ QPs' backups waiting for receives posted since */
+	fo_srq_deliver_all(s, &o);
 	/* peers' handshake messages noticed by the background thread */
 	for (int i = 0; i < SHIFT_DQP_BUCKETS; i++)
 		for (struct shift_dqp *d = s->dqp[i]; d; d = d->next_in_bucket)

@@ -263,6 +263,15 @@ static int start_possible(struct shift_ctx *s, struct shift_dqp *d, struct out *
 		give_up_taken(d, o);
 		return -1;
 	}
+	if (d->dsrq && !shift_dsrq_moved(d->dsrq) && !fo_srq_can_move(s, d)) {
+		if (d->send_state != SHIFT_SEND_DEFAULT) {
+			fo_srq_fail(s, d, o); /* (failed over already) */
+			return -2;
+		}
+		fo_give_up(d, "a QP on its SRQ cannot fail over with it");
+		give_up_taken(d, o);
+		return -1;
+	}
 	if (fo_add(s, d)) {
 		fo_give_up(d, "too many failed-over QPs in this context");
 		give_up_taken(d, o);
@@ -370,18 +379,24 @@ int fo_start(struct shift_ctx *s, struct shift_dqp *d, struct out *o,
 		return -1;
 	if (d->send_state != SHIFT_SEND_DEFAULT && !again)
 		return 0;
-	if (start_possible(s, d, o))
-		return -1;
+	int rc = start_possible(s, d, o);
+
+	if (rc)
+		return rc < -1 ? rc : -1;
 	struct fo_start_ctx sc = {
 		.err = err, .again = again, .unsure = d->start_unsure, .refused = d->post_failed,
 		.direct = o->n < o->max && o->c->kept_head == o->c->kept_tail,
 		.at = o->c->kept_head - o->c->kept_tail,
 	};
 	stop_default(s, d, again);
+	if (d->dsrq)
+		fo_srq_release(d); /* (its reset default QP's, older than the drain's) */
 	if (drain_judged(s, d, o, &sc))
 		return -2; /* the application's: as it came */
 	if (atomic_in_flight(s, d, o, err))
 		return -2;
+	if (d->dsrq && !shift_dsrq_moved(d->dsrq))
+		fo_srq_move(s, d); /* the SRQ's other QPs leave the default SRQ too */
 	if (reads_outstanding(d)) {
 		/* either QP may have stopped inside a read response */
 		d->dflt_rd_stale = true;
@@ -432,6 +447,10 @@ int fo_finish_start(struct shift_ctx *s, struct shift_dqp *d, bool reset)
 	}
 	d->recv_hold = false;
 	shift_dqp_unlock(d);
+	if (d->dsrq && fo_srq_post_bounce(d)) {
+		fo_give_up(d, "cannot post receives on the backup QP");
+		return -1;
+	}
 	if (d->failovers > 1) {
 		if (!reset) /* (fo_reset_backup() published it) */
 			fo_ep_publish(s, d);

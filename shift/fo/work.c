@@ -181,6 +181,10 @@ static bool episode_expired(struct shift_ctx *s, struct shift_dqp *d, uint64_t n
  * port is up; probe from it at the probe period, backing off. */
 static void probe_default(struct shift_ctx *s, struct shift_dqp *d, uint64_t now)
 {
+	/* (a QP on an SRQ waits until its default SRQ holds no receive whose
+	 * buffer the backup path filled: fo_srq_work()) */
+	if (d->dsrq && shift_dsrq_moved(d->dsrq))
+		return;
 	/* (also while a handshake cannot finish because a backup failed: the
 	 * default path may be the way back, ret_start) */
 	if (d->send_state == SHIFT_SEND_FALLBACK &&

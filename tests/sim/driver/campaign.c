@@ -30,7 +30,7 @@ struct opts {
 	uint64_t schedules, seed;
 	int kind;		/* -1: rotate over all workloads */
 	bool shift, verbose, trace, check_determinism, expect_errors;
-	bool no_faults, reexec, rxe_stale_read, refuse_err, split_cq, backup_faults;
+	bool no_faults, reexec, rxe_stale_read, refuse_err, split_cq, backup_faults, srq;
 	bool ex_verbs;
 	bool app_errors, compare_plain;
 	double min_rate;
@@ -59,7 +59,7 @@ static void usage(void)
 		"nccl|sendrecv|read|mix|all]\n"
 		"                      [--shift] [--no-faults] [--verbose] [--trace]\n"
 		"                      [--selftest-reexecute] [--rxe-stale-read]\n"
-		"                      [--refuse-err-posts] [--split-cq] [--backup-faults]\n"
+		"                      [--refuse-err-posts] [--split-cq] [--backup-faults] [--srq]\n"
 		"                      [--ex-verbs]\n"
 		"                      [--check-determinism] [--expect-app-errors]"
 		" [--min-rate SCHED_PER_MIN]\n"
@@ -183,6 +183,7 @@ static int run_schedule(const struct opts *o, uint64_t seed,
 	p.msgs = 16 + (unsigned)(splitmix(&rs) % 48);
 	p.strict = o->shift;
 	p.split_cq = o->split_cq;
+	p.srq = o->srq;
 	p.ex_verbs = o->ex_verbs;
 	p.poison = o->app_errors;
 	*kind_out = p.kind;
@@ -353,13 +354,14 @@ static int run_all(const struct opts *o, struct totals *t, double *secs)
 			printf("VIOLATION seed=%" PRIu64 " workload=%s: %s\n", seed,
 			       wl_kind_name(k), rep.first);
 			printf("reproduce: tests/sim/campaign --schedules 1 --seed %"
-			       PRIu64 " --workload %s%s%s%s%s%s%s%s%s%s --verbose --trace\n", seed,
+			       PRIu64 " --workload %s%s%s%s%s%s%s%s%s%s%s --verbose --trace\n", seed,
 			       wl_kind_name(k), o->shift ? " --shift" :
 			       o->reexec ? " --selftest-reexecute" : "",
 			       o->rxe_stale_read ? " --rxe-stale-read" : "",
 			       o->refuse_err ? " --refuse-err-posts" : "",
 			       o->split_cq ? " --split-cq" : "",
 			       o->backup_faults ? " --backup-faults" : "",
+			       o->srq ? " --srq" : "",
 			       o->ex_verbs ? " --ex-verbs" : "",
 			       o->app_errors ? " --app-errors" : "",
 			       o->no_faults ? " --no-faults" : "",
@@ -407,6 +409,8 @@ int main(int argc, char **argv)
 			o.shift = true;
 		} else if (!strcmp(a, "--backup-faults")) {
 			o.backup_faults = true; /* plan_backup_faults() */
+		} else if (!strcmp(a, "--srq")) {
+			o.srq = true; /* each side's QPs share one SRQ */
 		} else if (!strcmp(a, "--ex-verbs")) {
 			o.ex_verbs = true; /* ibv_create_cq_ex/start_poll, ibv_create_qp_ex/ibv_wr_* */
 		} else if (!strcmp(a, "--split-cq")) {

@@ -12,6 +12,13 @@
  * poison the slot, repost the receive and return a credit with an inline
  * RDMA write (NCCL's CTS). Senders reuse a staging slot only after their
  * own completion for the message that used it.
+ *
+ * With wl_params.srq each side's QPs share one SRQ: every connection's
+ * receives are posted to it (as many per connection as without), a
+ * receive carries its buffer slot of the side's receive buffer and a
+ * side-wide sequence number in its wr_id, and a receiver checks that each
+ * receive completes once (in any order across connections: any QP takes
+ * the SRQ's next one) besides the per-connection order of the messages.
  */
 #include <errno.h>
 #include <stdarg.h>
@@ -79,6 +86,8 @@ struct wl_ep {
 	bool errored;			/* saw an app-visible error */
 };
 
+#define SRQ_SLOTS (NRECV * WL_MAX_CONN)
+
 struct wl_side {
 	const struct shift_lower *v;
 	struct ibv_context *ctx;
@@ -86,6 +95,15 @@ struct wl_side {
 	struct ibv_cq *cq;
 	struct ibv_cq *rcq; /* receives: cq, or its own (wl_params.split_cq) */
 	struct ibv_cq_ex *cqx, *rcqx; /* ex_verbs: the same CQs, extended */
+	/* wl_params.srq: the side's SRQ, its receive buffer (SRQ_SLOTS
+	 * slots, the free ones listed), and which receives completed */
+	struct ibv_srq *srq;
+	uint8_t *rbuf;
+	struct ibv_mr *rmr;
+	uint32_t free_slot[SRQ_SLOTS], nfree;
+	uint32_t srq_posted;
+	uint8_t *rx_used;
+	uint32_t rx_cap;
 };
 
 struct wl_conn {
@@ -302,11 +320,49 @@ static bool post(struct wl_ep *e, struct ibv_send_wr *wr)
 	return true;
 }
 
+/* A receive on the side's SRQ: wr_id = K_RECV, buffer slot, side-wide
+ * sequence number. */
+static int post_srq_recv(struct wl_ep *e, struct ibv_recv_wr *wr)
+{
+	struct wl_side *sd = &e->wl->side[e->side];
+	struct ibv_sge sge;
+	struct ibv_recv_wr *bad;
+	uint32_t slot;
+
+	if (!sd->nfree)
+		return ENOMEM; /* (never: one slot per receive in flight) */
+	slot = sd->free_slot[--sd->nfree];
+	wr->wr_id = WRID(K_RECV, sd->srq_posted) | (uint64_t)slot << 32;
+	sge.addr = (uintptr_t)sd->rbuf + (size_t)slot * SLOT;
+	sge.length = SLOT;
+	sge.lkey = sd->rmr->lkey;
+	wr->sg_list = &sge;
+	wr->num_sge = 1;
+	if (ibv_post_srq_recv(sd->srq, wr, &bad)) {
+		sd->free_slot[sd->nfree++] = slot;
+		return EIO;
+	}
+	sd->srq_posted++;
+	return 0;
+}
+
 static void post_recv(struct wl_ep *e)
 {
 	struct ibv_sge sge;
 	struct ibv_recv_wr wr, *bad;
 	uint32_t b = e->recv_posted % NRECV;
+
+	if (e->wl->p.srq) {
+		memset(&wr, 0, sizeof(wr));
+		if (post_srq_recv(e, &wr)) {
+			e->wl->rep.app_errors++;
+			first_error(e, "failed post", wr.wr_id);
+			e->wl->conn[e->conn].dead = true;
+			return;
+		}
+		e->recv_posted++;
+		return;
+	}
 
 	memset(&wr, 0, sizeof(wr));
 	wr.wr_id = WRID(K_RECV, e->recv_posted);
@@ -671,14 +727,30 @@ static void on_recv(struct wl_ep *e, const struct ibv_wc *wc)
 	uint32_t m, len;
 	const uint8_t *data;
 
-	if (WR_S(wc->wr_id) != e->recv_done)
+	struct wl_side *sd = &wl->side[e->side];
+	uint32_t slot = (uint32_t)(wc->wr_id >> 32) & 0xffffff;
+
+	if (wl->p.srq) {
+		uint32_t r = WR_S(wc->wr_id);
+
+		/* any QP takes the SRQ's next receive: each one once */
+		if (r >= sd->srq_posted || r >= sd->rx_cap || sd->rx_used[r] ||
+		    slot >= SRQ_SLOTS) {
+			violation(wl, "conn %u side %u: SRQ receive %u (slot %u) completed "
+				  "twice or never posted", e->conn, e->side, r, slot);
+			return;
+		}
+		sd->rx_used[r] = 1;
+	} else if (WR_S(wc->wr_id) != e->recv_done) {
 		violation(wl, "conn %u side %u: receive %u completed, expected %u",
 			  e->conn, e->side, WR_S(wc->wr_id), e->recv_done);
+	}
 	e->recv_done++;
 	if (wl->p.kind == WL_SENDRECV) {
 		uint64_t hdr;
 
-		data = e->buf + O_RECV + (WR_S(wc->wr_id) % NRECV) * SLOT;
+		data = wl->p.srq ? sd->rbuf + (size_t)slot * SLOT :
+				   e->buf + O_RECV + (WR_S(wc->wr_id) % NRECV) * SLOT;
 		memcpy(&hdr, data, 8);
 		m = (uint32_t)hdr;
 		if (wc->opcode != IBV_WC_RECV) {
@@ -715,6 +787,8 @@ static void on_recv(struct wl_ep *e, const struct ibv_wc *wc)
 		}
 	}
 	memset((uint8_t *)data, 0xee, SLOT);	/* consumed: poison */
+	if (wl->p.srq)
+		sd->free_slot[sd->nfree++] = slot;
 	sim_world_note(wl->w, 0x56434552 /* "RECV" */, e->conn << 1 | e->side, m);
 	e->rx_next++;
 	wl->rep.msgs++;
@@ -989,9 +1063,30 @@ static struct ibv_cq_ex *create_cq_ex(struct ibv_context *ctx)
 	return ibv_create_cq_ex(ctx, &a);
 }
 
-static int open_side(struct wl_side *sd, const struct shift_lower *v,
-		     const char *dev, bool split_cq, bool ex)
+/* The side's SRQ, its receive buffer and bookkeeping (wl_params.srq). */
+static int open_srq(struct wl_side *sd, const struct wl_params *p)
 {
+	struct ibv_srq_init_attr sa;
+
+	memset(&sa, 0, sizeof(sa));
+	sa.attr.max_wr = 2 * SRQ_SLOTS;
+	sa.attr.max_sge = 1;
+	sd->srq = sd->v->create_srq(sd->pd, &sa);
+	sd->rbuf = calloc(SRQ_SLOTS, SLOT);
+	sd->rx_cap = p->nconn * (p->msgs + 2 * NRECV) + 16;
+	sd->rx_used = calloc(sd->rx_cap, 1);
+	if (!sd->srq || !sd->rbuf || !sd->rx_used)
+		return -1;
+	sd->rmr = sd->v->reg_mr(sd->pd, sd->rbuf, SRQ_SLOTS * SLOT, IBV_ACCESS_LOCAL_WRITE);
+	for (uint32_t i = 0; i < SRQ_SLOTS; i++)
+		sd->free_slot[sd->nfree++] = SRQ_SLOTS - 1 - i;
+	return sd->rmr ? 0 : -1;
+}
+
+static int open_side(struct wl_side *sd, const struct shift_lower *v,
+		     const char *dev, const struct wl_params *p)
+{
+	bool split_cq = p->split_cq, ex = p->ex_verbs;
 	struct ibv_device **list;
 	int n = 0;
 
@@ -1013,13 +1108,17 @@ static int open_side(struct wl_side *sd, const struct shift_lower *v,
 		sd->rcqx = split_cq ? create_cq_ex(sd->ctx) : sd->cqx;
 		sd->cq = sd->cqx ? ibv_cq_ex_to_cq(sd->cqx) : NULL;
 		sd->rcq = sd->rcqx ? ibv_cq_ex_to_cq(sd->rcqx) : NULL;
-		return sd->cq && sd->rcq ? 0 : -1;
+		if (!sd->cq || !sd->rcq)
+			return -1;
+		return p->srq ? open_srq(sd, p) : 0;
 	}
 	sd->cq = v->create_cq(sd->ctx, 2048, NULL, NULL, 0);
 	if (!sd->cq)
 		return -1;
 	sd->rcq = split_cq ? v->create_cq(sd->ctx, 2048, NULL, NULL, 0) : sd->cq;
-	return sd->rcq ? 0 : -1;
+	if (!sd->rcq)
+		return -1;
+	return p->srq ? open_srq(sd, p) : 0;
 }
 
 static int open_ep(struct wl *wl, struct wl_ep *e, unsigned conn,
@@ -1035,7 +1134,8 @@ static int open_ep(struct wl *wl, struct wl_ep *e, unsigned conn,
 	ia.send_cq = sd->cq;
 	ia.recv_cq = sd->rcq;
 	ia.cap.max_send_wr = SQ_DEPTH;
-	ia.cap.max_recv_wr = NRECV * 2;
+	ia.cap.max_recv_wr = sd->srq ? 0 : NRECV * 2;
+	ia.srq = sd->srq;
 	ia.cap.max_send_sge = 1;
 	ia.cap.max_recv_sge = 1;
 	ia.cap.max_inline_data = 64;
@@ -1047,6 +1147,7 @@ static int open_ep(struct wl *wl, struct wl_ep *e, unsigned conn,
 		ax.send_cq = ia.send_cq;
 		ax.recv_cq = ia.recv_cq;
 		ax.cap = ia.cap;
+		ax.srq = ia.srq;
 		ax.qp_type = IBV_QPT_RC;
 		ax.pd = sd->pd;
 		ax.comp_mask = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS;
@@ -1111,8 +1212,8 @@ struct wl *wl_create(struct sim_world *w, const struct wl_params *p,
 	wl->p = *p;
 	wl->rng = seed;
 	wl->poison_at = p->msgs / 3;
-	if (open_side(&wl->side[0], va, deva, p->split_cq, p->ex_verbs) ||
-	    open_side(&wl->side[1], vb, devb, p->split_cq, p->ex_verbs))
+	if (open_side(&wl->side[0], va, deva, p) ||
+	    open_side(&wl->side[1], vb, devb, p))
 		goto fail;
 	for (unsigned c = 0; c < p->nconn; c++)
 		for (unsigned s = 0; s < 2; s++)
@@ -1166,6 +1267,12 @@ void wl_destroy(struct wl *wl)
 	for (unsigned s = 0; s < 2; s++) {
 		struct wl_side *sd = &wl->side[s];
 
+		if (sd->rmr)
+			sd->v->dereg_mr(sd->rmr);
+		if (sd->srq)
+			sd->v->destroy_srq(sd->srq);
+		free(sd->rbuf);
+		free(sd->rx_used);
 		if (sd->rcq && sd->rcq != sd->cq)
 			sd->v->destroy_cq(sd->rcq);
 		if (sd->cq)

@@ -46,6 +46,9 @@ struct wl_params {
 	 * ibv_start_poll / next_poll / end_poll and ibv_wc_read_*, QPs from
 	 * ibv_create_qp_ex posted with ibv_wr_* */
 	bool ex_verbs;
+	/* each side's QPs share one SRQ (receives of every connection come
+	 * from it; sendrecv's land in a buffer of the side's) */
+	bool srq;
 	/* connection 0's side 0 posts one RDMA WRITE with a bad rkey (an
 	 * error of the application's own) a third of the way in: it must see
 	 * the remote access error on that WR, every later WR of both ends of

@@ -79,6 +79,7 @@ struct sim_ctx {
 	struct sim_cq *cqs;
 	struct sim_pd *pds;
 	struct sim_channel *chans;
+	struct sim_srq *srqs;
 };
 
 struct sim_pd {
@@ -162,6 +163,19 @@ struct sim_pkt {
 	uint64_t cmp, swp;		/* atomic operands / result in cmp */
 };
 
+/* A shared receive queue: QPs created on it take their receive WQEs from
+ * its ring, in the order posted (srq.c). */
+struct sim_srq {
+	struct ibv_srq srq;		/* must be first */
+	struct sim_ctx *ctx;
+	struct sim_srq *next;		/* in ctx->srqs */
+	struct sim_rwqe *rq;
+	unsigned rq_cap, max_sge;
+	uint32_t rq_head, rq_tail;
+	unsigned limit;			/* armed limit, 0 = not armed */
+	unsigned nqps;			/* QPs attached */
+};
+
 struct sim_qp {
 	union {				/* must be first */
 		struct ibv_qp qp;
@@ -170,6 +184,7 @@ struct sim_qp {
 	bool ex;			/* created with send_ops_flags (qpex.c) */
 	struct sim_wr_build *build;	/* ibv_wr_* batch being built (qpex.c) */
 	struct sim_ctx *ctx;
+	struct sim_srq *srq;		/* receives come from it, if set */
 	struct sim_dev *dev;
 	struct sim_qp *wnext, *wprev;	/* in the world's QP list */
 	struct ibv_qp_attr attr;	/* current attributes */
@@ -293,6 +308,21 @@ void sim_qp_tx(struct sim_qp *q);
 void sim_qp_deliver(struct sim_qp *q);
 void sim_qp_timeout(struct sim_qp *q);
 void sim_qp_rnr_fire(struct sim_qp *q);
+
+/* srq.c */
+int sim_post_srq_recv(struct ibv_srq *srq, struct ibv_recv_wr *wr,
+		      struct ibv_recv_wr **bad);
+struct ibv_srq *sim_create_srq(struct ibv_pd *pd, struct ibv_srq_init_attr *ia);
+struct ibv_srq *sim_create_srq_ex(struct ibv_context *c,
+				  struct ibv_srq_init_attr_ex *ia);
+int sim_modify_srq(struct ibv_srq *srq, struct ibv_srq_attr *a, int mask);
+int sim_query_srq(struct ibv_srq *srq, struct ibv_srq_attr *a);
+int sim_destroy_srq(struct ibv_srq *srq);
+void sim_srq_free_all(struct sim_ctx *ctx);
+/* The receive WQE a message for q takes next (NULL: none posted, RNR), and
+ * taking it (after which the SRQ's limit event may fire). */
+struct sim_rwqe *sim_rq_peek(struct sim_qp *q);
+void sim_rq_take(struct sim_qp *q);
 
 /* cqex.c */
 void sim_cq_ex_init(struct sim_cq *cq);
