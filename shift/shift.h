@@ -21,6 +21,13 @@
  */
 extern const struct shift_lower shift_verbs;
 
+/* Send WRs an RC QP of a protected context gets beyond the application's
+ * max_send_wr (the application is told its own size): SHIFT's failback
+ * notification and the empty READ that may precede it share the default
+ * QP's send queue with the application's WRs moved back to it (a queue of
+ * one WR, perftest's and ibv_rc_pingpong's, refused them). */
+#define SHIFT_SQ_ROOM 2u
+
 /* Connect a new QP's data-path state d (NULL: nothing to do) to its shadow
  * QP and CQs, before d is published (shift_ctx_add_dqp; shift/vctx.c). */
 void shift_dqp_link(struct shift_ctx *s, struct shift_dqp *d, struct ibv_cq *send_cq,

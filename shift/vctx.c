@@ -99,8 +99,17 @@ static struct ibv_qp *shift_vctx_create_qp_ex(struct ibv_context *context,
 		errno = EOPNOTSUPP;
 		return NULL;
 	}
+	unsigned room = s->rnic && attr->qp_type == IBV_QPT_RC ? SHIFT_SQ_ROOM : 0;
+
+	attr->cap.max_send_wr += room;
 	struct ibv_qp *qp = s->create_qp_ex(context, attr);
 
+	if (!qp && room) {
+		attr->cap.max_send_wr -= room;
+		room = 0;
+		qp = s->create_qp_ex(context, attr);
+	}
+	attr->cap.max_send_wr -= room;
 	struct shift_dqp *d = NULL;
 
 	if (!qp || !s->rnic)

@@ -328,11 +328,21 @@ void shift_ibv_ack_cq_events(struct ibv_cq *cq, unsigned int nevents)
 struct ibv_qp *shift_ibv_create_qp(struct ibv_pd *pd,
 				   struct ibv_qp_init_attr *qp_init_attr)
 {
-	struct ibv_qp *qp = L->create_qp(pd, qp_init_attr);
-	struct shift_rnic *r = qp ? rnic_of(pd->context) : NULL;
+	struct shift_rnic *r = rnic_of(pd->context);
 	struct shift_dqp *d = NULL;
+	/* room for SHIFT's own WRs on a QP it may protect (docs/failover.md) */
+	unsigned room = r && qp_init_attr->qp_type == IBV_QPT_RC ? SHIFT_SQ_ROOM : 0;
 
-	if (!r)
+	qp_init_attr->cap.max_send_wr += room;
+	struct ibv_qp *qp = L->create_qp(pd, qp_init_attr);
+
+	if (!qp && room) {
+		qp_init_attr->cap.max_send_wr -= room;
+		room = 0;
+		qp = L->create_qp(pd, qp_init_attr);
+	}
+	qp_init_attr->cap.max_send_wr -= room;
+	if (!qp || !r)
 		return qp;
 	/* create_qp wrote the actual capabilities back into the attr; a QP on
 	 * an extended CQ SHIFT cannot poll runs unprotected */
