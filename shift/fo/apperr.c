@@ -52,6 +52,23 @@ static void unprotect(struct shift_ctx *s, struct shift_dqp *d, struct out *o,
 }
 
 /*
+ * The class of status on d's default QP. rxe completes a WR with
+ * LOC_QP_OP_ERR when it cannot transmit because its netdev is down: with
+ * d's port down (or seen down, or a path error of SHIFT's own WR before)
+ * that is the path's failure, not the application's.
+ */
+enum shift_wc_class fo_wc_class(struct shift_dqp *d, enum ibv_wc_status status)
+{
+	enum shift_wc_class k = shift_wc_class(status);
+
+	if (k == SHIFT_WC_APP && status == IBV_WC_LOC_QP_OP_ERR &&
+	    (d->dflt_path_err || d->port_was_down ||
+	     !fo_port_active(shift_ctx_of(d->qp->context), d)))
+		return SHIFT_WC_PATH;
+	return k;
+}
+
+/*
  * Why did d's QP flush with no error of its own seen before? PATH (start a
  * failover), APP, or OK: settled while looking at its other CQ (its first
  * error was there: d fails over, or is unprotected, now).
@@ -110,7 +127,7 @@ static void path_failure(struct shift_ctx *s, struct shift_dqp *d, struct ibv_wc
  * (Default), or whose receives are back there while its sends are not. */
 void fo_on_error(struct shift_ctx *s, struct shift_dqp *d, struct ibv_wc *wc, struct out *o)
 {
-	enum shift_wc_class k = shift_wc_class(wc->status);
+	enum shift_wc_class k = fo_wc_class(d, wc->status);
 
 	if (k == SHIFT_WC_FLUSH)
 		k = flush_cause(s, d, o);
@@ -146,7 +163,7 @@ void fo_on_error(struct shift_ctx *s, struct shift_dqp *d, struct ibv_wc *wc, st
 void fo_stash_add(struct shift_dqp *d, struct shift_cq *c, const struct ibv_wc *wc)
 {
 	struct shift_fo_stash *st = d->stash;
-	enum shift_wc_class k = shift_wc_class(wc->status);
+	enum shift_wc_class k = fo_wc_class(d, wc->status);
 
 	st->app |= k == SHIFT_WC_APP;
 	st->path |= k == SHIFT_WC_PATH;
@@ -198,13 +215,13 @@ static void srq_burned_all(struct shift_dqp *d, const struct shift_fo_stash *st)
 		srq_burned(d, &st->e[i].wc);
 }
 
-static const struct ibv_wc *first_app(const struct fo_start_ctx *sc,
+static const struct ibv_wc *first_app(struct shift_dqp *d, const struct fo_start_ctx *sc,
 				      const struct shift_fo_stash *st)
 {
-	if (sc->err && shift_wc_class(sc->err->status) == SHIFT_WC_APP)
+	if (sc->err && fo_wc_class(d, sc->err->status) == SHIFT_WC_APP)
 		return sc->err;
 	for (size_t i = 0; i < st->n; i++)
-		if (shift_wc_class(st->e[i].wc.status) == SHIFT_WC_APP)
+		if (fo_wc_class(d, st->e[i].wc.status) == SHIFT_WC_APP)
 			return &st->e[i].wc;
 	return sc->err;
 }
@@ -220,7 +237,7 @@ static const struct ibv_wc *first_app(const struct fo_start_ctx *sc,
 int fo_judge_start(struct shift_ctx *s, struct shift_dqp *d, struct out *o,
 		   const struct fo_start_ctx *sc, struct shift_fo_stash *st)
 {
-	enum shift_wc_class k = sc->err ? shift_wc_class(sc->err->status) : SHIFT_WC_OK;
+	enum shift_wc_class k = sc->err ? fo_wc_class(d, sc->err->status) : SHIFT_WC_OK;
 	bool app = st->app || k == SHIFT_WC_APP;
 	bool path = st->path || k == SHIFT_WC_PATH || d->dflt_path_err || d->port_was_down;
 
@@ -233,7 +250,7 @@ int fo_judge_start(struct shift_ctx *s, struct shift_dqp *d, struct out *o,
 	if (sc->again) {
 		/* a direction was on the backup: every WR flushes after the
 		 * application's error */
-		fo_fail_connection(s, d, o, true, first_app(sc, st));
+		fo_fail_connection(s, d, o, true, first_app(d, sc, st));
 		srq_burned_all(d, st); /* (not handed out: no receive queue to flush) */
 		return -2;
 	}

@@ -116,6 +116,7 @@ void fo_retransmit(struct shift_dqp *d, struct out *o);
 void fo_on_ctrl(struct shift_ctx *s, struct shift_dqp *d, struct out *o);
 int fo_port_state(struct shift_ctx *s, unsigned port);
 bool fo_port_active(struct shift_ctx *s, struct shift_dqp *d);
+enum shift_wc_class fo_wc_class(struct shift_dqp *d, enum ibv_wc_status status);
 bool fo_bk_port_active(struct shift_ctx *s, struct shift_dqp *d);
 int fo_reset_default(struct shift_ctx *s, struct shift_dqp *d);
 bool fo_prober(struct shift_dqp *d);

@@ -20,7 +20,7 @@ void fo_from_default(struct shift_ctx *s, struct ibv_wc *wc, struct out *o)
 		(void)fo_srq_take_notify(d, wc);
 	if (d && d->failovers && shift_dqp_own_kind(d, wc->wr_id)) {
 		/* SHIFT's own (probe, notification) never reach the application */
-		if (shift_wc_class(wc->status) == SHIFT_WC_PATH)
+		if (fo_wc_class(d, wc->status) == SHIFT_WC_PATH)
 			d->dflt_path_err = true; /* (the cause of later flushes) */
 		if (d->send_state != SHIFT_SEND_UNPROTECTED)
 			fo_on_default_ctrl(s, d, wc, o);
