@@ -21,14 +21,19 @@
  */
 extern const struct shift_lower shift_verbs;
 
-/* Connect a QP's data-path state to its shadow QP and CQs (shift/verbs.c). */
-void shift_dqp_link(struct shift_ctx *s, struct ibv_qp *qp, struct ibv_cq *send_cq,
+/* Connect a new QP's data-path state d (NULL: nothing to do) to its shadow
+ * QP and CQs, before d is published (shift_ctx_add_dqp; shift/vctx.c). */
+void shift_dqp_link(struct shift_ctx *s, struct shift_dqp *d, struct ibv_cq *send_cq,
 		    struct ibv_cq *recv_cq);
 
 /* The extended-verb slots of a context SHIFT attached (shift/vctx.c):
  * taken after shift_ctx_attach(), given back before shift_ctx_detach(). */
 void shift_vctx_take(struct shift_ctx *s);
 void shift_vctx_give_back(struct shift_ctx *s);
+
+/* Install the fork() handlers (shift/fork.c); once, before the first
+ * context is attached. */
+void shift_fork_install(void);
 
 /* Called by the drop-in for every call of an IBVERBS_1.0 compat symbol. */
 void shift_compat_enter(unsigned int export_index);

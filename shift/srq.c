@@ -131,13 +131,12 @@ bool shift_srq_ok(struct ibv_srq *srq)
 	return !srq || (q && !shift_dsrq_unprotected(q) && !shift_dsrq_moved(q));
 }
 
-struct ibv_qp_cap shift_srq_qp_created(struct shift_ctx *s, struct ibv_qp *qp,
+struct ibv_qp_cap shift_srq_qp_created(struct shift_dqp *d, struct ibv_qp *qp,
 				       enum ibv_qp_type type, struct ibv_srq *srq,
 				       const struct ibv_qp_cap *cap)
 {
 	struct ibv_qp_cap bk = *cap;
 	struct shift_dsrq *q = srq ? shift_dsrq_of(srq) : NULL;
-	struct shift_dqp *d = s && qp ? shift_dqp_by_qpn(s, qp->qp_num) : NULL;
 
 	if (!srq || !qp)
 		return bk;

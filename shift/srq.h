@@ -22,12 +22,13 @@ void shift_srq_vctx_give_back(struct shift_ctx *s);
 
 /* Can an RC QP on srq (NULL: none) be protected? */
 bool shift_srq_ok(struct ibv_srq *srq);
-/* A QP of s was created on srq (s may be NULL; type as created): links its
- * data-path state to the SRQ's mirror, or turns the SRQ unprotected if
- * the QP cannot fail over with the others. Returns the capabilities its
- * backup QP gets: for a QP on an SRQ, a receive queue of its own for what
- * arrives on the backup path (fo/srq.c). */
-struct ibv_qp_cap shift_srq_qp_created(struct shift_ctx *s, struct ibv_qp *qp,
+/* A QP was created on srq (type as created; d: its data-path state, not yet
+ * published, or NULL if SHIFT does not protect it): links d to the SRQ's
+ * mirror, or turns the SRQ unprotected if the QP cannot fail over with the
+ * others. Returns the capabilities its backup QP gets: for a QP on an SRQ,
+ * a receive queue of its own for what arrives on the backup path
+ * (fo/srq.c). */
+struct ibv_qp_cap shift_srq_qp_created(struct shift_dqp *d, struct ibv_qp *qp,
 				       enum ibv_qp_type type, struct ibv_srq *srq,
 				       const struct ibv_qp_cap *cap);
 /* An application's modify_qp SHIFT refuses (EINVAL, logged): a QP whose

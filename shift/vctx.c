@@ -65,8 +65,10 @@ static const char *qp_ex_unprotected(struct ibv_qp *qp, const struct ibv_qp_init
 	return *qx ? NULL : "the library gives no ibv_qp_ex for it";
 }
 
-/* The data-path state of a new RC QP created by create_qp_ex. */
-static void qp_ex_protect(struct shift_ctx *s, struct ibv_qp *qp, struct ibv_qp_init_attr_ex *attr)
+/* The data-path state of a new RC QP created by create_qp_ex (not yet
+ * published), or NULL: it runs unprotected. */
+static struct shift_dqp *qp_ex_protect(struct shift_ctx *s, struct ibv_qp *qp,
+				       struct ibv_qp_init_attr_ex *attr)
 {
 	struct ibv_qp_ex *qx;
 	const char *why = qp_ex_unprotected(qp, attr, &qx);
@@ -74,18 +76,18 @@ static void qp_ex_protect(struct shift_ctx *s, struct ibv_qp *qp, struct ibv_qp_
 
 	if (why) {
 		shift_warn("%s QP %u unprotected: %s", qp->context->device->name, qp->qp_num, why);
-		return;
+		return NULL;
 	}
 	d = shift_dqp_create(qp, &attr->cap, attr->sq_sig_all);
 	if (!d)
-		return;
+		return NULL;
 	if (qx && shift_qpx_attach(s, d, qx)) {
 		shift_warn("%s QP %u unprotected: its ibv_qp_ex cannot be taken over (no "
 			   "wr_start/complete/abort, or out of memory)", d->dev, d->qpn);
 		shift_dqp_destroy(d);
-		return;
+		return NULL;
 	}
-	shift_ctx_add_dqp(s, d);
+	return d;
 }
 
 static struct ibv_qp *shift_vctx_create_qp_ex(struct ibv_context *context,
@@ -99,19 +101,20 @@ static struct ibv_qp *shift_vctx_create_qp_ex(struct ibv_context *context,
 	}
 	struct ibv_qp *qp = s->create_qp_ex(context, attr);
 
-	if (qp && s->rnic && attr->qp_type == IBV_QPT_RC && shift_srq_ok(attr->srq) &&
-	    !(attr->comp_mask & IBV_QP_INIT_ATTR_XRCD))
-		qp_ex_protect(s, qp, attr);
-	if (qp && s->rnic) {
-		struct ibv_qp_cap cap = shift_srq_qp_created(s, qp, attr->qp_type, attr->srq,
-							     &attr->cap);
+	struct shift_dqp *d = NULL;
 
-		shift_shadow_qp(s->rnic, qp, attr->qp_type, attr->send_cq, attr->recv_cq,
-				&cap, attr->sq_sig_all,
-				(attr->srq && !shift_dqp_of_qp(qp)) ||
-				(attr->comp_mask & IBV_QP_INIT_ATTR_XRCD));
-		shift_dqp_link(s, qp, attr->send_cq, attr->recv_cq);
-	}
+	if (!qp || !s->rnic)
+		return qp;
+	if (attr->qp_type == IBV_QPT_RC && shift_srq_ok(attr->srq) &&
+	    !(attr->comp_mask & IBV_QP_INIT_ATTR_XRCD))
+		d = qp_ex_protect(s, qp, attr);
+	struct ibv_qp_cap cap = shift_srq_qp_created(d, qp, attr->qp_type, attr->srq, &attr->cap);
+
+	shift_shadow_qp(s->rnic, qp, attr->qp_type, attr->send_cq, attr->recv_cq, &cap,
+			attr->sq_sig_all, (attr->srq && !d) || (attr->comp_mask & IBV_QP_INIT_ATTR_XRCD));
+	shift_dqp_link(s, d, attr->send_cq, attr->recv_cq); /* (before it is published) */
+	if (d)
+		shift_ctx_add_dqp(s, d);
 	return qp;
 }
 
@@ -193,6 +196,7 @@ void shift_vctx_take(struct shift_ctx *s)
 	VCTX_TAKE(s, vctx, query_device_ex);
 	VCTX_TAKE(s, vctx, create_qp_ex);
 	VCTX_TAKE(s, vctx, create_cq_ex);
+	shift_srq_vctx_take(s);
 }
 
 void shift_vctx_give_back(struct shift_ctx *s)
@@ -205,16 +209,15 @@ void shift_vctx_give_back(struct shift_ctx *s)
 	VCTX_GIVE_BACK(s, vctx, query_device_ex);
 	VCTX_GIVE_BACK(s, vctx, create_qp_ex);
 	VCTX_GIVE_BACK(s, vctx, create_cq_ex);
+	shift_srq_vctx_give_back(s);
 }
 
-void shift_dqp_link(struct shift_ctx *s, struct ibv_qp *qp, struct ibv_cq *send_cq,
+void shift_dqp_link(struct shift_ctx *s, struct shift_dqp *d, struct ibv_cq *send_cq,
 		    struct ibv_cq *recv_cq)
 {
-	struct shift_dqp *d = s ? shift_dqp_by_qpn(s, qp->qp_num) : NULL;
-
-	if (!d || !s->rnic)
+	if (!s || !d || !s->rnic)
 		return;
-	d->shadow = shift_shadow_qp_of(s->rnic, qp);
+	d->shadow = shift_shadow_qp_of(s->rnic, d->qp);
 	d->scq = shift_shadow_cq_of(s->rnic, send_cq);
 	d->rcq = shift_shadow_cq_of(s->rnic, recv_cq);
 	d->scq_app = d->scq ? d->scq->app : NULL;

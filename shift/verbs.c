@@ -71,6 +71,7 @@ static void install_upcalls(void)
 {
 	shift_dp_set_upcalls(&upcalls);
 	shift_shadow_set_background(shift_failover_background);
+	shift_fork_install();
 }
 
 struct ibv_context *shift_ibv_open_device(struct ibv_device *device)
@@ -84,8 +85,7 @@ struct ibv_context *shift_ibv_open_device(struct ibv_device *device)
 		s = shift_ctx_attach(ctx); /* on failure: unprotected, logged */
 		if (s) {
 			shift_vctx_take(s);
-			shift_srq_vctx_take(s);
-			s->rnic = shift_rnic_start(s);
+			shift_rnic_start(s); /* (sets s->rnic) */
 		}
 	}
 	return ctx;
@@ -99,8 +99,7 @@ int shift_ibv_close_device(struct ibv_context *context)
 	if (r)
 		shift_rnic_stop(r);
 	if (s) {
-		shift_vctx_give_back(s);
-		shift_srq_vctx_give_back(s);
+		shift_vctx_give_back(s); /* (the SRQ slot too) */
 		shift_qpx_detach_ctx(s);
 		shift_cqx_detach_ctx(s);
 	}
@@ -127,8 +126,8 @@ int shift_ibv_query_gid(struct ibv_context *context, uint8_t port_num,
 	return L->query_gid(context, port_num, index, gid);
 }
 
-/* Is this an event about one QP that SHIFT may hide (it fails that QP
- * over instead)? NCCL aborts on these. */
+/* Is this an event about one QP's failure (NCCL aborts on these)? SHIFT
+ * hides it when it fails that QP over instead (shift_failover_hides_event). */
 static bool qp_error_event(enum ibv_event_type t)
 {
 	return t == IBV_EVENT_QP_FATAL || t == IBV_EVENT_QP_REQ_ERR ||
@@ -144,8 +143,7 @@ int shift_ibv_get_async_event(struct ibv_context *context,
 		if (rc || !qp_error_event(event->event_type))
 			return rc;
 		struct shift_dqp *d = shift_dqp_of_qp(event->element.qp);
-		if (!d || d->send_state == SHIFT_SEND_UNPROTECTED || !d->shadow ||
-		    __atomic_load_n(&d->shadow->state, __ATOMIC_ACQUIRE) != SHIFT_SHADOW_READY)
+		if (!d || !shift_failover_hides_event(d, event->event_type))
 			return rc;
 		/* SHIFT fails this QP over; the application never hears of it */
 		shift_info("%s QP %u: async event '%d' handled by SHIFT, not passed on", d->dev,
@@ -234,7 +232,8 @@ int shift_ibv_rereg_mr(struct ibv_mr *mr, int flags, struct ibv_pd *pd,
 	struct shift_rnic *r = mr ? rnic_of(mr->context) : NULL;
 	int rc = L->rereg_mr(mr, flags, pd, addr, length, access);
 
-	if (!rc && r)
+	/* (DO_FORK_OLD: the MR changed, only the old range's fork state did not) */
+	if ((!rc || rc == IBV_REREG_MR_ERR_DO_FORK_OLD) && r)
 		shift_shadow_mr_rereg(r, mr, flags, access);
 	return rc;
 }
@@ -288,7 +287,12 @@ struct ibv_cq *shift_ibv_create_cq(struct ibv_context *context, int cqe,
 
 int shift_ibv_resize_cq(struct ibv_cq *cq, int cqe)
 {
-	return L->resize_cq(cq, cqe);
+	struct shift_rnic *r = cq ? rnic_of(cq->context) : NULL;
+	int rc = L->resize_cq(cq, cqe);
+
+	if (!rc && r)
+		shift_shadow_cq_resized(r, cq);
+	return rc;
 }
 
 int shift_ibv_destroy_cq(struct ibv_cq *cq)
@@ -326,63 +330,77 @@ struct ibv_qp *shift_ibv_create_qp(struct ibv_pd *pd,
 {
 	struct ibv_qp *qp = L->create_qp(pd, qp_init_attr);
 	struct shift_rnic *r = qp ? rnic_of(pd->context) : NULL;
+	struct shift_dqp *d = NULL;
 
-	/* (a QP on an extended CQ SHIFT cannot poll runs unprotected) */
-	if (r && qp_init_attr->qp_type == IBV_QPT_RC && shift_srq_ok(qp_init_attr->srq) &&
-	    !shift_cqx_blocks(qp_init_attr->send_cq) && !shift_cqx_blocks(qp_init_attr->recv_cq)) {
-		/* create_qp wrote the actual capabilities back into the attr */
-		struct shift_dqp *d = shift_dqp_create(qp, &qp_init_attr->cap,
-						       qp_init_attr->sq_sig_all);
+	if (!r)
+		return qp;
+	/* create_qp wrote the actual capabilities back into the attr; a QP on
+	 * an extended CQ SHIFT cannot poll runs unprotected */
+	if (qp_init_attr->qp_type == IBV_QPT_RC && shift_srq_ok(qp_init_attr->srq) &&
+	    !shift_cqx_blocks(qp_init_attr->send_cq) && !shift_cqx_blocks(qp_init_attr->recv_cq))
+		d = shift_dqp_create(qp, &qp_init_attr->cap, qp_init_attr->sq_sig_all);
+	struct ibv_qp_cap cap = shift_srq_qp_created(d, qp, qp_init_attr->qp_type,
+						     qp_init_attr->srq, &qp_init_attr->cap);
 
-		if (d)
-			shift_ctx_add_dqp(shift_ctx_of(pd->context), d);
-	}
-	if (r) {
-		struct ibv_qp_cap cap = shift_srq_qp_created(shift_ctx_of(pd->context), qp,
-							     qp_init_attr->qp_type,
-							     qp_init_attr->srq, &qp_init_attr->cap);
-
-		shift_shadow_qp(r, qp, qp_init_attr->qp_type, qp_init_attr->send_cq,
-				qp_init_attr->recv_cq, &cap, qp_init_attr->sq_sig_all,
-				qp_init_attr->srq && !shift_dqp_of_qp(qp));
-		shift_dqp_link(shift_ctx_of(pd->context), qp, qp_init_attr->send_cq,
-			       qp_init_attr->recv_cq);
-	}
+	shift_shadow_qp(r, qp, qp_init_attr->qp_type, qp_init_attr->send_cq, qp_init_attr->recv_cq,
+			&cap, qp_init_attr->sq_sig_all, qp_init_attr->srq && !d);
+	/* linked to its shadows before it is published: the background pass
+	 * walks the published ones without a lock */
+	shift_dqp_link(shift_ctx_of(pd->context), d, qp_init_attr->send_cq, qp_init_attr->recv_cq);
+	if (d)
+		shift_ctx_add_dqp(shift_ctx_of(pd->context), d);
 	return qp;
+}
+
+/* A QP SHIFT protects (an unprotected one is passed through untouched). */
+static struct shift_dqp *protected_dqp(struct ibv_qp *qp)
+{
+	struct shift_dqp *d = qp && rnic_of(qp->context) ? shift_dqp_of_qp(qp) : NULL;
+	struct shift_qp_info qi;
+
+	if (!d || __atomic_load_n(&d->send_state, __ATOMIC_ACQUIRE) == SHIFT_SEND_UNPROTECTED)
+		return NULL;
+	/* (its shadow gave up: no backup NIC, no backup QP) */
+	if (!shift_shadow_qp_info(qp, &qi) && qi.state == SHIFT_SHADOW_UNPROTECTED)
+		return NULL;
+	return d;
 }
 
 int shift_ibv_modify_qp(struct ibv_qp *qp, struct ibv_qp_attr *attr,
 			int attr_mask)
 {
+	struct shift_dqp *d = protected_dqp(qp);
 	struct ibv_qp_attr fixed;
 	int rc;
 
 	if (shift_srq_refuse_modify(qp, attr, attr_mask))
 		return EINVAL;
-	/* a retry count the provider would turn into "forever" (rxe's 7) */
-	if (qp && attr && (attr_mask & IBV_QP_RETRY_CNT) && attr->retry_cnt >= 7 &&
-	    qp->qp_type == IBV_QPT_RC && rnic_of(qp->context)) {
+	/* a retry count the provider would turn into "forever" (rxe's 7), on
+	 * a QP SHIFT protects: it must see the path fail */
+	if (d && attr && (attr_mask & IBV_QP_RETRY_CNT) && attr->retry_cnt >= 7 &&
+	    shift_provider_retry_cnt(qp->context, attr->retry_cnt) != attr->retry_cnt) {
 		fixed = *attr;
 		fixed.retry_cnt = shift_provider_retry_cnt(qp->context, attr->retry_cnt);
 		rc = L->modify_qp(qp, &fixed, attr_mask);
+		if (!rc) {
+			d->app_retry_cnt = attr->retry_cnt;
+			d->retry_cnt_changed = true;
+		}
 	} else {
 		rc = L->modify_qp(qp, attr, attr_mask);
+		if (!rc && d && (attr_mask & IBV_QP_RETRY_CNT))
+			d->retry_cnt_changed = false;
 	}
 	struct shift_rnic *r = !rc && qp ? rnic_of(qp->context) : NULL;
 
-	if (!rc && (attr_mask & IBV_QP_STATE) &&
+	if (!rc && r && (attr_mask & IBV_QP_STATE) &&
 	    (attr->qp_state == IBV_QPS_ERR || attr->qp_state == IBV_QPS_RESET)) {
 		/* the application ends the connection itself (a disconnect):
-		 * what follows is not a failure to hide */
-		struct shift_dqp *d = shift_dqp_of_qp(qp);
+		 * what follows is not a failure to hide, in any state */
+		struct shift_dqp *e = shift_dqp_of_qp(qp);
 
-		if (d) {
-			shift_dqp_lock(d);
-			if (d->send_state == SHIFT_SEND_DEFAULT)
-				shift_dqp_set_send_state(d, SHIFT_SEND_UNPROTECTED,
-							 "the application ended the connection");
-			shift_dqp_unlock(d);
-		}
+		if (e && __atomic_load_n(&e->send_state, __ATOMIC_ACQUIRE) != SHIFT_SEND_UNPROTECTED)
+			shift_failover_app_ended(e, attr->qp_state == IBV_QPS_ERR);
 	}
 
 	if (r)
@@ -393,7 +411,12 @@ int shift_ibv_modify_qp(struct ibv_qp *qp, struct ibv_qp_attr *attr,
 int shift_ibv_query_qp(struct ibv_qp *qp, struct ibv_qp_attr *attr,
 		       int attr_mask, struct ibv_qp_init_attr *init_attr)
 {
-	return L->query_qp(qp, attr, attr_mask, init_attr);
+	int rc = L->query_qp(qp, attr, attr_mask, init_attr);
+	struct shift_dqp *d = !rc && qp && rnic_of(qp->context) ? shift_dqp_of_qp(qp) : NULL;
+
+	if (d)
+		shift_failover_query_qp(d, attr, attr_mask);
+	return rc;
 }
 
 int shift_ibv_destroy_qp(struct ibv_qp *qp)
@@ -418,7 +441,7 @@ int shift_ibv_destroy_qp(struct ibv_qp *qp)
 		return rc;
 	}
 	shift_qpx_free(x);
-	shift_dqp_destroy(d);
+	shift_dqp_destroy_later(d);
 	return rc;
 }
 

@@ -491,3 +491,13 @@ void shift_cqx_detach_ctx(struct shift_ctx *s)
 	}
 	pthread_mutex_unlock(&reg);
 }
+
+void shift_cqx_fork_prepare(void)
+{
+	pthread_mutex_lock(&reg);
+}
+
+void shift_cqx_fork_done(void)
+{
+	pthread_mutex_unlock(&reg);
+}

@@ -54,5 +54,9 @@ void shift_cqx_free(struct shift_cqx *x);
 /* Context s is being closed: every extended CQ of it gets its provider
  * pointers back and is forgotten. */
 void shift_cqx_detach_ctx(struct shift_ctx *s);
+/* fork() (through shift_dp_fork_*): the registry stays whole across it
+ * (done: in the parent and in the child alike). */
+void shift_cqx_fork_prepare(void);
+void shift_cqx_fork_done(void);
 
 #endif /* SHIFT_DP_CQEX_H */

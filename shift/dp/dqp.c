@@ -5,6 +5,7 @@
  */
 #include "shift/dp/dqp.h"
 #include "shift/dp/dsrq.h"
+#include "shift/dp/limbo.h"
 
 #include <stddef.h>
 #include <stdio.h>
@@ -43,6 +44,21 @@ static uint32_t pow2_at_least(uint32_t n)
 	return p;
 }
 
+/* The tag of SHIFT's own WRs on a QP (dqp.h): a hash of its device name and
+ * QP number, the same in every run (the simulator replays a schedule from
+ * its seed), the kind's 4 bits clear. */
+static uint64_t own_tag(const struct shift_dqp *d)
+{
+	uint64_t h = 0xcbf29ce484222325ull ^ d->qpn;
+
+	for (const char *p = d->dev; *p; p++)
+		h = (h ^ (uint8_t)*p) * 0x100000001b3ull;
+	h ^= h >> 31;
+	h *= 0xbf58476d1ce4e5b9ull;
+	h ^= h >> 29;
+	return h & ~0xfull;
+}
+
 struct shift_dqp *shift_dqp_create(struct ibv_qp *qp, const struct ibv_qp_cap *cap,
 				   int sq_sig_all)
 {
@@ -54,6 +70,7 @@ struct shift_dqp *shift_dqp_create(struct ibv_qp *qp, const struct ibv_qp_cap *c
 	d->qpn = qp->qp_num;
 	snprintf(d->dev, sizeof(d->dev), "%.23s",
 		 qp->context && qp->context->device ? qp->context->device->name : "?");
+	d->own_tag = own_tag(d);
 	d->sq_sig_all = sq_sig_all;
 	d->max_send_sge = cap->max_send_sge ? cap->max_send_sge : 1;
 	d->max_recv_sge = cap->max_recv_sge ? cap->max_recv_sge : 1;
@@ -96,6 +113,16 @@ void shift_dqp_destroy(struct shift_dqp *d)
 	free(d->sq);
 	free(d->rq);
 	free(d);
+}
+
+static void dqp_free(void *d)
+{
+	shift_dqp_destroy(d);
+}
+
+void shift_dqp_destroy_later(struct shift_dqp *d)
+{
+	shift_limbo_put(d, dqp_free);
 }
 
 static int mirror_full(struct shift_dqp *d, const char *q)

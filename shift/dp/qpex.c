@@ -228,3 +228,13 @@ void shift_qpx_detach_ctx(struct shift_ctx *s)
 	}
 	pthread_mutex_unlock(&reg);
 }
+
+void shift_qpx_fork_prepare(void)
+{
+	pthread_mutex_lock(&reg);
+}
+
+void shift_qpx_fork_done(void)
+{
+	pthread_mutex_unlock(&reg);
+}

@@ -49,5 +49,9 @@ void shift_qpx_restore(struct shift_qpx *x);
 void shift_qpx_free(struct shift_qpx *x);
 /* Context s is being closed: every ibv_qp_ex of it gets its pointers back. */
 void shift_qpx_detach_ctx(struct shift_ctx *s);
+/* fork() (through shift_dp_fork_*): the registry stays whole across it
+ * (done: in the parent and in the child alike). */
+void shift_qpx_fork_prepare(void);
+void shift_qpx_fork_done(void);
 
 #endif /* SHIFT_DP_QPEX_H */

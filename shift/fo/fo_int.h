@@ -14,6 +14,7 @@
 #include "shift/base/lower.h"
 #include "shift/dp/ctx.h"
 #include "shift/dp/dsrq.h"
+#include "shift/dp/errclass.h"
 #include "shift/dp/state.h"
 #include "kv/kv.h"
 #include "providers/provider.h"
@@ -49,10 +50,31 @@ struct out {
 	struct out *up; /* the caller's, when filtering inside a drain */
 };
 
+/*
+ * A failover's drain keeps its QP's errors and flushes here, each with the
+ * CQ it came from and its place among the completions kept there: if the
+ * failure turns out to be the application's (an error of its own among
+ * them, fo_judge_start), they reach it where they were (fo/apperr.c).
+ */
+struct shift_fo_stash {
+	struct fo_stashed {
+		struct ibv_wc wc;
+		struct shift_cq *c;
+		uint64_t at; /* kept_head - kept_tail of c when it came */
+	} *e;
+	size_t n, cap;
+	bool app, path; /* an error of that class is among them */
+	bool lost;      /* (one could not be kept: out of memory) */
+};
+
 uint64_t fo_probe_wait(const struct shift_dqp *d);
 int fo_add(struct shift_ctx *s, struct shift_dqp *d);
 void fo_remove(struct shift_ctx *s, struct shift_dqp *d);
+/* Is this the context's first failover to log since none was failed over
+ * (the one logged as a warning)? */
+bool fo_first_failover(struct shift_ctx *s);
 void fo_emit(struct out *o, const struct ibv_wc *wc);
+void fo_kept_insert(struct shift_cq *c, uint64_t at, const struct ibv_wc *wc);
 struct shift_dqp *fo_dqp_of_bk(struct shift_ctx *s, uint32_t bk_qpn);
 int fo_post_mirrored(struct shift_dqp *d, uint64_t idx, bool dflt);
 enum ibv_wc_opcode fo_send_wc_opcode(unsigned opcode);
@@ -133,5 +155,24 @@ void fo_srq_burner_destroy(struct shift_dsrq *q);
 unsigned fo_srq_burn(struct shift_ctx *s, struct shift_dsrq *q, struct shift_dqp *d, unsigned n);
 unsigned fo_srq_burning(const struct shift_dsrq *q);
 void fo_srq_burn_poll(struct shift_dsrq *q);
+/* the application's errors and its own ERR/RESET (fo/apperr.c) */
+void fo_on_error(struct shift_ctx *s, struct shift_dqp *d, struct ibv_wc *wc, struct out *o);
+void fo_stash_add(struct shift_dqp *d, struct shift_cq *c, const struct ibv_wc *wc);
+struct fo_start_ctx {
+	const struct ibv_wc *err; /* the completion that started it, if any */
+	bool again, unsure, refused;
+	bool direct;              /* err could go straight to the caller's array */
+	uint64_t at;              /* else its place in the caller's CQ's kept */
+};
+int fo_judge_start(struct shift_ctx *s, struct shift_dqp *d, struct out *o,
+		   const struct fo_start_ctx *sc, struct shift_fo_stash *st);
+int fo_start_unsure(struct shift_ctx *s, struct shift_dqp *d, struct out *o,
+		    const struct ibv_wc *err);
+void fo_end(struct shift_ctx *s, struct shift_dqp *d, struct out *o, bool flush, const char *why);
+void fo_end_from(struct shift_ctx *s, struct shift_dqp *d, struct out *o, const struct ibv_wc *err,
+		 const char *why, uint64_t sq_min, uint64_t rq_min);
+void fo_backup_app_error(struct shift_ctx *s, struct shift_dqp *d, struct ibv_wc *wc,
+			 struct out *o);
+void fo_app_translate(struct shift_dqp *d, struct ibv_wc *wc);
 
 #endif /* SHIFT_FO_INT_H */

@@ -167,14 +167,15 @@ void fo_on_ctrl(struct shift_ctx *s, struct shift_dqp *d, struct out *o)
 		}
 		return;
 	}
+	/* (my own failover now; it may find the QP failed for the
+	 * application's error instead, or unable to follow (a QP on an SRQ
+	 * that cannot move): then the answer below, or the peer would wait
+	 * for ever) */
+	if (d->send_state == SHIFT_SEND_DEFAULT && fo_start(s, d, o, NULL) &&
+	    d->send_state != SHIFT_SEND_UNPROTECTED)
+		return;
 	if (d->send_state == SHIFT_SEND_UNPROTECTED) {
 		answer_abort(d);
-		return;
-	}
-	if (d->send_state == SHIFT_SEND_DEFAULT && fo_start(s, d, o, NULL)) {
-		/* (it could not follow: the peer would wait for ever) */
-		if (d->send_state == SHIFT_SEND_UNPROTECTED)
-			answer_abort(d);
 		return;
 	}
 	/* waiting for the peer's backup: its message proves it is ready */

@@ -267,7 +267,7 @@ bool fo_srq_take_notify(struct shift_dqp *d, struct ibv_wc *wc)
 		return false;
 	b->notify_due = false;
 	shift_dsrq_burned(d->dsrq, wc->wr_id);
-	wc->wr_id = SHIFT_WRID_CTRL_RECV;
+	wc->wr_id = shift_dqp_own_wrid(d, SHIFT_OWN_CTRL_RECV);
 	return true;
 }
 

@@ -39,6 +39,13 @@ static void follow_peer_record(struct shift_ctx *s, struct shift_dqp *d, uint64_
 		if (fo_ep_read_pass(s, d) == 0) {
 			struct out o = { .wc = NULL, .n = 0, .max = 0, .c = d->scq };
 
+			if (d->peer_closed) {
+				/* as the peer's QP in ERR would make mine fail */
+				shift_info("%s QP %u: the peer's application ended the connection",
+					   d->dev, d->qpn);
+				fo_end(s, d, &o, true, "the peer's application ended the connection");
+				return;
+			}
 			if (d->peer_started > d->failovers && d->peer_ret &&
 			    d->peer_started == d->failovers + 1) {
 				/* (my default QP must be reset first: not while

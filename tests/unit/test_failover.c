@@ -173,7 +173,8 @@ static void test_sends_survive_with_receives_in_order(void **state)
 
 /*
  * Failed-post detection. With a provider that refuses posts on a QP in ERR,
- * A's QP fails (QP_FATAL, nothing outstanding, so no error completion) and
+ * A's device fails (its QPs go to ERR; nothing outstanding, so no error
+ * completion) and
  * the application posts more writes: the posts succeed, the QP fails over
  * on the refusal, and every write lands and completes once.
  */
@@ -188,7 +189,7 @@ static void test_refused_post_on_failed_qp_fails_over(void **state)
 		post_write(i, i == 3);
 	drive(wa, 128, &na, wb, 128, &nb);
 	assert_int_equal(na, 1);
-	sim_qp_inject_fatal(a.qp);
+	sim_dev_kill(sim_host_dev(host[0], 0), 1);
 	for (int i = 4; i < 12; i++)
 		post_write(i, i % 4 == 3); /* (asserts the post succeeds) */
 	drive(wa, 128, &na, wb, 128, &nb);
@@ -196,8 +197,9 @@ static void test_refused_post_on_failed_qp_fails_over(void **state)
 	assert_int_equal(nb, 0);
 }
 
-/* The same for receives: B's QP fails with nothing posted; B's receives
- * are refused, kept, and consumed on the backup by A's sends, in order. */
+/* The same for receives: B's device fails with nothing posted; B's
+ * receives are refused, kept, and consumed on the backup by A's sends, in
+ * order. */
 static void test_refused_recv_on_failed_qp_fails_over(void **state)
 {
 	struct ibv_wc wa[128], wb[128];
@@ -206,7 +208,7 @@ static void test_refused_recv_on_failed_qp_fails_over(void **state)
 	(void)state;
 
 	sim_world_set_refuse_posts_in_err(world, 1);
-	sim_qp_inject_fatal(b.qp);
+	sim_dev_kill(sim_host_dev(host[1], 0), 1);
 	post_b_recvs(6); /* (asserts the posts succeed) */
 	for (int i = 0; i < 6; i++) {
 		struct ibv_sge ss = { .addr = (uintptr_t)a.buf + 64 * i, .length = 64, .lkey = a.mr->lkey };
@@ -1156,6 +1158,9 @@ static void test_drain_takes_rest_of_batch_first(void **state)
 	assert_int_equal(wa[1].wr_id, 301);
 	while (sim_world_step(world))
 		;
+	/* (B's NIC is down when B polls: the flushes are a device failure's,
+	 * not the application's) */
+	sim_dev_kill(sim_host_dev(host[1], 0), 0);
 	sim_qp_inject_fatal(b2.qp); /* QP 2's remaining receives flush */
 	n = ibv_poll_cq(b.cq, 5, wb);
 	assert_true(n >= 0);
@@ -1197,6 +1202,7 @@ static void test_atomic_completed_in_cq_is_not_in_flight(void **state)
 	while (sim_world_step(world))
 		; /* the fetch-add is done; A does not poll */
 	sim_qp_inject_fatal(b.qp);
+	sim_dev_kill(sim_host_dev(host[1], 0), 0); /* (a device failure's) */
 	/* B fails over; A's side answers from SHIFT's background pass */
 	for (int i = 0; i < 64; i++) {
 		sim_world_step(world);

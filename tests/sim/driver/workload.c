@@ -53,7 +53,7 @@ enum {
 };
 
 /* wr_id = kind << 56 | sequence */
-enum { K_DATA = 1, K_NOTIFY, K_CTS, K_SEND, K_READ, K_FADD, K_CAS, K_RECV };
+enum { K_DATA = 1, K_NOTIFY, K_CTS, K_SEND, K_READ, K_FADD, K_CAS, K_RECV, K_POISON };
 #define WRID(k, s) ((uint64_t)(k) << 56 | (uint64_t)(s))
 #define WR_K(id) ((unsigned)((id) >> 56))
 #define WR_S(id) ((uint32_t)(id))
@@ -114,6 +114,9 @@ struct wl_conn {
 	 * end then sees errors too, possibly first */
 	bool atomic_error;
 	char unexplained[160];
+	/* wl_params.poison: the application's own error was posted, and
+	 * refused by the responder (its remote access error seen) */
+	bool poisoned, refused;
 };
 
 struct wl {
@@ -123,6 +126,7 @@ struct wl {
 	struct wl_side side[2];
 	struct wl_conn conn[WL_MAX_CONN];
 	struct wl_report rep;
+	uint32_t poison_at;		/* WRs posted by (0, 0) before its poison */
 };
 
 static const char *const kind_names[WL_NKINDS] = {
@@ -223,6 +227,7 @@ static uint32_t ring_room(const struct wl_ep *e)
 }
 
 static void first_error(struct wl_ep *e, const char *what, uint64_t wr_id);
+static bool atomics_out(struct wl_ep *e);
 
 /* One WR through the ibv_wr_* builders (wr_id and flags set already). */
 static void build_ex(struct ibv_qp_ex *q, const struct ibv_send_wr *wr)
@@ -529,6 +534,25 @@ static bool post_atomic(struct wl_ep *e, bool cas)
 	return true;
 }
 
+/* wl_params.poison: an RDMA WRITE with a bad rkey, the application's own
+ * error (its completion: the remote access error) */
+static bool post_poison(struct wl_ep *e)
+{
+	struct ibv_sge sge = { (uintptr_t)e->buf + O_CREDIT, 8, e->mr->lkey };
+	struct ibv_send_wr wr;
+
+	memset(&wr, 0, sizeof(wr));
+	wr.wr_id = WRID(K_POISON, 0);
+	wr.sg_list = &sge;
+	wr.num_sge = 1;
+	wr.opcode = IBV_WR_RDMA_WRITE;
+	wr.send_flags = IBV_SEND_SIGNALED;
+	wr.wr.rdma.remote_addr = e->raddr + O_SLOTS;
+	wr.wr.rdma.rkey = e->rkey ^ 0x5a5a00u;
+	e->wl->conn[e->conn].poisoned = true;
+	return post(e, &wr);
+}
+
 /* Posts one unit of work on e if the traffic allows it. */
 static bool try_post(struct wl_ep *e)
 {
@@ -539,6 +563,9 @@ static bool try_post(struct wl_ep *e)
 
 	if (wl->conn[e->conn].dead)
 		return false;
+	if (wl->p.poison && !e->conn && !e->side && !wl->conn[0].poisoned && ring_room(e) >= 1 &&
+	    e->tx_next + e->rd_next + e->fa_next + e->cas_next >= wl->poison_at)
+		return post_poison(e);
 	if (e->cts_pending && ring_room(e) >= 1)
 		return post_cts(e);
 	can[0] = e->tx_next < e->n_msg && e->tx_next < e->tx_done + SLOTS &&
@@ -611,6 +638,13 @@ static void first_error(struct wl_ep *e, const char *what, uint64_t wr_id)
 	e->errored = true;
 	if (!cn->dead)
 		wl->rep.conns_failed++;
+	if (cn->poisoned) {
+		/* (the application's own: on_error checks it; an atomic in
+		 * flight at either end may fail the connection first) */
+		if (atomics_out(e))
+			cn->atomic_error = true;
+		return;
+	}
 	if (e->fa_next != e->fa_ok + e->fa_err || e->cas_next != e->cas_ok + e->cas_err)
 		cn->atomic_error = true;
 	else if (!cn->unexplained[0])
@@ -619,12 +653,55 @@ static void first_error(struct wl_ep *e, const char *what, uint64_t wr_id)
 			 e->conn, e->side, what, (unsigned long long)wr_id);
 }
 
+/* An atomic in flight at either end of e's connection (SHIFT then fails the
+ * connection, as without SHIFT, on a path failure). */
+static bool atomics_out(struct wl_ep *e)
+{
+	struct wl_conn *cn = &e->wl->conn[e->conn];
+
+	if (cn->atomic_error)
+		return true;
+	for (int s = 0; s < 2; s++) {
+		struct wl_ep *x = &cn->ep[s];
+
+		if (x->fa_next != x->fa_ok + x->fa_err || x->cas_next != x->cas_ok + x->cas_err)
+			return true;
+	}
+	return false;
+}
+
 static void on_error(struct wl_ep *e, const struct ibv_wc *wc)
 {
 	struct wl *wl = e->wl;
 	unsigned k = WR_K(wc->wr_id);
 
 	wl->rep.app_errors++;
+	if (wl->conn[e->conn].poisoned && !e->errored && wl->p.strict && !atomics_out(e)) {
+		/* the application's error reaches it as without SHIFT: the
+		 * poisoned WR's remote access error first at the requester,
+		 * a flush first at the responder (its QP went to ERR) */
+		bool req = !e->side;
+		int want = req ? IBV_WC_REM_ACCESS_ERR : IBV_WC_WR_FLUSH_ERR;
+		/* (the requester's NIC may have failed before the refusal
+		 * came back: SHIFT's failover then finds the peer's QP ended
+		 * and the requester's WRs flush, the poisoned one too; or the
+		 * poisoned WR was outstanding at a failover, which cannot carry
+		 * a key the peer never published: the connection fails as it
+		 * would have without SHIFT, with the path's error) */
+		bool lost = req && (wc->status == IBV_WC_WR_FLUSH_ERR ||
+				    wc->status == IBV_WC_RETRY_EXC_ERR);
+
+		if (req && k == K_POISON && wc->status == IBV_WC_REM_ACCESS_ERR) {
+			wl->rep.poison_seen++;
+			wl->conn[e->conn].refused = true;
+		}
+		else if (lost)
+			wl->rep.poison_lost++;
+		else if (wc->status != (enum ibv_wc_status)want || (req && k != K_POISON))
+			violation(wl, "conn %u side %u: first error %s (wr %#llx), expected %s",
+				  e->conn, e->side, wc_status_name(wc->status),
+				  (unsigned long long)wc->wr_id, wc_status_name(want));
+	}
 	first_error(e, wc_status_name(wc->status), wc->wr_id);
 	wl->conn[e->conn].dead = true;
 	if (k == K_RECV) {
@@ -858,6 +935,12 @@ static bool poll_cq_of(struct wl *wl, unsigned side, struct ibv_cq *cq)
 				  side, wc[i].qp_num);
 			continue;
 		}
+		/* (with a CQ per queue, a success polled from one may come
+		 * after a flush polled from the other) */
+		if (wc[i].status == IBV_WC_SUCCESS && e->errored && wl->conn[e->conn].poisoned &&
+		    !wl->p.split_cq)
+			violation(wl, "conn %u side %u: success (wr %#llx) after its QP failed",
+				  e->conn, e->side, (unsigned long long)wc[i].wr_id);
 		if (wc[i].status != IBV_WC_SUCCESS)
 			on_error(e, &wc[i]);
 		else if (wc[i].opcode & IBV_WC_RECV)
@@ -898,9 +981,37 @@ bool wl_done(const struct wl *wl)
 	return true;
 }
 
+/* The poisoned connection: its requester saw the error, and both QPs are in
+ * ERR as the application reads them. */
+static void poison_finish(struct wl *wl)
+{
+	struct wl_conn *cn = &wl->conn[0];
+
+	if (!cn->poisoned)
+		return;
+	if (wl->p.strict && !cn->ep[0].errored && !cn->atomic_error)
+		violation(wl, "conn 0: the application's error never reached it");
+	for (unsigned s = 0; s < 2; s++) {
+		struct ibv_qp_attr attr;
+		struct ibv_qp_init_attr init;
+
+		/* (the requester's QP fails with its first error; the
+		 * responder's when it refused the poisoned WR) */
+		if (s ? !cn->refused : !cn->ep[0].errored)
+			continue;
+		memset(&attr, 0, sizeof(attr));
+		if (wl->side[s].v->query_qp(cn->ep[s].qp, &attr, IBV_QP_STATE, &init) ||
+		    attr.qp_state != IBV_QPS_ERR)
+			violation(wl, "conn 0 side %u: QP state %d after the application's error, not ERR",
+				  s, (int)attr.qp_state);
+	}
+}
+
 void wl_finish(struct wl *wl, struct wl_report *r)
 {
 	bool strict = wl->p.strict;
+
+	poison_finish(wl);
 
 	for (unsigned c = 0; c < wl->p.nconn; c++) {
 		struct wl_conn *cn = &wl->conn[c];
@@ -1100,6 +1211,7 @@ struct wl *wl_create(struct sim_world *w, const struct wl_params *p,
 	wl->w = w;
 	wl->p = *p;
 	wl->rng = seed;
+	wl->poison_at = p->msgs / 3;
 	if (open_side(&wl->side[0], va, deva, p) ||
 	    open_side(&wl->side[1], vb, devb, p))
 		goto fail;

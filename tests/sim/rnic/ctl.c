@@ -58,6 +58,10 @@ static int sim_query_device(struct ibv_context *c, struct ibv_device_attr *a)
 	a->page_size_cap = 4096;
 	a->vendor_id = 0x5348;
 	a->vendor_part_id = 1;
+	if (d->w->opts.vendor_id || d->w->opts.vendor_part_id) {
+		a->vendor_id = d->w->opts.vendor_id;
+		a->vendor_part_id = d->w->opts.vendor_part_id;
+	}
 	a->max_qp = 4096;
 	a->max_qp_wr = SIM_MAX_WR;
 	a->device_cap_flags = IBV_DEVICE_RC_RNR_NAK_GEN |
