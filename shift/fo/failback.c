@@ -307,6 +307,11 @@ void fo_on_default_ctrl(struct shift_ctx *s, struct shift_dqp *d, struct ibv_wc 
 {
 	switch (shift_dqp_own_kind(d, wc->wr_id)) {
 	case SHIFT_OWN_PROBE:
+		/* (a probe that completed before the QP was stopped for a new
+		 * failover, drained after it: that QP answers nothing now; a
+		 * QP on an SRQ is stopped so whenever a sibling fails over) */
+		if (d->dflt != SHIFT_DFLT_PROBING)
+			return;
 		if (wc->status == IBV_WC_SUCCESS) {
 			bool rd = d->dflt_rd_stale;
 
