@@ -4,9 +4,15 @@
  * for the verbs SHIFT handles), fills SHIFT's lower-verbs table from the real
  * library, and defines the one exported data symbol.
  *
- * Facts this rests on (see docs/dropin.md): the real library must be loaded
- * by absolute path with RTLD_NOW | RTLD_GLOBAL so the providers it dlopens
- * find IBVERBS_PRIVATE_* symbols; every symbol must exist at load time
+ * Facts this rests on (see docs/dropin.md): the real library is loaded by
+ * absolute path with RTLD_NOW | RTLD_LOCAL. Local, because a drop-in that is
+ * itself only in a local scope (a dependency of a module dlopen()ed with
+ * RTLD_LOCAL: Python extensions, transport plugins) would otherwise put the
+ * real library in the global scope, ahead of every later module's own
+ * scope, and those modules would bypass SHIFT. The providers it dlopens
+ * still find their IBVERBS_PRIVATE_* symbols: their NEEDED libibverbs.so.1
+ * is this library (matched by soname, loaded first), whose trampolines
+ * forward them. Every symbol must exist at load time
  * (BIND_NOW everywhere in Debian), hence trampolines whose slots start at a
  * lazy-resolve stub and are filled here.
  */
@@ -89,6 +95,11 @@ static void fill_lower(const char *path)
 	REAL(destroy_qp, "ibv_destroy_qp", "IBVERBS_1.1");
 	REAL(query_ece, "ibv_query_ece", "IBVERBS_1.10");
 	REAL(set_ece, "ibv_set_ece", "IBVERBS_1.10");
+	REAL(qp_to_qp_ex, "ibv_qp_to_qp_ex", "IBVERBS_1.6");
+	REAL(create_srq, "ibv_create_srq", "IBVERBS_1.1");
+	REAL(modify_srq, "ibv_modify_srq", "IBVERBS_1.1");
+	REAL(query_srq, "ibv_query_srq", "IBVERBS_1.1");
+	REAL(destroy_srq, "ibv_destroy_srq", "IBVERBS_1.1");
 	shift_lower_set(&real_lower);
 }
 
@@ -118,12 +129,12 @@ static void dropin_init_once(void)
 	shift_config_load(SHIFT_REAL_LIBIBVERBS_DEFAULT);
 	path = shift_config.real_lib;
 
-	real_handle = dlopen(path, RTLD_NOW | RTLD_GLOBAL);
+	real_handle = dlopen(path, RTLD_NOW | RTLD_LOCAL);
 	if (real_handle && is_ourselves(real_handle)) {
 		shift_err("SHIFT_REAL_LIBIBVERBS=%s is SHIFT itself; using %s", path,
 			  SHIFT_REAL_LIBIBVERBS_DEFAULT);
 		path = SHIFT_REAL_LIBIBVERBS_DEFAULT;
-		real_handle = dlopen(path, RTLD_NOW | RTLD_GLOBAL);
+		real_handle = dlopen(path, RTLD_NOW | RTLD_LOCAL);
 	}
 	if (!real_handle) {
 		/* Nothing can work without it: say why, once, clearly. */
@@ -154,8 +165,9 @@ static void dropin_init_once(void)
 		if (real)
 			memcpy(d->storage, real, d->size);
 	}
+	/* (an application that calls one is told then: missing_symbol) */
 	if (missing)
-		shift_warn("%u exported symbols missing from %s (built against another rdma-core?)",
+		shift_info("%u exported symbols missing from %s (built against another rdma-core?)",
 			   missing, path);
 
 	fill_lower(path);

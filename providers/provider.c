@@ -66,6 +66,16 @@ const struct shift_provider *shift_provider_of(struct ibv_context *ctx)
 	return p;
 }
 
+void shift_provider_fork_prepare(void)
+{
+	pthread_mutex_lock(&cache_lock);
+}
+
+void shift_provider_fork_done(void)
+{
+	pthread_mutex_unlock(&cache_lock);
+}
+
 void shift_provider_forget(struct ibv_context *ctx)
 {
 	pthread_mutex_lock(&cache_lock);

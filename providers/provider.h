@@ -64,6 +64,10 @@ const struct shift_provider *shift_provider_of(struct ibv_context *ctx);
 const struct shift_provider *shift_provider_match(const struct ibv_device_attr *attr);
 /* Forget ctx (it is being closed). */
 void shift_provider_forget(struct ibv_context *ctx);
+/* fork() (shift/fork.c): the cache stays whole across it (done: in the
+ * parent and in the child alike). */
+void shift_provider_fork_prepare(void);
+void shift_provider_fork_done(void);
 /* The retry_cnt SHIFT gives a QP of ctx the application asked want for. */
 uint8_t shift_provider_retry_cnt(struct ibv_context *ctx, uint8_t want);
 /* "mirror" or "native", for status and logs. */

@@ -21,14 +21,26 @@
  */
 extern const struct shift_lower shift_verbs;
 
-/* Connect a QP's data-path state to its shadow QP and CQs (shift/verbs.c). */
-void shift_dqp_link(struct shift_ctx *s, struct ibv_qp *qp, struct ibv_cq *send_cq,
+/* Send WRs an RC QP of a protected context gets beyond the application's
+ * max_send_wr (the application is told its own size): SHIFT's failback
+ * notification and the empty READ that may precede it share the default
+ * QP's send queue with the application's WRs moved back to it (a queue of
+ * one WR, perftest's and ibv_rc_pingpong's, refused them). */
+#define SHIFT_SQ_ROOM 2u
+
+/* Connect a new QP's data-path state d (NULL: nothing to do) to its shadow
+ * QP and CQs, before d is published (shift_ctx_add_dqp; shift/vctx.c). */
+void shift_dqp_link(struct shift_ctx *s, struct shift_dqp *d, struct ibv_cq *send_cq,
 		    struct ibv_cq *recv_cq);
 
 /* The extended-verb slots of a context SHIFT attached (shift/vctx.c):
  * taken after shift_ctx_attach(), given back before shift_ctx_detach(). */
 void shift_vctx_take(struct shift_ctx *s);
 void shift_vctx_give_back(struct shift_ctx *s);
+
+/* Install the fork() handlers (shift/fork.c); once, before the first
+ * context is attached. */
+void shift_fork_install(void);
 
 /* Called by the drop-in for every call of an IBVERBS_1.0 compat symbol. */
 void shift_compat_enter(unsigned int export_index);
@@ -84,5 +96,6 @@ int shift_ibv_query_qp(struct ibv_qp *qp, struct ibv_qp_attr *attr,
 int shift_ibv_destroy_qp(struct ibv_qp *qp);
 int shift_ibv_query_ece(struct ibv_qp *qp, struct ibv_ece *ece);
 int shift_ibv_set_ece(struct ibv_qp *qp, struct ibv_ece *ece);
+struct ibv_qp_ex *shift_ibv_qp_to_qp_ex(struct ibv_qp *qp);
 
 #endif /* SHIFT_SHIFT_H */

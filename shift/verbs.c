@@ -9,12 +9,16 @@
  * unprotected.
  */
 #include "shift/shift.h"
+#include "shift/srq.h"
+#include "shift/dp/cqex.h"
+#include "shift/dp/qpex.h"
 #include "shift/dp/state.h"
 #include "providers/provider.h"
 #include "shift/shadow/shadow.h"
 #include "shift/shadow/chan.h"
 #include "shift/fo/failover.h"
 
+#include <errno.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -67,6 +71,7 @@ static void install_upcalls(void)
 {
 	shift_dp_set_upcalls(&upcalls);
 	shift_shadow_set_background(shift_failover_background);
+	shift_fork_install();
 }
 
 struct ibv_context *shift_ibv_open_device(struct ibv_device *device)
@@ -80,7 +85,7 @@ struct ibv_context *shift_ibv_open_device(struct ibv_device *device)
 		s = shift_ctx_attach(ctx); /* on failure: unprotected, logged */
 		if (s) {
 			shift_vctx_take(s);
-			s->rnic = shift_rnic_start(s);
+			shift_rnic_start(s); /* (sets s->rnic) */
 		}
 	}
 	return ctx;
@@ -93,8 +98,11 @@ int shift_ibv_close_device(struct ibv_context *context)
 
 	if (r)
 		shift_rnic_stop(r);
-	if (s)
-		shift_vctx_give_back(s);
+	if (s) {
+		shift_vctx_give_back(s); /* (the SRQ slot too) */
+		shift_qpx_detach_ctx(s);
+		shift_cqx_detach_ctx(s);
+	}
 	shift_ctx_detach(context);
 	shift_provider_forget(context);
 	return L->close_device(context);
@@ -118,8 +126,8 @@ int shift_ibv_query_gid(struct ibv_context *context, uint8_t port_num,
 	return L->query_gid(context, port_num, index, gid);
 }
 
-/* Is this an event about one QP that SHIFT may hide (it fails that QP
- * over instead)? NCCL aborts on these. */
+/* Is this an event about one QP's failure (NCCL aborts on these)? SHIFT
+ * hides it when it fails that QP over instead (shift_failover_hides_event). */
 static bool qp_error_event(enum ibv_event_type t)
 {
 	return t == IBV_EVENT_QP_FATAL || t == IBV_EVENT_QP_REQ_ERR ||
@@ -135,8 +143,7 @@ int shift_ibv_get_async_event(struct ibv_context *context,
 		if (rc || !qp_error_event(event->event_type))
 			return rc;
 		struct shift_dqp *d = shift_dqp_of_qp(event->element.qp);
-		if (!d || d->send_state == SHIFT_SEND_UNPROTECTED || !d->shadow ||
-		    __atomic_load_n(&d->shadow->state, __ATOMIC_ACQUIRE) != SHIFT_SHADOW_READY)
+		if (!d || !shift_failover_hides_event(d, event->event_type))
 			return rc;
 		/* SHIFT fails this QP over; the application never hears of it */
 		shift_info("%s QP %u: async event '%d' handled by SHIFT, not passed on", d->dev,
@@ -225,7 +232,8 @@ int shift_ibv_rereg_mr(struct ibv_mr *mr, int flags, struct ibv_pd *pd,
 	struct shift_rnic *r = mr ? rnic_of(mr->context) : NULL;
 	int rc = L->rereg_mr(mr, flags, pd, addr, length, access);
 
-	if (!rc && r)
+	/* (DO_FORK_OLD: the MR changed, only the old range's fork state did not) */
+	if ((!rc || rc == IBV_REREG_MR_ERR_DO_FORK_OLD) && r)
 		shift_shadow_mr_rereg(r, mr, flags, access);
 	return rc;
 }
@@ -279,19 +287,30 @@ struct ibv_cq *shift_ibv_create_cq(struct ibv_context *context, int cqe,
 
 int shift_ibv_resize_cq(struct ibv_cq *cq, int cqe)
 {
-	return L->resize_cq(cq, cqe);
+	struct shift_rnic *r = cq ? rnic_of(cq->context) : NULL;
+	int rc = L->resize_cq(cq, cqe);
+
+	if (!rc && r)
+		shift_shadow_cq_resized(r, cq);
+	return rc;
 }
 
 int shift_ibv_destroy_cq(struct ibv_cq *cq)
 {
 	struct shift_rnic *r = cq ? rnic_of(cq->context) : NULL;
 	struct ibv_comp_channel *ch = r ? shift_chan_cq_detach(r, cq) : NULL;
+	/* an extended CQ gets its provider's poll functions back first */
+	struct shift_cqx *x = cq ? shift_cqx_forget(cq) : NULL;
 	int rc = L->destroy_cq(cq);
 
 	if (!rc && r)
 		shift_shadow_cq_gone(r, cq);
 	else if (rc)
 		shift_chan_cq_reattach(r, cq, ch);
+	if (rc)
+		shift_cqx_restore(x);
+	else
+		shift_cqx_free(x);
 	return rc;
 }
 
@@ -309,57 +328,89 @@ void shift_ibv_ack_cq_events(struct ibv_cq *cq, unsigned int nevents)
 struct ibv_qp *shift_ibv_create_qp(struct ibv_pd *pd,
 				   struct ibv_qp_init_attr *qp_init_attr)
 {
+	struct shift_rnic *r = rnic_of(pd->context);
+	struct shift_dqp *d = NULL;
+	/* room for SHIFT's own WRs on a QP it may protect (docs/failover.md) */
+	unsigned room = r && qp_init_attr->qp_type == IBV_QPT_RC ? SHIFT_SQ_ROOM : 0;
+
+	qp_init_attr->cap.max_send_wr += room;
 	struct ibv_qp *qp = L->create_qp(pd, qp_init_attr);
-	struct shift_rnic *r = qp ? rnic_of(pd->context) : NULL;
 
-	if (r && qp_init_attr->qp_type == IBV_QPT_RC && !qp_init_attr->srq) {
-		/* create_qp wrote the actual capabilities back into the attr */
-		struct shift_dqp *d = shift_dqp_create(qp, &qp_init_attr->cap,
-						       qp_init_attr->sq_sig_all);
+	if (!qp && room) {
+		qp_init_attr->cap.max_send_wr -= room;
+		room = 0;
+		qp = L->create_qp(pd, qp_init_attr);
+	}
+	qp_init_attr->cap.max_send_wr -= room;
+	if (!qp || !r)
+		return qp;
+	/* create_qp wrote the actual capabilities back into the attr; a QP on
+	 * an extended CQ SHIFT cannot poll runs unprotected */
+	if (qp_init_attr->qp_type == IBV_QPT_RC && shift_srq_ok(qp_init_attr->srq) &&
+	    !shift_cqx_blocks(qp_init_attr->send_cq) && !shift_cqx_blocks(qp_init_attr->recv_cq))
+		d = shift_dqp_create(qp, &qp_init_attr->cap, qp_init_attr->sq_sig_all);
+	struct ibv_qp_cap cap = shift_srq_qp_created(d, qp, qp_init_attr->qp_type,
+						     qp_init_attr->srq, &qp_init_attr->cap);
 
-		if (d)
-			shift_ctx_add_dqp(shift_ctx_of(pd->context), d);
-	}
-	if (r) {
-		shift_shadow_qp(r, qp, qp_init_attr->qp_type, qp_init_attr->send_cq,
-				qp_init_attr->recv_cq, &qp_init_attr->cap,
-				qp_init_attr->sq_sig_all, qp_init_attr->srq != NULL);
-		shift_dqp_link(shift_ctx_of(pd->context), qp, qp_init_attr->send_cq,
-			       qp_init_attr->recv_cq);
-	}
+	shift_shadow_qp(r, qp, qp_init_attr->qp_type, qp_init_attr->send_cq, qp_init_attr->recv_cq,
+			&cap, qp_init_attr->sq_sig_all, qp_init_attr->srq && !d);
+	/* linked to its shadows before it is published: the background pass
+	 * walks the published ones without a lock */
+	shift_dqp_link(shift_ctx_of(pd->context), d, qp_init_attr->send_cq, qp_init_attr->recv_cq);
+	if (d)
+		shift_ctx_add_dqp(shift_ctx_of(pd->context), d);
 	return qp;
+}
+
+/* A QP SHIFT protects (an unprotected one is passed through untouched). */
+static struct shift_dqp *protected_dqp(struct ibv_qp *qp)
+{
+	struct shift_dqp *d = qp && rnic_of(qp->context) ? shift_dqp_of_qp(qp) : NULL;
+	struct shift_qp_info qi;
+
+	if (!d || __atomic_load_n(&d->send_state, __ATOMIC_ACQUIRE) == SHIFT_SEND_UNPROTECTED)
+		return NULL;
+	/* (its shadow gave up: no backup NIC, no backup QP) */
+	if (!shift_shadow_qp_info(qp, &qi) && qi.state == SHIFT_SHADOW_UNPROTECTED)
+		return NULL;
+	return d;
 }
 
 int shift_ibv_modify_qp(struct ibv_qp *qp, struct ibv_qp_attr *attr,
 			int attr_mask)
 {
+	struct shift_dqp *d = protected_dqp(qp);
 	struct ibv_qp_attr fixed;
 	int rc;
 
-	/* a retry count the provider would turn into "forever" (rxe's 7) */
-	if (qp && attr && (attr_mask & IBV_QP_RETRY_CNT) && attr->retry_cnt >= 7 &&
-	    qp->qp_type == IBV_QPT_RC && rnic_of(qp->context)) {
+	if (shift_srq_refuse_modify(qp, attr, attr_mask))
+		return EINVAL;
+	/* a retry count the provider would turn into "forever" (rxe's 7), on
+	 * a QP SHIFT protects: it must see the path fail */
+	if (d && attr && (attr_mask & IBV_QP_RETRY_CNT) && attr->retry_cnt >= 7 &&
+	    shift_provider_retry_cnt(qp->context, attr->retry_cnt) != attr->retry_cnt) {
 		fixed = *attr;
 		fixed.retry_cnt = shift_provider_retry_cnt(qp->context, attr->retry_cnt);
 		rc = L->modify_qp(qp, &fixed, attr_mask);
+		if (!rc) {
+			d->app_retry_cnt = attr->retry_cnt;
+			d->retry_cnt_changed = true;
+		}
 	} else {
 		rc = L->modify_qp(qp, attr, attr_mask);
+		if (!rc && d && (attr_mask & IBV_QP_RETRY_CNT))
+			d->retry_cnt_changed = false;
 	}
 	struct shift_rnic *r = !rc && qp ? rnic_of(qp->context) : NULL;
 
-	if (!rc && (attr_mask & IBV_QP_STATE) &&
+	if (!rc && r && (attr_mask & IBV_QP_STATE) &&
 	    (attr->qp_state == IBV_QPS_ERR || attr->qp_state == IBV_QPS_RESET)) {
 		/* the application ends the connection itself (a disconnect):
-		 * what follows is not a failure to hide */
-		struct shift_dqp *d = shift_dqp_of_qp(qp);
+		 * what follows is not a failure to hide, in any state */
+		struct shift_dqp *e = shift_dqp_of_qp(qp);
 
-		if (d) {
-			shift_dqp_lock(d);
-			if (d->send_state == SHIFT_SEND_DEFAULT)
-				shift_dqp_set_send_state(d, SHIFT_SEND_UNPROTECTED,
-							 "the application ended the connection");
-			shift_dqp_unlock(d);
-		}
+		if (e && __atomic_load_n(&e->send_state, __ATOMIC_ACQUIRE) != SHIFT_SEND_UNPROTECTED)
+			shift_failover_app_ended(e, attr->qp_state == IBV_QPS_ERR);
 	}
 
 	if (r)
@@ -370,7 +421,12 @@ int shift_ibv_modify_qp(struct ibv_qp *qp, struct ibv_qp_attr *attr,
 int shift_ibv_query_qp(struct ibv_qp *qp, struct ibv_qp_attr *attr,
 		       int attr_mask, struct ibv_qp_init_attr *init_attr)
 {
-	return L->query_qp(qp, attr, attr_mask, init_attr);
+	int rc = L->query_qp(qp, attr, attr_mask, init_attr);
+	struct shift_dqp *d = !rc && qp && rnic_of(qp->context) ? shift_dqp_of_qp(qp) : NULL;
+
+	if (d)
+		shift_failover_query_qp(d, attr, attr_mask);
+	return rc;
 }
 
 int shift_ibv_destroy_qp(struct ibv_qp *qp)
@@ -379,6 +435,8 @@ int shift_ibv_destroy_qp(struct ibv_qp *qp)
 	struct shift_rnic *r = s ? s->rnic : NULL;
 	/* forget it while qp is still valid; put it back if the verb fails */
 	struct shift_dqp *d = s ? shift_failover_forget(s, qp) : NULL;
+	/* its ibv_qp_ex gets the provider's builders back */
+	struct shift_qpx *x = d ? shift_qpx_forget(qp) : NULL;
 	int rc;
 
 	if (r)
@@ -387,12 +445,23 @@ int shift_ibv_destroy_qp(struct ibv_qp *qp)
 	if (rc) {
 		if (d)
 			shift_ctx_add_dqp(s, d);
+		shift_qpx_restore(x);
 		shift_warn("destroy_qp failed (%s): the QP's shadow is released anyway",
 			   strerror(rc));
 		return rc;
 	}
-	shift_dqp_destroy(d);
+	shift_qpx_free(x);
+	shift_dqp_destroy_later(d);
 	return rc;
+}
+
+struct ibv_qp_ex *shift_ibv_qp_to_qp_ex(struct ibv_qp *qp)
+{
+	if (!L->qp_to_qp_ex) {
+		errno = EOPNOTSUPP;
+		return NULL;
+	}
+	return L->qp_to_qp_ex(qp);
 }
 
 int shift_ibv_query_ece(struct ibv_qp *qp, struct ibv_ece *ece)
@@ -446,4 +515,9 @@ const struct shift_lower shift_verbs = {
 	.destroy_qp = shift_ibv_destroy_qp,
 	.query_ece = shift_ibv_query_ece,
 	.set_ece = shift_ibv_set_ece,
+	.qp_to_qp_ex = shift_ibv_qp_to_qp_ex,
+	.create_srq = shift_ibv_create_srq,
+	.modify_srq = shift_ibv_modify_srq,
+	.query_srq = shift_ibv_query_srq,
+	.destroy_srq = shift_ibv_destroy_srq,
 };

@@ -147,6 +147,7 @@ int shift_config_load(const char *real_lib_default)
 	shift_config.episode_wait_ms = 10000;
 	shift_config.bk_restart_ms = 500;
 	shift_config.peer_warn_ms = 10000;
+	shift_config.free_grace_ms = 1000;
 	shift_log_level = (enum shift_log_level)shift_config.log_level;
 	return bad;
 }

@@ -31,6 +31,9 @@ struct shift_config {
 	unsigned episode_wait_ms; /* a failover waits this long for the peer's part (10000) */
 	unsigned bk_restart_ms;   /* a lone backup failure restarts after this (500) */
 	unsigned peer_warn_ms;    /* logged once when the peer published no backup (10000) */
+	/* memory lock-free readers may still hold is freed after this
+	 * (shift/dp/limbo.h; 1000, 0 inline: no concurrent reader) */
+	unsigned free_grace_ms;
 	/* no per-RNIC threads: the program calls shift_rnic_pass_all() */
 	bool inline_passes;
 };

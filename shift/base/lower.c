@@ -143,6 +143,23 @@ static int dummy_query_qp(struct ibv_qp *qp, struct ibv_qp_attr *a, int m,
 }
 static int dummy_qp(struct ibv_qp *qp) { (void)qp; return EOPNOTSUPP; }
 static int dummy_ece(struct ibv_qp *qp, struct ibv_ece *e) { (void)qp; (void)e; return EOPNOTSUPP; }
+static struct ibv_srq *dummy_create_srq(struct ibv_pd *pd, struct ibv_srq_init_attr *a)
+{
+	(void)pd; (void)a;
+	errno = EOPNOTSUPP;
+	return NULL;
+}
+static int dummy_modify_srq(struct ibv_srq *srq, struct ibv_srq_attr *a, int m)
+{
+	(void)srq; (void)a; (void)m;
+	return EOPNOTSUPP;
+}
+static int dummy_query_srq(struct ibv_srq *srq, struct ibv_srq_attr *a)
+{
+	(void)srq; (void)a;
+	return EOPNOTSUPP;
+}
+static int dummy_srq(struct ibv_srq *srq) { (void)srq; return EOPNOTSUPP; }
 
 #define FILL(slot, fn)                         \
 	do {                                   \
@@ -189,6 +206,10 @@ void shift_lower_set(const struct shift_lower *lower)
 	FILL(destroy_qp, dummy_qp);
 	FILL(query_ece, dummy_ece);
 	FILL(set_ece, dummy_ece);
+	FILL(create_srq, dummy_create_srq);
+	FILL(modify_srq, dummy_modify_srq);
+	FILL(query_srq, dummy_query_srq);
+	FILL(destroy_srq, dummy_srq);
 	if (!lower_filled.name)
 		lower_filled.name = "unnamed";
 	__atomic_store_n(&shift_lower, &lower_filled, __ATOMIC_RELEASE);

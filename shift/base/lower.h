@@ -83,6 +83,17 @@ struct shift_lower {
 	int (*destroy_qp)(struct ibv_qp *qp);
 	int (*query_ece)(struct ibv_qp *qp, struct ibv_ece *ece);
 	int (*set_ece)(struct ibv_qp *qp, struct ibv_ece *ece);
+	/* the ibv_qp_ex of a QP created with send_ops_flags, or NULL (NULL
+	 * slot: the library has none; such QPs then run unprotected) */
+	struct ibv_qp_ex *(*qp_to_qp_ex)(struct ibv_qp *qp);
+
+	/* shared receive queues (ibv_create_srq_ex is a context slot) */
+	struct ibv_srq *(*create_srq)(struct ibv_pd *pd,
+				      struct ibv_srq_init_attr *srq_init_attr);
+	int (*modify_srq)(struct ibv_srq *srq, struct ibv_srq_attr *srq_attr,
+			  int srq_attr_mask);
+	int (*query_srq)(struct ibv_srq *srq, struct ibv_srq_attr *srq_attr);
+	int (*destroy_srq)(struct ibv_srq *srq);
 };
 
 /*

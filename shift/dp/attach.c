@@ -5,10 +5,14 @@
  * fast path and the failover layer's slow one.
  */
 #include "shift/dp/ctx.h"
+#include "shift/dp/cqex.h"
+#include "shift/dp/qpex.h"
+#include "shift/dp/limbo.h"
 #include "shift/dp/poll.h"
 #include "shift/dp/post.h"
 
 #include <pthread.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdlib.h>
 
@@ -42,7 +46,7 @@ struct shift_dqp *shift_ctx_remove_dqp(struct shift_ctx *s, struct ibv_qp *qp)
 			g = &(*g)->next_by_qp;
 		if (*g == d)
 			__atomic_store_n(g, d->next_by_qp, __ATOMIC_RELEASE);
-		shift_dp_poll_forget(s->slot, d);
+		shift_dp_poll_forget(s, d);
 	}
 	pthread_mutex_unlock(&shift_ctx_lock);
 	return d;
@@ -74,10 +78,23 @@ void shift_ctx_set_split_cqs(struct shift_ctx *s)
 }
 
 
+/* A slot for s (shift_ctx_lock held): the first free fast one, else -1
+ * and the table of the others. false if out of memory. */
+static bool take_slot(struct shift_ctx *s)
+{
+	for (int i = 0; i < SHIFT_FAST_CTX; i++) {
+		if (!shift_ctx_tab[i]) {
+			s->slot = i;
+			return true;
+		}
+	}
+	s->slot = -1;
+	return shift_ctx_more_add(s) == 0;
+}
+
 struct shift_ctx *shift_ctx_attach(struct ibv_context *ibctx)
 {
 	struct shift_ctx *s = calloc(1, sizeof(*s));
-	int slot = -1;
 
 	if (!s) {
 		shift_warn("%s: out of memory: context left unprotected",
@@ -86,25 +103,8 @@ struct shift_ctx *shift_ctx_attach(struct ibv_context *ibctx)
 		return NULL;
 	}
 	s->ibctx = ibctx;
+	s->poll_last = &shift_dqp_none;
 	pthread_mutex_init(&s->slow_lock, NULL);
-
-	pthread_mutex_lock(&shift_ctx_lock);
-	for (int i = 0; i < SHIFT_MAX_CTX; i++) {
-		if (!shift_ctx_tab[i]) {
-			slot = i;
-			break;
-		}
-	}
-	if (slot < 0) {
-		pthread_mutex_unlock(&shift_ctx_lock);
-		pthread_mutex_destroy(&s->slow_lock);
-		free(s);
-		shift_warn("more than %d contexts open: %s left unprotected",
-			   SHIFT_MAX_CTX, ibctx->device ? ibctx->device->name : "?");
-		__atomic_fetch_add(&shift_stats.contexts_unprotected, 1, __ATOMIC_RELAXED);
-		return NULL;
-	}
-	s->slot = slot;
 
 	/* Save first, publish, then swap: a data-path call that arrives
 	 * through a swapped op must find the shift_ctx. */
@@ -113,8 +113,19 @@ struct shift_ctx *shift_ctx_attach(struct ibv_context *ibctx)
 	s->post_srq_recv = ibctx->ops.post_srq_recv;
 	s->poll_cq = ibctx->ops.poll_cq;
 	s->req_notify_cq = ibctx->ops.req_notify_cq;
-	shift_dp_poll_slot_init(slot, s->poll_cq);
-	__atomic_store_n(&shift_ctx_tab[slot], s, __ATOMIC_RELEASE);
+	pthread_mutex_lock(&shift_ctx_lock);
+	if (!take_slot(s)) {
+		pthread_mutex_unlock(&shift_ctx_lock);
+		pthread_mutex_destroy(&s->slow_lock);
+		free(s);
+		shift_warn("%s: out of memory: context left unprotected",
+			   ibctx->device ? ibctx->device->name : "?");
+		__atomic_fetch_add(&shift_stats.contexts_unprotected, 1, __ATOMIC_RELAXED);
+		return NULL;
+	}
+	shift_dp_poll_slot_init(s);
+	if (s->slot >= 0)
+		__atomic_store_n(&shift_ctx_tab[s->slot], s, __ATOMIC_RELEASE);
 
 	if (s->post_send)
 		ibctx->ops.post_send = shift_dp_post_send;
@@ -130,8 +141,49 @@ struct shift_ctx *shift_ctx_attach(struct ibv_context *ibctx)
 
 	__atomic_fetch_add(&shift_stats.contexts_attached, 1, __ATOMIC_RELAXED);
 	shift_debug("%s: context %p attached (slot %d)",
-		    ibctx->device ? ibctx->device->name : "?", (void *)ibctx, slot);
+		    ibctx->device ? ibctx->device->name : "?", (void *)ibctx, s->slot);
 	return s;
+}
+
+/* The provider's ops back on s's context, s out of the context tables
+ * (shift_ctx_lock held). */
+static void give_back_locked(struct shift_ctx *s)
+{
+	struct ibv_context *ibctx = s->ibctx;
+
+	if (s->post_send)
+		ibctx->ops.post_send = s->post_send;
+	if (s->post_recv)
+		ibctx->ops.post_recv = s->post_recv;
+	if (s->post_srq_recv)
+		ibctx->ops.post_srq_recv = s->post_srq_recv;
+	if (s->poll_cq)
+		ibctx->ops.poll_cq = s->poll_cq;
+	if (s->req_notify_cq)
+		ibctx->ops.req_notify_cq = s->req_notify_cq;
+	if (s->slot >= 0)
+		__atomic_store_n(&shift_ctx_tab[s->slot], NULL, __ATOMIC_RELEASE);
+	else
+		shift_ctx_more_remove(s);
+	s->detached = true;
+}
+
+/* Free a detached context and its QPs' data-path state (from limbo). */
+static void ctx_free(void *p)
+{
+	struct shift_ctx *s = p;
+
+	for (int i = 0; i < SHIFT_DQP_BUCKETS; i++) {
+		while (s->dqp[i]) {
+			struct shift_dqp *d = s->dqp[i];
+
+			s->dqp[i] = d->next_in_bucket;
+			shift_dqp_destroy(d);
+		}
+	}
+	free(s->fo);
+	pthread_mutex_destroy(&s->slow_lock);
+	free(s);
 }
 
 void shift_ctx_detach(struct ibv_context *ibctx)
@@ -144,33 +196,80 @@ void shift_ctx_detach(struct ibv_context *ibctx)
 		pthread_mutex_unlock(&shift_ctx_lock);
 		return;
 	}
-	if (s->post_send)
-		ibctx->ops.post_send = s->post_send;
-	if (s->post_recv)
-		ibctx->ops.post_recv = s->post_recv;
-	if (s->post_srq_recv)
-		ibctx->ops.post_srq_recv = s->post_srq_recv;
-	if (s->poll_cq)
-		ibctx->ops.poll_cq = s->poll_cq;
-	if (s->req_notify_cq)
-		ibctx->ops.req_notify_cq = s->req_notify_cq;
-	__atomic_store_n(&shift_ctx_tab[s->slot], NULL, __ATOMIC_RELEASE);
-	s->detached = true;
-	pthread_mutex_unlock(&shift_ctx_lock);
+	give_back_locked(s);
+	/* its QPs leave the post path's table now, their memory later */
 	for (int i = 0; i < SHIFT_DQP_BUCKETS; i++) {
-		while (s->dqp[i]) {
-			struct shift_dqp *d = s->dqp[i];
-
-			s->dqp[i] = d->next_in_bucket;
+		for (struct shift_dqp *d = s->dqp[i]; d; d = d->next_in_bucket) {
 			struct shift_dqp **g = &shift_dqp_tab[shift_dqp_hash(d->qp)];
+
 			while (*g != &shift_dqp_none && *g != d)
 				g = &(*g)->next_by_qp;
 			if (*g == d)
-				*g = d->next_by_qp;
-			shift_dp_poll_forget(s->slot, d);
-			shift_dqp_destroy(d);
+				__atomic_store_n(g, d->next_by_qp, __ATOMIC_RELEASE);
 		}
 	}
-	pthread_mutex_destroy(&s->slow_lock);
-	free(s);
+	pthread_mutex_unlock(&shift_ctx_lock);
+	shift_limbo_put(s, ctx_free);
+}
+
+/* ---- fork() (see ctx.h) ------------------------------------------------ */
+
+/* The contexts a forked child inherited, kept reachable (never freed: the
+ * child may still hold pointers into them, e.g. a slow poll's). */
+static struct inherited {
+	struct inherited *next;
+	struct shift_ctx *s;
+} *inherited;
+
+void shift_dp_fork_prepare(void)
+{
+	pthread_mutex_lock(&shift_ctx_lock);
+	shift_limbo_fork_prepare();
+	shift_cqx_fork_prepare();
+	shift_qpx_fork_prepare();
+}
+
+/* (the registries' own locks: leaves, taken last, given back first) */
+static void fork_done_leaves(void)
+{
+	shift_qpx_fork_done();
+	shift_cqx_fork_done();
+	shift_limbo_fork_done();
+}
+
+void shift_dp_fork_parent(void)
+{
+	fork_done_leaves();
+	pthread_mutex_unlock(&shift_ctx_lock);
+}
+
+static void inherit(struct shift_ctx *s, void (*before)(struct shift_ctx *s))
+{
+	struct inherited *i = malloc(sizeof(*i));
+
+	if (before)
+		before(s);
+	give_back_locked(s);
+	if (i) {
+		i->s = s;
+		i->next = inherited;
+		inherited = i;
+	}
+}
+
+void shift_dp_fork_child(void (*before)(struct shift_ctx *s))
+{
+	fork_done_leaves(); /* (before() may take them: this is the only thread) */
+	for (int i = 0; i < SHIFT_FAST_CTX; i++)
+		if (shift_ctx_tab[i])
+			inherit(shift_ctx_tab[i], before);
+	for (unsigned i = 0; shift_ctx_more && i <= shift_ctx_more->mask; i++) {
+		struct shift_ctx *s = shift_ctx_more->e[i];
+
+		if (s && s->ibctx)
+			inherit(s, before);
+	}
+	for (int i = 0; i < SHIFT_DQP_TAB; i++)
+		shift_dqp_tab[i] = &shift_dqp_none;
+	pthread_mutex_unlock(&shift_ctx_lock);
 }

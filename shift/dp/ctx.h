@@ -25,9 +25,10 @@
 #include "shift/base/log.h"
 #include "shift/dp/dqp.h"
 
-#define SHIFT_MAX_CTX 64
+/* contexts with a fast poll of their own (dp/poll.c); any number more are
+ * protected too, found through shift_ctx_more */
+#define SHIFT_FAST_CTX 64
 #define SHIFT_DQP_BUCKETS 1024 /* power of two */
-#define SHIFT_MAX_FO 256 /* failed-over QPs per context */
 #define SHIFT_WATCH_PORTS 4 /* ports per device the port watch covers */
 #define SHIFT_POKE_GIDS 4   /* default GIDs per context the poke read covers */
 
@@ -57,7 +58,14 @@ struct shift_ctx {
 				       struct ibv_qp_init_attr_ex *qp_init_attr_ex);
 	struct ibv_cq_ex *(*create_cq_ex)(struct ibv_context *context,
 					  struct ibv_cq_init_attr_ex *init_attr);
-	int slot; /* index in the context table */
+	struct ibv_srq *(*create_srq_ex)(struct ibv_context *context,
+					 struct ibv_srq_init_attr_ex *srq_init_attr_ex);
+	/* index in shift_ctx_tab, or -1 for a context past the first
+	 * SHIFT_FAST_CTX (in shift_ctx_more, with the generic fast poll) */
+	int slot;
+	/* the QP of the last completion polled, for a context without a slot
+	 * (dp/poll.c keeps the slots' own) */
+	struct shift_dqp *poll_last;
 	/* data-path state of the app's protected QPs, by QPN (chained);
 	 * written under the context lock, read lock-free */
 	struct shift_dqp *dqp[SHIFT_DQP_BUCKETS];
@@ -72,8 +80,12 @@ struct shift_ctx {
 	/* a protected QP has different send and receive CQs: the full fast
 	 * poll, which keeps its cq (dp/poll.c, cq_of) */
 	bool split_cqs;
-	struct shift_dqp *fo[SHIFT_MAX_FO]; /* the failed-over QPs (slow path) */
-	int nfo;
+	/* the failed-over QPs (fo/common.c): fo_cap entries, used up to nfo,
+	 * with holes (NULL); read and written under slow_lock only */
+	struct shift_dqp **fo;
+	int nfo, fo_cap;
+	/* a failover was logged as a warning since fo[] was last empty */
+	bool fo_warned;
 	struct shift_rnic *rnic; /* shadow verbs of this RNIC, NULL if unprotected */
 	/* port watch (background thread only): since when each port has not
 	 * been ACTIVE (ms, 0 = active), and whether any is down now */
@@ -90,22 +102,39 @@ struct shift_ctx {
 	uint64_t poke_at;
 };
 
-/* The contexts SHIFT manages, for the data path's lookup (dp/ctx.c). */
-extern struct shift_ctx *shift_ctx_tab[SHIFT_MAX_CTX];
+/* The contexts SHIFT manages, for the data path's lookup (dp/ctx.c): the
+ * first SHIFT_FAST_CTX by slot ... */
+extern struct shift_ctx *shift_ctx_tab[SHIFT_FAST_CTX];
+
+/* ... and the rest in an open-addressing table by context address (linear
+ * probing; a removed entry leaves shift_ctx_gone, whose ibctx is NULL).
+ * Readers are lock-free: a table that grows is replaced as a whole (the
+ * old one freed through dp/limbo.h), entries change by single stores. */
+struct shift_ctx_more {
+	unsigned mask; /* size - 1 (a power of two) */
+	unsigned used; /* entries not NULL, removed ones included (writers) */
+	struct shift_ctx *e[];
+};
+extern struct shift_ctx_more *shift_ctx_more;
+struct shift_ctx *shift_ctx_of_more(const struct ibv_context *ibctx);
 
 /*
- * Find the shift_ctx of a provider context. Lock-free: the table only grows
- * under the registry lock, and a slot is cleared before its context closes.
- * Contexts are few (one per device), so a short scan beats a hash.
+ * Find the shift_ctx of a provider context. Lock-free: entries change under
+ * the registry lock, and a closed context's memory outlives any reader
+ * (dp/limbo.h). The first contexts (one per device, usually all of them)
+ * are found by a short scan; the table of the rest is consulted only once
+ * it exists.
  */
 static inline struct shift_ctx *shift_ctx_of(const struct ibv_context *ibctx)
 {
-	for (int i = 0; i < SHIFT_MAX_CTX; i++) {
+	for (int i = 0; i < SHIFT_FAST_CTX; i++) {
 		struct shift_ctx *s = __atomic_load_n(&shift_ctx_tab[i], __ATOMIC_ACQUIRE);
 
 		if (shift_likely(s && s->ibctx == ibctx))
 			return s;
 	}
+	if (shift_unlikely(__atomic_load_n(&shift_ctx_more, __ATOMIC_RELAXED) != 0))
+		return shift_ctx_of_more(ibctx);
 	return 0;
 }
 
@@ -115,8 +144,27 @@ static inline struct shift_ctx *shift_ctx_of(const struct ibv_context *ibctx)
  * untouched (unprotected) and one line is logged; the app never notices.
  */
 struct shift_ctx *shift_ctx_attach(struct ibv_context *ibctx);
-/* Give the context back its own ops and forget it; call before closing it. */
+/* Give the context back its own ops and forget it; call before closing it.
+ * Its memory and its QPs' data-path state are freed once no lock-free
+ * reader can hold them (dp/limbo.h). */
 void shift_ctx_detach(struct ibv_context *ibctx);
+/* The table of the contexts past the fast slots (shift_ctx_lock held;
+ * dp/ctx.c). add: 0, or -1 out of memory. */
+int shift_ctx_more_add(struct shift_ctx *s);
+void shift_ctx_more_remove(struct shift_ctx *s);
+
+/*
+ * fork(): the data path's share of the front's handlers (shift/fork.c).
+ * prepare takes the registry locks (contexts, deferred frees, extended CQs
+ * and QPs: no table is half changed in the child), parent gives them back. child drops every context: the child's contexts are
+ * its parent's, whose SHIFT state (threads, backup objects, the KV
+ * connection) stays the parent's, so in the child they run as plain
+ * contexts: the provider's ops back (before(s) first, for the front's
+ * share), out of every table; their memory is kept, never freed.
+ */
+void shift_dp_fork_prepare(void);
+void shift_dp_fork_parent(void);
+void shift_dp_fork_child(void (*before)(struct shift_ctx *s));
 /* Polls of s's context take the slow path (shift_poll_slow) or the fast
  * one again: sets s->slow and the context's ops.poll_cq. */
 void shift_ctx_set_slow(struct shift_ctx *s, bool slow);

@@ -4,6 +4,8 @@
  * work SHIFT adds to a post; it touches preallocated memory only.
  */
 #include "shift/dp/dqp.h"
+#include "shift/dp/dsrq.h"
+#include "shift/dp/limbo.h"
 
 #include <stddef.h>
 #include <stdio.h>
@@ -42,6 +44,21 @@ static uint32_t pow2_at_least(uint32_t n)
 	return p;
 }
 
+/* The tag of SHIFT's own WRs on a QP (dqp.h): a hash of its device name and
+ * QP number, the same in every run (the simulator replays a schedule from
+ * its seed), the kind's 4 bits clear. */
+static uint64_t own_tag(const struct shift_dqp *d)
+{
+	uint64_t h = 0xcbf29ce484222325ull ^ d->qpn;
+
+	for (const char *p = d->dev; *p; p++)
+		h = (h ^ (uint8_t)*p) * 0x100000001b3ull;
+	h ^= h >> 31;
+	h *= 0xbf58476d1ce4e5b9ull;
+	h ^= h >> 29;
+	return h & ~0xfull;
+}
+
 struct shift_dqp *shift_dqp_create(struct ibv_qp *qp, const struct ibv_qp_cap *cap,
 				   int sq_sig_all)
 {
@@ -53,6 +70,7 @@ struct shift_dqp *shift_dqp_create(struct ibv_qp *qp, const struct ibv_qp_cap *c
 	d->qpn = qp->qp_num;
 	snprintf(d->dev, sizeof(d->dev), "%.23s",
 		 qp->context && qp->context->device ? qp->context->device->name : "?");
+	d->own_tag = own_tag(d);
 	d->sq_sig_all = sq_sig_all;
 	d->max_send_sge = cap->max_send_sge ? cap->max_send_sge : 1;
 	d->max_recv_sge = cap->max_recv_sge ? cap->max_recv_sge : 1;
@@ -95,6 +113,16 @@ void shift_dqp_destroy(struct shift_dqp *d)
 	free(d->sq);
 	free(d->rq);
 	free(d);
+}
+
+static void dqp_free(void *d)
+{
+	shift_dqp_destroy(d);
+}
+
+void shift_dqp_destroy_later(struct shift_dqp *d)
+{
+	shift_limbo_put(d, dqp_free);
 }
 
 static int mirror_full(struct shift_dqp *d, const char *q)
@@ -281,4 +309,19 @@ void shift_dqp_set_ep_wait(struct shift_dqp *d, enum shift_ep_wait to, const cha
 	if (d->ep_wait != to)
 		shift_state_ep_change(d->ep_wait, to, d->dev, d->qpn, why);
 	d->ep_wait = to;
+}
+
+void shift_dqp_retire_app(struct shift_dqp *d, const struct ibv_wc *wc)
+{
+	if (wc->status == IBV_WC_SUCCESS)
+		shift_dqp_retire_slow(d, wc);
+	else if (d->dsrq && (wc->opcode & IBV_WC_RECV))
+		shift_dsrq_retire(d->dsrq, wc->wr_id);
+}
+
+void shift_dqp_retire_slow(struct shift_dqp *d, const struct ibv_wc *wc)
+{
+	if (d->dsrq && (wc->opcode & IBV_WC_RECV))
+		shift_dsrq_retire(d->dsrq, wc->wr_id);
+	shift_dqp_retire(d, wc);
 }

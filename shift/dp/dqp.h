@@ -61,16 +61,26 @@
 
 #define SHIFT_WRID_CTRL_RECV 0x7ff0000000000001ull
 #define SHIFT_WRID_CTRL_SEND 0x7ff0000000000002ull
-/* ... and on a default QP while it is failed over: the recovery probe and
- * the failback notification (and CTRL_RECV, the notification's receive) */
-#define SHIFT_WRID_PROBE 0x7ff0000000000003ull
-#define SHIFT_WRID_NOTIFY 0x7ff0000000000004ull
-/* ... the empty RDMA READ that goes ahead of the notification when the
- * default QP may have stopped inside a read response (dflt_rd_stale) */
-#define SHIFT_WRID_NOTIFY_READ 0x7ff0000000000005ull
+/*
+ * SHIFT's own WRs on the application's default QP while it is failed over
+ * (their completions come on the application's CQs): the notification's
+ * receive, the recovery probe, the failback notification and the empty RDMA
+ * READ that may go ahead of it (dflt_rd_stale). No wr_id value is SHIFT's
+ * there: each carries its QP's own tag (a hash of its device and QP number,
+ * shift_dqp_own_wrid()) and its kind in the low 4 bits. (On the backup QP,
+ * SHIFT's alone, the constants above and SHIFT_WRID_DATA apply.)
+ */
+enum {
+	SHIFT_OWN_CTRL_RECV = 1,
+	SHIFT_OWN_PROBE = 3,
+	SHIFT_OWN_NOTIFY = 4,
+	SHIFT_OWN_NOTIFY_READ = 5,
+};
 #define SHIFT_WRID_DATA (1ull << 63)      /* | RECV | mirror index */
 #define SHIFT_WRID_RECV (1ull << 62)
 #define SHIFT_WRID_INDEX(w) ((w) & ((1ull << 48) - 1))
+/* ... | RECV | BOUNCE | slot: SHIFT's own receive of a QP on an SRQ */
+#define SHIFT_WRID_BOUNCE (1ull << 47)
 /* the backup QP's generation (resets) a WR was posted in: completions of an
  * earlier one (flushes of a reset, late) are told apart from the current */
 #define SHIFT_WRID_GEN(g) ((uint64_t)((g) & 0x3fffu) << 48)
@@ -102,6 +112,8 @@ struct shift_rwqe {
 	uint32_t pad;
 	struct ibv_sge sge[];
 };
+
+struct shift_fo_stash; /* (shift/fo/fo_int.h) */
 
 struct shift_dqp {
 	/*
@@ -186,6 +198,7 @@ struct shift_dqp {
 	uint64_t ctrl_seen_ms;        /* when the background thread saw it */
 	struct { uint32_t app, bk; } rkeys[16]; /* remote key translations */
 	unsigned nrkeys;
+	unsigned long rkeys_ep;       /* ... read in failover number rkeys_ep */
 
 	/* failback (shift/fo/failback.c), under the CQs' dp_lock */
 	uint8_t dflt;                 /* SHIFT_DFLT_*: the default QP's condition */
@@ -251,6 +264,28 @@ struct shift_dqp {
 	unsigned long poked_ep;       /* my episode I poked the peer for */
 	unsigned long published_ep;   /* my episode my record last said */
 	unsigned followed_ep;         /* the peer's return episode I logged following */
+	/* errors of the application (fo/apperr.c, shift/dp/errclass.h) */
+	struct shift_fo_stash *stash; /* a failover's drain: my errors, judged after it */
+	bool start_unsure;            /* the next failover's trigger may be no path failure */
+	bool cause_probe;             /* looking for the cause of a flush in the other CQ */
+	bool app_ended;               /* the application ended it: its ERR or RESET, or its
+				       * error while failed over */
+	bool peer_closed;             /* the peer's record says its application did */
+	uint64_t doomed;              /* 1 + the sq index of the application's WR whose
+				       * remote key the peer never had, 0: none (it
+				       * completes as refused, fo/common.c) */
+	bool dflt_path_err;           /* one of SHIFT's WRs on the default QP failed as a
+				       * path does since its last reset */
+	bool port_was_down;           /* the port watch saw its port down, and the QP
+				       * may have failed with the device since */
+	/* the application's retry_cnt, when SHIFT gave the QP another */
+	bool retry_cnt_changed;
+	uint8_t app_retry_cnt;
+
+	/* on an SRQ (dp/dsrq.h): its receives are the SRQ's, rq_tail counts
+	 * those this QP consumed (the handshake's receive counter) */
+	struct shift_dsrq *dsrq;
+	void *fo_bounce;              /* the failover layer's (fo/srq.c) */
 
 	/* statistics (shiftctl, logs) */
 	unsigned long failovers, failbacks, retransmitted;
@@ -258,7 +293,26 @@ struct shift_dqp {
 	uint64_t t_error_us;          /* the error that started the last failover */
 	uint64_t switch_us, fallback_us; /* of the last failover; 0 = not yet */
 	uint64_t last_switch_s;       /* wall clock of the last transition */
+	uint64_t own_tag;             /* the wr_ids of SHIFT's WRs on this QP (above) */
 };
+
+/* The wr_id of SHIFT's own WR of kind k (SHIFT_OWN_*) on d's default QP. */
+static inline uint64_t shift_dqp_own_wrid(const struct shift_dqp *d, unsigned k)
+{
+	return d->own_tag | k;
+}
+
+/* The kind of SHIFT's own WR a default QP's completion with wr_id is, or 0
+ * (the application's). */
+static inline unsigned shift_dqp_own_kind(const struct shift_dqp *d, uint64_t wr_id)
+{
+	unsigned k = (unsigned)(wr_id & 0xf);
+
+	if ((wr_id & ~0xfull) != d->own_tag)
+		return 0;
+	return k == SHIFT_OWN_CTRL_RECV || k == SHIFT_OWN_PROBE || k == SHIFT_OWN_NOTIFY ||
+		       k == SHIFT_OWN_NOTIFY_READ ? k : 0;
+}
 
 /* the default QP while failed over: ERR (needs a reset), READY (reset,
  * receptive to the peer's probe, mine not sent yet), PROBING, OK (answered) */
@@ -299,6 +353,10 @@ static inline unsigned shift_dqp_opslot(unsigned opcode)
 struct shift_dqp *shift_dqp_create(struct ibv_qp *qp, const struct ibv_qp_cap *cap,
 				   int sq_sig_all);
 void shift_dqp_destroy(struct shift_dqp *d);
+/* The same once no lock-free reader (a poll's last-QP cache, a lookup
+ * chain) can still hold d (dp/limbo.h): for a QP the application
+ * destroyed while its CQs may still be polled. */
+void shift_dqp_destroy_later(struct shift_dqp *d);
 
 /*
  * Mirror the WR chain about to be posted. Returns 0, or -1 if the mirror
@@ -457,6 +515,19 @@ static inline void shift_dqp_record_recv_one(struct shift_dqp *d, const struct i
 	e->sge[0] = wr->sg_list[0];
 	d->rq_head = h + 1;
 }
+
+struct shift_dsrq;
+
+/* Retire on a successful completion of this QP outside the fast poll: a
+ * receive of a QP on an SRQ also retires the SRQ's entry (dp/dsrq.h). */
+void shift_dqp_retire_slow(struct shift_dqp *d, const struct ibv_wc *wc);
+
+/* A completion of this QP goes to the application as it is (the QP is
+ * unprotected, or the error is the application's): a success retires as
+ * shift_dqp_retire_slow(); a receive of an SRQ that completed in error is
+ * consumed too (the application has it back; providers that do not set
+ * the opcode of an error completion leave it in the mirror). */
+void shift_dqp_retire_app(struct shift_dqp *d, const struct ibv_wc *wc);
 
 /* Retire on a successful completion of this QP: count it (see above). */
 static inline void shift_dqp_retire(struct shift_dqp *d, const struct ibv_wc *wc)

@@ -15,21 +15,23 @@
 #include <stddef.h>
 
 /*
- * Polling. Each context slot has its own poll_cq (installed in the
- * context's ops at attach), so the context is one load from the table, not
- * a scan; the slot also keeps the QP of the last completion polled.
+ * Polling. Each of the first SHIFT_FAST_CTX contexts has a slot with its own
+ * poll_cq (installed in the context's ops at attach), so the context is one
+ * load from the table, not a lookup; the slot also keeps the QP of the last
+ * completion polled. Contexts past those share one generic fast poll, which
+ * looks its context up (shift_ctx_of) and keeps the last QP in it.
  */
-static struct shift_dqp *shift_poll_last[SHIFT_MAX_CTX] = {
-	[0 ... SHIFT_MAX_CTX - 1] = &shift_dqp_none,
+static struct shift_dqp *shift_poll_last[SHIFT_FAST_CTX] = {
+	[0 ... SHIFT_FAST_CTX - 1] = &shift_dqp_none,
 };
 
 /*
  * The provider's poll_cq of each slot's context: the fast poll calls it
  * straight from here. A context with a failed-over QP (slow) has
- * shift_dp_poll_slow in its ops instead of its slot's fast poll
+ * shift_dp_poll_slow in its ops instead of its fast poll
  * (shift_ctx_set_slow), so the fast path tests nothing for it.
  */
-static int (*shift_prov_poll[SHIFT_MAX_CTX])(struct ibv_cq *, int, struct ibv_wc *);
+static int (*shift_prov_poll[SHIFT_FAST_CTX])(struct ibv_cq *, int, struct ibv_wc *);
 
 int shift_dp_poll_slow(struct ibv_cq *cq, int num_entries, struct ibv_wc *wc)
 {
@@ -72,25 +74,32 @@ static struct ibv_cq *cq_of(struct shift_dqp *d, const struct ibv_wc *wc)
  * so the fast path need not keep num_entries across the provider's call.
  * cq is NULL for a lean poll (cq_of()).
  */
-static __attribute__((noinline)) int poll_retire(int slot, struct ibv_cq *cq, struct ibv_wc *wc,
-						 int n)
+static __attribute__((noinline)) int poll_retire(struct shift_ctx *s, struct shift_dqp **last,
+						 struct ibv_cq *cq, struct ibv_wc *wc, int n)
 {
-	struct shift_ctx *s = __atomic_load_n(&shift_ctx_tab[slot], __ATOMIC_ACQUIRE);
-
 	if (!s)
 		return n;
 	for (int i = 0; i < n; i++) {
-		struct shift_dqp *d = __atomic_load_n(&shift_poll_last[slot], __ATOMIC_RELAXED);
+		struct shift_dqp *d = __atomic_load_n(last, __ATOMIC_RELAXED);
 
 		if (d->qpn != wc[i].qp_num) {
 			d = shift_dqp_by_qpn(s, wc[i].qp_num);
 			if (!d)
 				continue; /* not protected: as it is */
-			__atomic_store_n(&shift_poll_last[slot], d, __ATOMIC_RELAXED);
+			/* (a QP on an SRQ is never cached: the fast poll's
+			 * retire does not know its SRQ) */
+			if (!d->dsrq)
+				__atomic_store_n(last, d, __ATOMIC_RELAXED);
 		}
 		if (shift_likely(wc[i].status == IBV_WC_SUCCESS)) {
-			shift_dqp_retire(d, &wc[i]);
-		} else if (d->send_state != SHIFT_SEND_UNPROTECTED || d->failovers) {
+			if (shift_unlikely(d->dsrq))
+				shift_dqp_retire_slow(d, &wc[i]);
+			else
+				shift_dqp_retire(d, &wc[i]);
+		} else if (d->send_state == SHIFT_SEND_UNPROTECTED && !d->failovers) {
+			if (shift_unlikely(d->dsrq))
+				shift_dqp_retire_app(d, &wc[i]); /* (the application's) */
+		} else {
 			/* (an unprotected QP that failed over may still flush
 			 * SHIFT's own WRs: the slow path drops those) */
 			struct ibv_cq *c = cq ? cq : cq_of(d, &wc[i]);
@@ -108,13 +117,16 @@ static __attribute__((noinline)) int poll_retire(int slot, struct ibv_cq *cq, st
  * stack adjustment); the full one keeps cq too, for contexts with a
  * protected QP whose send and receive CQs differ.
  */
-static inline __attribute__((always_inline)) int poll_fast(int slot, bool lean, struct ibv_cq *cq,
-							   int num_entries, struct ibv_wc *wc)
+static inline __attribute__((always_inline)) int poll_fast(shift_poll_fn prov,
+							   struct shift_dqp **last,
+							   struct shift_ctx *const *sp, bool lean,
+							   struct ibv_cq *cq, int num_entries,
+							   struct ibv_wc *wc)
 {
-	int n = shift_prov_poll[slot](cq, num_entries, wc);
+	int n = prov(cq, num_entries, wc);
 
 	if (shift_likely(n == 1)) {
-		struct shift_dqp *d = __atomic_load_n(&shift_poll_last[slot], __ATOMIC_RELAXED);
+		struct shift_dqp *d = __atomic_load_n(last, __ATOMIC_RELAXED);
 
 		/* the cached QP's, and a success (IBV_WC_SUCCESS is 0): one test */
 		if (shift_likely(((d->qpn ^ wc->qp_num) | (uint32_t)wc->status) == 0)) {
@@ -124,22 +136,38 @@ static inline __attribute__((always_inline)) int poll_fast(int slot, bool lean, 
 	} else if (n <= 0) {
 		return n;
 	}
-	return poll_retire(slot, lean ? NULL : cq, wc, n);
+	return poll_retire(__atomic_load_n(sp, __ATOMIC_ACQUIRE), last, lean ? NULL : cq, wc, n);
 }
 
-#define POLL_SLOT(k)                                                            	static __attribute__((hot)) int shift_poll_cq_##k(struct ibv_cq *cq, int num_entries, 							  struct ibv_wc *wc)    	{                                                                       		return poll_fast(k, false, cq, num_entries, wc);                	}                                                                       	static __attribute__((hot)) int shift_poll_cq_lean_##k(struct ibv_cq *cq, int num_entries, 							       struct ibv_wc *wc) \
-	{                                                                       		return poll_fast(k, true, cq, num_entries, wc);                 	}
-#define POLL_SLOT8(b)                                                           	POLL_SLOT(0##b##0) POLL_SLOT(0##b##1) POLL_SLOT(0##b##2) POLL_SLOT(0##b##3) 	POLL_SLOT(0##b##4) POLL_SLOT(0##b##5) POLL_SLOT(0##b##6) POLL_SLOT(0##b##7)
+#define POLL_SLOT(k)                                                                     \
+	static __attribute__((hot)) int shift_poll_cq_##k(struct ibv_cq *cq, int num_entries, \
+							  struct ibv_wc *wc)                  \
+	{                                                                                \
+		return poll_fast(shift_prov_poll[k], &shift_poll_last[k], &shift_ctx_tab[k], \
+				 false, cq, num_entries, wc);                             \
+	}                                                                                \
+	static __attribute__((hot)) int shift_poll_cq_lean_##k(struct ibv_cq *cq,        \
+							       int num_entries,           \
+							       struct ibv_wc *wc)         \
+	{                                                                                \
+		return poll_fast(shift_prov_poll[k], &shift_poll_last[k], &shift_ctx_tab[k], \
+				 true, cq, num_entries, wc);                              \
+	}
+#define POLL_SLOT8(b)                                                               \
+	POLL_SLOT(0##b##0) POLL_SLOT(0##b##1) POLL_SLOT(0##b##2) POLL_SLOT(0##b##3) \
+	POLL_SLOT(0##b##4) POLL_SLOT(0##b##5) POLL_SLOT(0##b##6) POLL_SLOT(0##b##7)
 POLL_SLOT8(0) POLL_SLOT8(1) POLL_SLOT8(2) POLL_SLOT8(3)
 POLL_SLOT8(4) POLL_SLOT8(5) POLL_SLOT8(6) POLL_SLOT8(7)
-#define POLL_FN8(p, b)                                                          	p##0##b##0, p##0##b##1, p##0##b##2, p##0##b##3,                         	p##0##b##4, p##0##b##5, p##0##b##6, p##0##b##7
-_Static_assert(SHIFT_MAX_CTX == 64, "one poll_cq per context slot: 8 x POLL_SLOT8");
-static int (*const shift_poll_cq_of_slot[SHIFT_MAX_CTX])(struct ibv_cq *, int, struct ibv_wc *) = {
+#define POLL_FN8(p, b)                                  \
+	p##0##b##0, p##0##b##1, p##0##b##2, p##0##b##3, \
+	p##0##b##4, p##0##b##5, p##0##b##6, p##0##b##7
+_Static_assert(SHIFT_FAST_CTX == 64, "one poll_cq per context slot: 8 x POLL_SLOT8");
+static int (*const shift_poll_cq_of_slot[SHIFT_FAST_CTX])(struct ibv_cq *, int, struct ibv_wc *) = {
 	POLL_FN8(shift_poll_cq_, 0), POLL_FN8(shift_poll_cq_, 1), POLL_FN8(shift_poll_cq_, 2),
 	POLL_FN8(shift_poll_cq_, 3), POLL_FN8(shift_poll_cq_, 4), POLL_FN8(shift_poll_cq_, 5),
 	POLL_FN8(shift_poll_cq_, 6), POLL_FN8(shift_poll_cq_, 7),
 };
-static int (*const shift_poll_cq_lean_of_slot[SHIFT_MAX_CTX])(struct ibv_cq *, int,
+static int (*const shift_poll_cq_lean_of_slot[SHIFT_FAST_CTX])(struct ibv_cq *, int,
 							       struct ibv_wc *) = {
 	POLL_FN8(shift_poll_cq_lean_, 0), POLL_FN8(shift_poll_cq_lean_, 1),
 	POLL_FN8(shift_poll_cq_lean_, 2), POLL_FN8(shift_poll_cq_lean_, 3),
@@ -147,9 +175,22 @@ static int (*const shift_poll_cq_lean_of_slot[SHIFT_MAX_CTX])(struct ibv_cq *, i
 	POLL_FN8(shift_poll_cq_lean_, 6), POLL_FN8(shift_poll_cq_lean_, 7),
 };
 
+/* The fast poll of a context without a slot: its context looked up in the
+ * table of those (one hash, a probe or two). */
+static int shift_poll_cq_any(struct ibv_cq *cq, int num_entries, struct ibv_wc *wc)
+{
+	struct shift_ctx *s = shift_ctx_of_more(cq->context);
+
+	if (shift_unlikely(!s))
+		return -1; /* the context is being closed */
+	return poll_fast(s->poll_cq, &s->poll_last, &s, false, cq, num_entries, wc);
+}
+
 /* The fast poll a context gets when not slow. */
 shift_poll_fn shift_dp_fast_poll(const struct shift_ctx *s)
 {
+	if (s->slot < 0)
+		return shift_poll_cq_any;
 	return s->split_cqs ? shift_poll_cq_of_slot[s->slot] : shift_poll_cq_lean_of_slot[s->slot];
 }
 
@@ -166,14 +207,19 @@ int shift_dp_req_notify_cq(struct ibv_cq *cq, int solicited_only)
 	return rc;
 }
 
-void shift_dp_poll_slot_init(int slot, shift_poll_fn provider_poll)
+void shift_dp_poll_slot_init(struct shift_ctx *s)
 {
-	__atomic_store_n(&shift_poll_last[slot], &shift_dqp_none, __ATOMIC_RELAXED);
-	__atomic_store_n(&shift_prov_poll[slot], provider_poll, __ATOMIC_RELEASE);
+	__atomic_store_n(&s->poll_last, &shift_dqp_none, __ATOMIC_RELAXED);
+	if (s->slot < 0)
+		return;
+	__atomic_store_n(&shift_poll_last[s->slot], &shift_dqp_none, __ATOMIC_RELAXED);
+	__atomic_store_n(&shift_prov_poll[s->slot], s->poll_cq, __ATOMIC_RELEASE);
 }
 
-void shift_dp_poll_forget(int slot, struct shift_dqp *d)
+void shift_dp_poll_forget(struct shift_ctx *s, struct shift_dqp *d)
 {
-	if (__atomic_load_n(&shift_poll_last[slot], __ATOMIC_RELAXED) == d)
-		__atomic_store_n(&shift_poll_last[slot], &shift_dqp_none, __ATOMIC_RELAXED);
+	struct shift_dqp **last = s->slot < 0 ? &s->poll_last : &shift_poll_last[s->slot];
+
+	if (__atomic_load_n(last, __ATOMIC_RELAXED) == d)
+		__atomic_store_n(last, &shift_dqp_none, __ATOMIC_RELAXED);
 }

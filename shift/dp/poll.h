@@ -17,9 +17,9 @@ shift_poll_fn shift_dp_fast_poll(const struct shift_ctx *s);
 int shift_dp_poll_slow(struct ibv_cq *cq, int num_entries, struct ibv_wc *wc);
 int shift_dp_req_notify_cq(struct ibv_cq *cq, int solicited_only);
 
-/* A context took slot, with the provider's poll_cq; d leaves the slot's
- * last-polled cache. */
-void shift_dp_poll_slot_init(int slot, shift_poll_fn provider_poll);
-void shift_dp_poll_forget(int slot, struct shift_dqp *d);
+/* s took its slot (s->slot, s->poll_cq set); d leaves s's last-polled
+ * cache. */
+void shift_dp_poll_slot_init(struct shift_ctx *s);
+void shift_dp_poll_forget(struct shift_ctx *s, struct shift_dqp *d);
 
 #endif /* SHIFT_DP_POLL_H */

@@ -10,6 +10,7 @@
  */
 #include "shift/dp/post.h"
 #include "shift/dp/ctx.h"
+#include "shift/dp/dsrq.h"
 
 #include <errno.h>
 #include <stddef.h>
@@ -67,6 +68,13 @@ static __attribute__((noinline, cold)) int recv_refused(struct shift_dqp *d, str
 							 struct ibv_recv_wr *bad, uint64_t head, int rc)
 {
 	uint64_t from = head;
+
+	if (d->dsrq) {
+		/* (a QP on an SRQ has no receive queue: the refusal is the
+		 * application's, whatever the QP's state) */
+		shift_dqp_unrecord_recv(d, wr, bad, head);
+		return rc;
+	}
 
 	for (struct ibv_recv_wr *w = wr; w && w != bad; w = w->next)
 		from++;
@@ -142,7 +150,7 @@ static __attribute__((noinline, cold)) int post_send_refused(struct shift_dqp *d
 
 static __attribute__((noinline, cold)) int post_recv_refused(struct shift_dqp *d, int rc)
 {
-	if (shift_dp_up.post_refused(d, rc, d->sq_head, d->rq_head - 1))
+	if (!d->dsrq && shift_dp_up.post_refused(d, rc, d->sq_head, d->rq_head - 1))
 		rc = 0;
 	else
 		d->rq_head--;
@@ -218,9 +226,14 @@ __attribute__((hot)) int shift_dp_post_recv(struct ibv_qp *qp, struct ibv_recv_w
 	return shift_post_recv(qp, wr, bad_wr);
 }
 
+/* An SRQ SHIFT mirrors (dp/dsrq.c), or straight to the provider. */
 int shift_dp_post_srq_recv(struct ibv_srq *srq, struct ibv_recv_wr *wr,
 			       struct ibv_recv_wr **bad_wr)
 {
+	struct shift_dsrq *q = shift_dsrq_of(srq);
+
+	if (q)
+		return shift_dsrq_post(q, wr, bad_wr);
 	struct shift_ctx *s = shift_ctx_of(srq->context);
 
 	if (shift_unlikely(!s)) {

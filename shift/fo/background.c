@@ -20,6 +20,18 @@ static void background(struct shift_ctx *s);
  * goes to the slow path as soon as the port is seen down, so by then no
  * poll of the application is inside the fast path.
  */
+/* d's port is ACTIVE again: did its QP live through (not in ERR)? Then
+ * its later flushes are no longer the device's (fo_on_error). */
+static void port_back(struct shift_dqp *d)
+{
+	struct ibv_qp_attr a;
+	struct ibv_qp_init_attr ia;
+
+	memset(&a, 0, sizeof(a));
+	if (!shift_lower->query_qp(d->qp, &a, IBV_QP_STATE, &ia) && a.qp_state != IBV_QPS_ERR)
+		d->port_was_down = false;
+}
+
 static void watch_ports(struct shift_ctx *s, uint64_t now_ms)
 {
 	int st[SHIFT_WATCH_PORTS + 1] = { 0 }; /* 0 not asked, 1 active, 2 down */
@@ -36,7 +48,11 @@ static void watch_ports(struct shift_ctx *s, uint64_t now_ms)
 	for (int i = 0; i < SHIFT_DQP_BUCKETS; i++) {
 		for (struct shift_dqp *d = __atomic_load_n(&s->dqp[i], __ATOMIC_ACQUIRE); d;
 		     d = d->next_in_bucket) {
-			if (d->send_state != SHIFT_SEND_DEFAULT || !d->scq || !d->rcq ||
+			/* (every QP's port is looked at for port_was_down; only
+			 * Default-state QPs fail over here) */
+			bool dflt = d->send_state == SHIFT_SEND_DEFAULT;
+
+			if (d->send_state == SHIFT_SEND_UNPROTECTED || !d->scq || !d->rcq ||
 			    !d->shadow ||
 			    __atomic_load_n(&d->shadow->state, __ATOMIC_ACQUIRE) != SHIFT_SHADOW_READY)
 				continue;
@@ -60,7 +76,14 @@ static void watch_ports(struct shift_ctx *s, uint64_t now_ms)
 						   "ms");
 				}
 			}
-			if (st[port] == 1)
+			if (st[port] == 1) {
+				/* (a failed-over QP's mark clears at its reset) */
+				if (d->port_was_down && dflt)
+					port_back(d);
+				continue;
+			}
+			d->port_was_down = true; /* (its flushes are the device's) */
+			if (!dflt)
 				continue;
 			down = true;
 			shift_ctx_set_slow(s, true);
@@ -88,18 +111,24 @@ static void watch_ports(struct shift_ctx *s, uint64_t now_ms)
 	s->ports_down = down;
 }
 
-/* Held by a whole background pass and by shift_failover_forget(): a pass
- * never walks a QP state that destroy_qp is about to free. */
+/* Held by a whole background pass (of any context: the passes of all
+ * RNICs take turns). */
 static pthread_mutex_t bg_lock = PTHREAD_MUTEX_INITIALIZER;
 
+/* Under the context's slow_lock, which the background pass and the slow
+ * poll hold while they walk the context's QPs: neither meets a QP state
+ * that destroy_qp is about to free (the fast path's lock-free readers are
+ * covered by freeing it late, dp/limbo.h). */
 struct shift_dqp *shift_failover_forget(struct shift_ctx *s, struct ibv_qp *qp)
 {
-	pthread_mutex_lock(&bg_lock);
+	pthread_mutex_lock(&s->slow_lock);
 	struct shift_dqp *d = shift_ctx_remove_dqp(s, qp);
 
-	if (d)
+	if (d) {
 		fo_remove(s, d);
-	pthread_mutex_unlock(&bg_lock);
+		fo_srq_forget(d);
+	}
+	pthread_mutex_unlock(&s->slow_lock);
 	return d;
 }
 
@@ -164,7 +193,9 @@ static void fail_over_refused(struct shift_ctx *s, struct shift_dqp *d, uint64_t
 		struct out o = { .wc = NULL, .n = 0, .max = 0, .c = d->scq };
 
 		shift_info("%s QP %u: failing over on a refused post", d->dev, d->qpn);
-		fo_start(s, d, &o, NULL);
+		/* (its QP may have failed for the application's error: judged
+		 * once its CQs are drained) */
+		fo_start_unsure(s, d, &o, NULL);
 	}
 	d->post_failed = false; /* (a failover holds its WRs now) */
 	fo_unlock_cqs(d);
@@ -198,7 +229,7 @@ void fo_join_peer(struct shift_ctx *s, struct shift_dqp *d, uint64_t now)
  * every completion SHIFT kept has been handed out. */
 static void fast_again(struct shift_ctx *s, struct shift_cq *head)
 {
-	if (__atomic_load_n(&s->slow, __ATOMIC_ACQUIRE) && !__atomic_load_n(&s->nfo, __ATOMIC_ACQUIRE)) {
+	if (__atomic_load_n(&s->slow, __ATOMIC_ACQUIRE) && !s->nfo) {
 		bool quiet = !s->ports_down;
 
 		for (struct shift_cq *c = head; c && quiet; c = c->next) {
@@ -226,12 +257,16 @@ static void background(struct shift_ctx *s)
 	struct shift_cq *head = r->cqs;
 	pthread_mutex_unlock(&r->lock);
 	for (struct shift_cq *c = head; c; c = c->next) {
-		if (!c->bk || c->dead || pthread_mutex_trylock(&c->dp_lock))
+		if (!c->bk || SHIFT_SHADOW_DEAD(c) || pthread_mutex_trylock(&c->dp_lock))
 			continue;
 		struct out o = { .wc = NULL, .n = 0, .max = 0, .c = c };
 		fo_poll_backup(s, c, &o, false);
 		pthread_mutex_unlock(&c->dp_lock);
 	}
+	/* (messages on SRQ QPs' backups, for receives posted since; the
+	 * default SRQs emptied for failback) */
+	fo_srq_deliver_all(s, NULL);
+	fo_srq_work(s);
 
 	/*
 	 * A passive application (a perftest server waiting on its socket)
@@ -257,10 +292,10 @@ static void background(struct shift_ctx *s)
 	/* failback: probes, switching back, re-arming the backup */
 	shift_clock_tick();
 	uint64_t fbt = shift_clock_ms();
-	int nfo = __atomic_load_n(&s->nfo, __ATOMIC_ACQUIRE);
+	int nfo = s->nfo;
 	fo_ep_prefetch(s, nfo, fbt);
-	for (int i = 0; i < nfo; i++) {
-		struct shift_dqp *d = __atomic_load_n(&s->fo[i], __ATOMIC_ACQUIRE);
+	for (int i = 0; i < nfo && i < s->nfo; i++) {
+		struct shift_dqp *d = s->fo[i];
 
 		if (!d || !d->scq)
 			continue;
@@ -271,13 +306,14 @@ static void background(struct shift_ctx *s)
 			continue;
 		fo_lock_cqs(d);
 		fo_failback_work(s, d, fbt);
-		if (d->ep_wait != SHIFT_EP_RUNNING || d->bk_error)
+		if (d->send_state != SHIFT_SEND_UNPROTECTED &&
+		    (d->ep_wait != SHIFT_EP_RUNNING || d->bk_error))
 			__atomic_store_n(&waiting_seen, true, __ATOMIC_RELEASE);
 		fo_unlock_cqs(d);
 	}
 	/* (a batched read the pass did not use is stale by the next one) */
-	for (int i = 0; i < nfo; i++) {
-		struct shift_dqp *d = __atomic_load_n(&s->fo[i], __ATOMIC_ACQUIRE);
+	for (int i = 0; i < s->nfo; i++) {
+		struct shift_dqp *d = s->fo[i];
 
 		if (d)
 			d->kv_pref = 0;

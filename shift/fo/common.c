@@ -25,39 +25,53 @@ uint64_t fo_probe_wait(const struct shift_dqp *d)
 }
 
 /* ---- the context's list of failed-over QPs ----------------------------
- * fo[] has holes (NULL) so lock-free readers never miss a moved entry;
- * nfo is its high-water mark. Writers hold fo_lock. */
-static pthread_mutex_t fo_lock = PTHREAD_MUTEX_INITIALIZER;
-
+ * fo[] has holes (NULL) left by QPs that failed back; nfo is its high-water
+ * mark. It grows without bound (doubling). Every reader and writer holds
+ * the context's slow_lock: the slow poll, the background pass and
+ * shift_failover_forget(). */
 int fo_add(struct shift_ctx *s, struct shift_dqp *d)
 {
-	int rc = -1;
+	int hole = -1;
 
-	pthread_mutex_lock(&fo_lock);
-	for (int i = 0; i < s->nfo; i++)
-		if (__atomic_load_n(&s->fo[i], __ATOMIC_RELAXED) == d)
-			rc = 0;
-	for (int i = 0; rc && i < SHIFT_MAX_FO; i++) {
-		if (i < s->nfo && s->fo[i])
-			continue;
-		__atomic_store_n(&s->fo[i], d, __ATOMIC_RELEASE);
-		if (i == s->nfo)
-			__atomic_store_n(&s->nfo, i + 1, __ATOMIC_RELEASE);
-		rc = 0;
+	for (int i = 0; i < s->nfo; i++) {
+		if (s->fo[i] == d)
+			return 0;
+		if (!s->fo[i] && hole < 0)
+			hole = i;
 	}
-	pthread_mutex_unlock(&fo_lock);
-	return rc;
+	if (hole < 0 && s->nfo == s->fo_cap) {
+		int cap = s->fo_cap ? 2 * s->fo_cap : 16;
+		struct shift_dqp **n = realloc(s->fo, sizeof(*n) * (size_t)cap);
+
+		if (!n)
+			return -1;
+		s->fo = n;
+		s->fo_cap = cap;
+	}
+	if (hole < 0)
+		hole = s->nfo++;
+	s->fo[hole] = d;
+	return 0;
 }
 
 void fo_remove(struct shift_ctx *s, struct shift_dqp *d)
 {
-	pthread_mutex_lock(&fo_lock);
 	for (int i = 0; i < s->nfo; i++)
 		if (s->fo[i] == d)
-			__atomic_store_n(&s->fo[i], NULL, __ATOMIC_RELEASE);
+			s->fo[i] = NULL;
 	while (s->nfo && !s->fo[s->nfo - 1])
 		s->nfo--;
-	pthread_mutex_unlock(&fo_lock);
+	if (!s->nfo)
+		s->fo_warned = false;
+}
+
+/* The first failover since the context's list was last empty? (slow_lock) */
+bool fo_first_failover(struct shift_ctx *s)
+{
+	bool first = !s->fo_warned;
+
+	s->fo_warned = true;
+	return first;
 }
 
 /* ---- kept completions ------------------------------------------------- */
@@ -92,14 +106,29 @@ void fo_emit(struct out *o, const struct ibv_wc *wc)
 		shift_err("out of memory keeping a completion: one completion lost");
 }
 
+/* Keep wc at place `at` among c's kept completions (counted from the
+ * oldest): those from there on move one place back. */
+void fo_kept_insert(struct shift_cq *c, uint64_t at, const struct ibv_wc *wc)
+{
+	if (kept_push(c, wc)) {
+		shift_err("out of memory keeping a completion: one completion lost");
+		return;
+	}
+	uint64_t pos = c->kept_tail + at;
+
+	if (pos >= c->kept_head)
+		return; /* (at the end: where kept_push put it) */
+	for (uint64_t i = c->kept_head - 1; i > pos; i--)
+		c->kept[i % c->kept_cap] = c->kept[(i - 1) % c->kept_cap];
+	c->kept[pos % c->kept_cap] = *wc;
+}
+
 /* ---- the failed-over QPs of a context ------------------------------------ */
 
 struct shift_dqp *fo_dqp_of_bk(struct shift_ctx *s, uint32_t bk_qpn)
 {
-	int n = __atomic_load_n(&s->nfo, __ATOMIC_ACQUIRE);
-
-	for (int i = 0; i < n; i++) {
-		struct shift_dqp *d = __atomic_load_n(&s->fo[i], __ATOMIC_ACQUIRE);
+	for (int i = 0; i < s->nfo; i++) {
+		struct shift_dqp *d = s->fo[i];
 
 		if (d && d->bk && d->bk->qp_num == bk_qpn)
 			return d;
@@ -116,7 +145,13 @@ static int remote_key(struct shift_dqp *d, uint32_t app_rkey, uint32_t *bk)
 	void *v;
 	size_t len;
 
-	for (unsigned i = 0; i < d->nrkeys; i++) {
+	/* the peer may have registered its MRs anew since the last failover
+	 * (ibv_rereg_mr, or dereg and reg): read them again in each one */
+	if (d->rkeys_ep != d->failovers) {
+		d->nrkeys = 0;
+		d->rkeys_ep = d->failovers;
+	}
+	for (unsigned i = 0; i < d->nrkeys && i < 16; i++) {
 		if (d->rkeys[i].app == app_rkey) {
 			*bk = d->rkeys[i].bk;
 			return 0;
@@ -146,18 +181,81 @@ static int local_keys(struct shift_dqp *d, struct ibv_sge *sge, unsigned n)
 	return 0;
 }
 
+/*
+ * A remote key of the application's that the peer never published (no
+ * backup key for it): on the default path the peer's responder would
+ * reject it, a remote access error. The backup's does the same for a key it
+ * has, aimed at an address no memory region covers (2^63: above every user
+ * address, no overflow for any length): the WR fails on the backup as it
+ * would have on the default QP, in its place, and the peer's backup QP goes
+ * to ERR as its default QP would (fo/apperr.c takes it from there). false
+ * if no backup key of the peer is known yet (the post then fails).
+ */
+static bool reject_remotely(struct shift_dqp *d, uint64_t *raddr, uint32_t *rkey)
+{
+	uint32_t bk, tried[4];
+	unsigned nt = 0;
+
+	/* (a key of the peer's the application used before, its backup key
+	 * looked up: the mirror's ring still holds old WRs; a few at most) */
+	for (uint32_t i = 0; !d->nrkeys && nt < 4 && i < d->sq_size; i++) {
+		struct shift_swqe *e = shift_dqp_swqe(d, i);
+		bool seen = e->rkey == *rkey;
+
+		for (unsigned k = 0; k < nt; k++)
+			seen |= tried[k] == e->rkey;
+		if (seen || !(e->opcode == IBV_WR_RDMA_WRITE || e->opcode == IBV_WR_RDMA_WRITE_WITH_IMM ||
+			      e->opcode == IBV_WR_RDMA_READ || shift_wr_is_atomic(e->opcode)))
+			continue;
+		tried[nt++] = e->rkey;
+		(void)remote_key(d, e->rkey, &bk);
+	}
+	if (!d->nrkeys)
+		return false;
+	shift_debug("%s QP %u: the peer has no backup key for rkey %u: the WR goes out to be "
+		    "refused, as the default path would", d->dev, d->qpn, *rkey);
+	*raddr = 1ull << 63;
+	*rkey = d->rkeys[0].bk;
+	return true;
+}
+
+/*
+ * ... and with no backup key of the peer's known at all: an empty signaled
+ * WRITE goes in its place (the WRs before it complete first), whose
+ * completion is the refusal (from_backup, fo/poll.c); the WRs after it stay
+ * in the mirror, for the flushes of the end of the connection.
+ */
+static int doom(struct shift_dqp *d, uint64_t idx)
+{
+	struct ibv_send_wr wr, *bad;
+
+	shift_debug("%s QP %u: no backup key of the peer's known: WR %llu completes as refused",
+		    d->dev, d->qpn, (unsigned long long)idx);
+	memset(&wr, 0, sizeof(wr));
+	wr.wr_id = SHIFT_WRID_DATA | SHIFT_WRID_GEN(d->bk_gen) | idx;
+	wr.opcode = IBV_WR_RDMA_WRITE;
+	wr.send_flags = IBV_SEND_SIGNALED;
+	if (ibv_post_send(d->bk, &wr, &bad))
+		return -1;
+	if (!d->doomed || idx + 1 < d->doomed)
+		d->doomed = idx + 1;
+	return 0;
+}
+
 /* ---- posting on the backup QP ------------------------------------------ */
 
 /*
- * Post mirrored send WR idx again: on the backup QP (keys translated, wr_id
- * tagged for translation back) or, when failing back, on the default QP
- * exactly as the application posted it.
+ * Mirrored send WR idx as it is posted again: for the backup QP (keys
+ * translated, wr_id tagged for translation back) or, when failing back, for
+ * the default QP exactly as the application posted it; sge has room for
+ * its SGEs.
  */
-int fo_post_mirrored(struct shift_dqp *d, uint64_t idx, bool dflt)
+static int build_mirrored(struct shift_dqp *d, uint64_t idx, bool dflt, struct ibv_send_wr *wrp,
+			  struct ibv_sge *sge)
 {
 	struct shift_swqe *e = shift_dqp_swqe(d, idx);
-	struct ibv_sge sge[e->num_sge ? e->num_sge : 1];
-	struct ibv_send_wr wr, *bad;
+	struct ibv_send_wr wr;
+	bool unknown = false;
 
 	memset(&wr, 0, sizeof(wr));
 	wr.wr_id = dflt ? e->wr_id : SHIFT_WRID_DATA | SHIFT_WRID_GEN(d->bk_gen) | idx;
@@ -188,10 +286,8 @@ int fo_post_mirrored(struct shift_dqp *d, uint64_t idx, bool dflt)
 		/* a zero-length write touches no remote memory: its key is not used */
 		if (!bytes || dflt)
 			wr.wr.rdma.rkey = e->rkey;
-		else if (remote_key(d, e->rkey, &wr.wr.rdma.rkey)) {
-			shift_debug("%s QP %u: no backup rkey for the peer's rkey %u (opcode %u, %lu bytes, flags %x)", d->dev, d->qpn, e->rkey, e->opcode, (unsigned long)bytes, e->send_flags);
-			return -1;
-		}
+		else if ((wr.wr.rdma.rkey = e->rkey, remote_key(d, e->rkey, &wr.wr.rdma.rkey)))
+			unknown = true;
 	}
 	if (shift_wr_is_atomic(e->opcode)) {
 		/* only posted here once failed over: never a retransmission */
@@ -199,13 +295,57 @@ int fo_post_mirrored(struct shift_dqp *d, uint64_t idx, bool dflt)
 		wr.wr.atomic.compare_add = e->compare_add;
 		wr.wr.atomic.swap = e->swap;
 		wr.wr.atomic.rkey = e->rkey;
-		if (!dflt && remote_key(d, e->rkey, &wr.wr.atomic.rkey)) {
-			shift_debug("%s QP %u: no backup rkey for the peer's rkey %u (atomic)", d->dev, d->qpn,
-				    e->rkey);
-			return -1;
-		}
+		if (!dflt && remote_key(d, e->rkey, &wr.wr.atomic.rkey))
+			unknown = true;
 	}
-	int rc = dflt ? d->prov_post_send(d->qp, &wr, &bad) : ibv_post_send(d->bk, &wr, &bad);
+	*wrp = wr;
+	return unknown ? 1 : 0;
+}
+
+/* Can the backup QP carry mirrored send WRs [from, to) (only the READs
+ * among them, if reads)? Not an operation on the default NIC's own objects
+ * (memory windows, invalidation), nor memory without a backup key (a memory
+ * window's rkey, an MR not replayed yet). */
+bool fo_bk_carries(struct shift_dqp *d, uint64_t from, uint64_t to, bool reads)
+{
+	for (uint64_t i = from; i < to; i++) {
+		struct shift_swqe *e = shift_dqp_swqe(d, i);
+		struct ibv_sge sge[e->num_sge ? e->num_sge : 1];
+		struct ibv_send_wr wr;
+
+		if (reads && e->opcode != IBV_WR_RDMA_READ)
+			continue;
+		if (e->opcode == IBV_WR_BIND_MW || e->opcode == IBV_WR_LOCAL_INV ||
+		    e->opcode == IBV_WR_SEND_WITH_INV || e->opcode == IBV_WR_TSO ||
+		    build_mirrored(d, i, false, &wr, sge))
+			return false;
+	}
+	return true;
+}
+
+/* Post mirrored send WR idx again (build_mirrored). */
+int fo_post_mirrored(struct shift_dqp *d, uint64_t idx, bool dflt)
+{
+	struct shift_swqe *e = shift_dqp_swqe(d, idx);
+	struct ibv_sge sge[e->num_sge ? e->num_sge : 1];
+	struct ibv_send_wr wr, *bad;
+
+	int rc = build_mirrored(d, idx, dflt, &wr, sge);
+
+	if (rc < 0)
+		return -1;
+	if (rc) {
+		/* a remote key with no backup key: refused as on the default
+		 * path (a WR posted while failed over; a failover's
+		 * retransmission checks fo_bk_carries() first) */
+		uint64_t *raddr = shift_wr_is_atomic(wr.opcode) ? &wr.wr.atomic.remote_addr :
+								 &wr.wr.rdma.remote_addr;
+		uint32_t *rkey = shift_wr_is_atomic(wr.opcode) ? &wr.wr.atomic.rkey : &wr.wr.rdma.rkey;
+
+		if (!reject_remotely(d, raddr, rkey))
+			return doom(d, idx);
+	}
+	rc = dflt ? d->prov_post_send(d->qp, &wr, &bad) : ibv_post_send(d->bk, &wr, &bad);
 	if (rc) {
 		shift_debug("%s QP %u: %s post_send: %s", d->dev, d->qpn, dflt ? "default" : "backup",
 			    strerror(rc));
@@ -255,6 +395,8 @@ int fo_post_bk_placeholder(struct shift_dqp *d, uint64_t idx)
 
 int fo_post_bk_send(struct shift_dqp *d, uint64_t idx)
 {
+	if (d->doomed && idx >= d->doomed)
+		return 0; /* (held: the connection ends at the doomed WR) */
 	return fo_post_mirrored(d, idx, false);
 }
 

@@ -33,7 +33,7 @@ void fo_ep_publish(struct shift_ctx *s, struct shift_dqp *d)
 	struct shift_ep_value ev = {
 		.gen = d->bk_gen, .started = (unsigned)d->failovers,
 		.ret = d->ret_ep && d->ret_ep == d->failovers, .count = d->ret_count,
-		.bkfail = d->bk_error, .nosend = !fo_app_sends(s, d),
+		.bkfail = d->bk_error, .nosend = !fo_app_sends(s, d), .closed = d->app_ended,
 	};
 
 	n = shift_exchange_ep_encode_ex(&ev, val, sizeof(val));
@@ -56,6 +56,7 @@ static void ep_take(struct shift_dqp *d, const struct shift_ep_value *ev)
 	d->peer_bkfail = ev->bkfail;
 	if (ev->nosend)
 		d->peer_nosend = true; /* (as its handshake message says, which may be lost) */
+	d->peer_closed = ev->closed;
 }
 
 /* The peer's record into d->peer_gen and d->peer_started: 0, or -1 (none,
@@ -148,7 +149,7 @@ void fo_ep_prefetch(struct shift_ctx *s, int nfo, uint64_t now)
 	if (!r || !r->kv)
 		return;
 	for (int k = 0; k < nfo && !any; k++) {
-		struct shift_dqp *d = __atomic_load_n(&s->fo[k], __ATOMIC_ACQUIRE);
+		struct shift_dqp *d = s->fo[k];
 
 		any = d && fo_ep_due(d, now);
 	}
@@ -158,7 +159,7 @@ void fo_ep_prefetch(struct shift_ctx *s, int nfo, uint64_t now)
 		size_t n = 0;
 
 		for (; i < nfo && n < SHIFT_KV_MGET_MAX; i++) {
-			struct shift_dqp *d = __atomic_load_n(&s->fo[i], __ATOMIC_ACQUIRE);
+			struct shift_dqp *d = s->fo[i];
 
 			/* due, or due within half its period: read with the
 			 * others (the schedules of QPs that failed over

@@ -57,7 +57,7 @@ int fo_reset_default(struct shift_ctx *s, struct shift_dqp *d)
 {
 	struct shift_rnic *r = s->rnic;
 	struct ibv_qp_attr app;
-	struct ibv_recv_wr rwr = { .wr_id = SHIFT_WRID_CTRL_RECV }, *rbad;
+	struct ibv_recv_wr rwr = { .wr_id = shift_dqp_own_wrid(d, SHIFT_OWN_CTRL_RECV) }, *rbad;
 	uint32_t off = (uint32_t)d->failovers * 0x9e3779u;
 	const int need = IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS | IBV_QP_AV |
 			 IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN;
@@ -69,11 +69,20 @@ int fo_reset_default(struct shift_ctx *s, struct shift_dqp *d)
 	pthread_mutex_unlock(&r->lock);
 	if ((mask & need) != need)
 		return -1;
+	/* (a QP on an SRQ reads the default SRQ again only once SHIFT has
+	 * consumed the WQEs there whose buffers the backup path filled) */
+	if (d->dsrq && shift_dsrq_moved(d->dsrq))
+		return -1;
 	if (shift_qp_reset(d->qp) || shift_qp_to_init(d->qp, &app, app.port_num))
 		return -1;
+	d->dflt_path_err = false;
+	d->port_was_down = false; /* (a fresh QP: its failures are new ones) */
 	/* the peer's failback notification consumes this, ahead of the
-	 * application's receives reposted after it */
-	if (d->prov_post_recv(d->qp, &rwr, &rbad))
+	 * application's receives reposted after it (on an SRQ: the first
+	 * receive the QP consumes, fo/srq.c) */
+	if (d->dsrq)
+		fo_srq_expect_notify(d);
+	else if (d->prov_post_recv(d->qp, &rwr, &rbad))
 		return -1;
 	d->ctrl_recv_out = true;
 	if (shift_qp_to_rtr(d->qp, &app, mask, &app.ah_attr, app.path_mtu, app.dest_qp_num,
@@ -113,11 +122,11 @@ int fo_post_probe(struct shift_dqp *d)
 	if (d->dflt_rd_stale) {
 		/* an empty READ: its response is the only one a completer
 		 * left inside a read response accepts (stale_read_state) */
-		fo_empty_read(&wr, SHIFT_WRID_PROBE, IBV_SEND_SIGNALED);
+		fo_empty_read(&wr, shift_dqp_own_wrid(d, SHIFT_OWN_PROBE), IBV_SEND_SIGNALED);
 		return d->prov_post_send(d->qp, &wr, &bad);
 	}
 	memset(&wr, 0, sizeof(wr));
-	wr.wr_id = SHIFT_WRID_PROBE;
+	wr.wr_id = shift_dqp_own_wrid(d, SHIFT_OWN_PROBE);
 	wr.opcode = IBV_WR_RDMA_WRITE;
 	wr.send_flags = IBV_SEND_SIGNALED;
 	return d->prov_post_send(d->qp, &wr, &bad);
@@ -146,6 +155,8 @@ int fo_receives_back(struct shift_dqp *d)
 		}
 	}
 	shift_dqp_set_recv_state(d, SHIFT_RECV_DEFAULT, "receives back on the default QP");
+	if (d->dsrq)
+		fo_srq_release(d); /* (what its reset default QP received meanwhile) */
 	return 0;
 }
 
@@ -177,7 +188,7 @@ void fo_switch_back(struct shift_dqp *d)
 	for (i = first; i < d->sq_head; i++)
 		held += shift_wr_consumes_recv(shift_dqp_swqe(d, i)->opcode);
 	memset(&wr, 0, sizeof(wr));
-	wr.wr_id = SHIFT_WRID_NOTIFY;
+	wr.wr_id = shift_dqp_own_wrid(d, SHIFT_OWN_NOTIFY);
 	wr.opcode = IBV_WR_RDMA_WRITE_WITH_IMM;
 	/* signaled: the QP stays in the slow path until its completion is
 	 * filtered out (an unsignaled one still completes if flushed) */
@@ -188,7 +199,7 @@ void fo_switch_back(struct shift_dqp *d)
 		/* the notification's ACK would fail the QP (stale_read_state):
 		 * an empty READ goes first (unsignaled: only its failure
 		 * completes, as the notification's) */
-		fo_empty_read(&rd, SHIFT_WRID_NOTIFY_READ, 0);
+		fo_empty_read(&rd, shift_dqp_own_wrid(d, SHIFT_OWN_NOTIFY_READ), 0);
 		rd.next = &wr;
 		first_wr = &rd;
 	}
@@ -267,12 +278,16 @@ static void probe_ok(struct shift_dqp *d, const char *how)
  * are all accounted for, my remaining receives move to the default QP. */
 void fo_try_notify(struct shift_dqp *d)
 {
-	uint32_t behind = CTRL_COUNT(d->notify_count - (uint32_t)d->rq_tail);
+	/* (on an SRQ the peer's later sends may be received already) */
+	uint32_t counted = d->dsrq ? fo_srq_counted(d) : (uint32_t)d->rq_tail;
+	uint32_t behind = CTRL_COUNT(d->notify_count - counted);
 
 	if (!d->notify_pending)
 		return;
 	if (behind && behind < (1u << 29))
 		return; /* backup receive completions still to come */
+	if (d->dsrq && fo_srq_waits(d))
+		return; /* (on an SRQ: ... and handed out, fo/srq.c) */
 	if (behind)
 		shift_warn("%s QP %u: consumed more receives (%u) than the peer sent on the backup (%u)",
 			   d->dev, d->qpn, CTRL_COUNT((uint32_t)d->rq_tail), d->notify_count);
@@ -283,15 +298,20 @@ void fo_try_notify(struct shift_dqp *d)
 	if (rc)
 		return;
 	shift_info("%s QP %u: receives back on the default QP (%llu reposted)", d->dev, d->qpn,
-		   (unsigned long long)(d->rq_head - d->rq_tail));
+		   (unsigned long long)(d->rq_head > d->rq_tail ? d->rq_head - d->rq_tail : 0));
 }
 
 /* SHIFT's own completions on a default QP that has failed over. */
 void fo_on_default_ctrl(struct shift_ctx *s, struct shift_dqp *d, struct ibv_wc *wc,
 			    struct out *o)
 {
-	switch (wc->wr_id) {
-	case SHIFT_WRID_PROBE:
+	switch (shift_dqp_own_kind(d, wc->wr_id)) {
+	case SHIFT_OWN_PROBE:
+		/* (a probe that completed before the QP was stopped for a new
+		 * failover, drained after it: that QP answers nothing now; a
+		 * QP on an SRQ is stopped so whenever a sibling fails over) */
+		if (d->dflt != SHIFT_DFLT_PROBING)
+			return;
 		if (wc->status == IBV_WC_SUCCESS) {
 			bool rd = d->dflt_rd_stale;
 
@@ -304,7 +324,7 @@ void fo_on_default_ctrl(struct shift_ctx *s, struct shift_dqp *d, struct ibv_wc 
 			shift_debug("%s QP %u: probe failed (%d)", d->dev, d->qpn, (int)wc->status);
 		}
 		return;
-	case SHIFT_WRID_CTRL_RECV:
+	case SHIFT_OWN_CTRL_RECV:
 		d->ctrl_recv_out = false;
 		if (wc->status != IBV_WC_SUCCESS && wc->status != IBV_WC_WR_FLUSH_ERR)
 			shift_debug("%s QP %u: SHIFT's receive on the default QP failed: %d (opcode %d)",
@@ -331,7 +351,7 @@ void fo_on_default_ctrl(struct shift_ctx *s, struct shift_dqp *d, struct ibv_wc 
 			fo_poll_backup(s, d->rcq, o, false);
 		fo_try_notify(d);
 		return;
-	case SHIFT_WRID_NOTIFY_READ:
+	case SHIFT_OWN_NOTIFY_READ:
 		if (wc->status == IBV_WC_SUCCESS)
 			return; /* (a QP that signals all WRs) */
 		/* fall through - its failure is the notification's */

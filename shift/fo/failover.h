@@ -38,10 +38,29 @@ struct shift_dqp *shift_failover_forget(struct shift_ctx *s, struct ibv_qp *qp);
  * backup QP and the post succeeds; false: the refusal is the application's.
  */
 bool shift_failover_post_refused(struct shift_dqp *d, int rc, uint64_t sq_from, uint64_t rq_from);
+/*
+ * The application moved d's QP to ERR (flush) or RESET itself: SHIFT stops
+ * protecting it, in any state; the WRs SHIFT holds or has on the backup
+ * flush (ERR) or vanish (RESET), as the provider's own do (fo/apperr.c).
+ */
+void shift_failover_app_ended(struct shift_dqp *d, bool flush);
+/* ibv_query_qp's answer as plain libibverbs would give it (attr filled by
+ * the provider): the application's QP state while SHIFT runs the default
+ * QP, the application's retry_cnt if SHIFT gave the QP another. */
+void shift_failover_query_qp(struct shift_dqp *d, struct ibv_qp_attr *attr, int mask);
+/* Does SHIFT keep an async error event of d's QP from the application
+ * (it fails the QP over: its device failed, or the QP is failed over
+ * already)? Never for the responder errors a peer's request causes. */
+bool shift_failover_hides_event(struct shift_dqp *d, enum ibv_event_type t);
 /* Posting on a QP that is not in the Default state (post_lock held). */
 int shift_post_send_fallback(struct shift_dqp *d, struct ibv_send_wr *wr,
 			     struct ibv_send_wr **bad_wr);
 int shift_post_recv_fallback(struct shift_dqp *d, struct ibv_recv_wr *wr,
 			     struct ibv_recv_wr **bad_wr);
+
+/* The application destroys an SRQ (struct shift_dsrq of shift/dp/dsrq.h):
+ * SHIFT's own QP on it goes first (fo/srq_burn.c). */
+struct shift_dsrq;
+void shift_failover_srq_gone(struct shift_ctx *s, struct shift_dsrq *q);
 
 #endif /* SHIFT_FAILOVER_H */

@@ -13,6 +13,8 @@
 #include "shift/base/config.h"
 #include "shift/base/lower.h"
 #include "shift/dp/ctx.h"
+#include "shift/dp/dsrq.h"
+#include "shift/dp/errclass.h"
 #include "shift/dp/state.h"
 #include "kv/kv.h"
 #include "providers/provider.h"
@@ -48,14 +50,36 @@ struct out {
 	struct out *up; /* the caller's, when filtering inside a drain */
 };
 
+/*
+ * A failover's drain keeps its QP's errors and flushes here, each with the
+ * CQ it came from and its place among the completions kept there: if the
+ * failure turns out to be the application's (an error of its own among
+ * them, fo_judge_start), they reach it where they were (fo/apperr.c).
+ */
+struct shift_fo_stash {
+	struct fo_stashed {
+		struct ibv_wc wc;
+		struct shift_cq *c;
+		uint64_t at; /* kept_head - kept_tail of c when it came */
+	} *e;
+	size_t n, cap;
+	bool app, path; /* an error of that class is among them */
+	bool lost;      /* (one could not be kept: out of memory) */
+};
+
 uint64_t fo_probe_wait(const struct shift_dqp *d);
 int fo_add(struct shift_ctx *s, struct shift_dqp *d);
 void fo_remove(struct shift_ctx *s, struct shift_dqp *d);
+/* Is this the context's first failover to log since none was failed over
+ * (the one logged as a warning)? */
+bool fo_first_failover(struct shift_ctx *s);
 void fo_emit(struct out *o, const struct ibv_wc *wc);
+void fo_kept_insert(struct shift_cq *c, uint64_t at, const struct ibv_wc *wc);
 struct shift_dqp *fo_dqp_of_bk(struct shift_ctx *s, uint32_t bk_qpn);
 int fo_post_mirrored(struct shift_dqp *d, uint64_t idx, bool dflt);
 enum ibv_wc_opcode fo_send_wc_opcode(unsigned opcode);
 int fo_post_bk_placeholder(struct shift_dqp *d, uint64_t idx);
+bool fo_bk_carries(struct shift_dqp *d, uint64_t from, uint64_t to, bool reads);
 int fo_post_bk_send(struct shift_dqp *d, uint64_t idx);
 int fo_post_bk_recv(struct shift_dqp *d, uint64_t idx);
 void fo_give_up(struct shift_dqp *d, const char *why);
@@ -92,6 +116,7 @@ void fo_retransmit(struct shift_dqp *d, struct out *o);
 void fo_on_ctrl(struct shift_ctx *s, struct shift_dqp *d, struct out *o);
 int fo_port_state(struct shift_ctx *s, unsigned port);
 bool fo_port_active(struct shift_ctx *s, struct shift_dqp *d);
+enum shift_wc_class fo_wc_class(struct shift_dqp *d, enum ibv_wc_status status);
 bool fo_bk_port_active(struct shift_ctx *s, struct shift_dqp *d);
 int fo_reset_default(struct shift_ctx *s, struct shift_dqp *d);
 bool fo_prober(struct shift_dqp *d);
@@ -111,5 +136,44 @@ void fo_unlock_cqs(struct shift_dqp *d);
 void fo_poke_read(struct shift_ctx *s, uint64_t now);
 void fo_join_peer(struct shift_ctx *s, struct shift_dqp *d, uint64_t now);
 bool fo_take_refused(struct shift_dqp *d, int rc, uint64_t sq_from, uint64_t rq_from);
+struct shift_dsrq;
+bool fo_srq_can_move(struct shift_ctx *s, struct shift_dqp *d);
+void fo_srq_move(struct shift_ctx *s, struct shift_dqp *d);
+int fo_srq_post_bounce(struct shift_dqp *d);
+void fo_srq_deliver(struct shift_dsrq *q, struct out *o);
+void fo_srq_bounced(struct shift_dqp *d, struct ibv_wc *wc, struct out *o);
+void fo_srq_deliver_all(struct shift_ctx *s, struct out *o);
+void fo_srq_forget(struct shift_dqp *d);
+bool fo_srq_defer(struct shift_dqp *d, const struct ibv_wc *wc);
+bool fo_srq_waits(const struct shift_dqp *d);
+void fo_srq_expect_notify(struct shift_dqp *d);
+bool fo_srq_take_notify(struct shift_dqp *d, struct ibv_wc *wc);
+void fo_srq_work(struct shift_ctx *s);
+void fo_srq_fail(struct shift_ctx *s, struct shift_dqp *d, struct out *o);
+void fo_srq_release(struct shift_dqp *d);
+uint32_t fo_srq_counted(const struct shift_dqp *d);
+void fo_srq_burner_destroy(struct shift_dsrq *q);
+unsigned fo_srq_burn(struct shift_ctx *s, struct shift_dsrq *q, struct shift_dqp *d, unsigned n);
+unsigned fo_srq_burning(const struct shift_dsrq *q);
+void fo_srq_burn_poll(struct shift_dsrq *q);
+/* the application's errors and its own ERR/RESET (fo/apperr.c) */
+void fo_on_error(struct shift_ctx *s, struct shift_dqp *d, struct ibv_wc *wc, struct out *o);
+void fo_stash_add(struct shift_dqp *d, struct shift_cq *c, const struct ibv_wc *wc);
+struct fo_start_ctx {
+	const struct ibv_wc *err; /* the completion that started it, if any */
+	bool again, unsure, refused;
+	bool direct;              /* err could go straight to the caller's array */
+	uint64_t at;              /* else its place in the caller's CQ's kept */
+};
+int fo_judge_start(struct shift_ctx *s, struct shift_dqp *d, struct out *o,
+		   const struct fo_start_ctx *sc, struct shift_fo_stash *st);
+int fo_start_unsure(struct shift_ctx *s, struct shift_dqp *d, struct out *o,
+		    const struct ibv_wc *err);
+void fo_end(struct shift_ctx *s, struct shift_dqp *d, struct out *o, bool flush, const char *why);
+void fo_end_from(struct shift_ctx *s, struct shift_dqp *d, struct out *o, const struct ibv_wc *err,
+		 const char *why, uint64_t sq_min, uint64_t rq_min);
+void fo_backup_app_error(struct shift_ctx *s, struct shift_dqp *d, struct ibv_wc *wc,
+			 struct out *o);
+void fo_app_translate(struct shift_dqp *d, struct ibv_wc *wc);
 
 #endif /* SHIFT_FO_INT_H */

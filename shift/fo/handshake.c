@@ -61,6 +61,34 @@ void fo_complete_executed(struct shift_dqp *d, struct out *os, uint64_t i)
 	}
 }
 
+/*
+ * The backup QP cannot carry an outstanding WR: the connection fails for
+ * the application as it would without SHIFT, before any WR moved. The peer
+ * is told; the backup QP stops (nothing more lands in the application's
+ * buffers through it, and its late completions, of an older generation,
+ * are dropped); the default QP is left in ERR; every outstanding WR
+ * completes with an error, the first send with the path's.
+ */
+static void abandon(struct shift_dqp *d, struct out *o)
+{
+	struct ibv_qp_attr a = { .qp_state = IBV_QPS_ERR };
+	struct ibv_wc err = { .status = IBV_WC_RETRY_EXC_ERR, .qp_num = d->qpn };
+
+	shift_warn("%s QP %u: cannot fail over (an outstanding WR uses a memory window or memory "
+		   "without a backup): the connection fails for the application", d->dev, d->qpn);
+	if (!d->bk)
+		d->bk = d->shadow->bk;
+	d->ctrl_sent = fo_send_ctrl(d, CTRL_ABORT) == 0;
+	shift_lower->modify_qp(d->bk, &a, IBV_QP_STATE);
+	shift_dqp_set_send_state(d, SHIFT_SEND_UNPROTECTED, "the backup cannot carry a WR");
+	d->bk_gen = (d->bk_gen + 1) & 0x3fffu;
+	shift_dqp_sync(d);
+	if (d->sq_tail < d->sq_head)
+		err.wr_id = shift_dqp_swqe(d, d->sq_tail)->wr_id;
+	fo_flush_held(d, o, d->sq_tail < d->sq_head ? &err : NULL, d->sq_tail, d->rq_tail);
+	shift_lower->modify_qp(d->qp, &a, IBV_QP_STATE);
+}
+
 /* Both messages exchanged: retransmit what the peer has not executed. */
 void fo_retransmit(struct shift_dqp *d, struct out *o)
 {
@@ -77,6 +105,11 @@ void fo_retransmit(struct shift_dqp *d, struct out *o)
 	 * after it are replaced by empty WRITEs (placeholders) on the backup,
 	 * so every completion still comes in order. */
 	uint64_t end = fo_executed_end(d, d->peer_recv_count, CTRL_COUNT(~0u), &rd, NULL);
+
+	if (!fo_bk_carries(d, rd, end, true) || !fo_bk_carries(d, end, d->sq_head, false)) {
+		abandon(d, o);
+		return;
+	}
 
 	for (i = d->sq_tail; i < end && i < rd; i++)
 		fo_complete_executed(d, os, i);
@@ -110,6 +143,18 @@ void fo_retransmit(struct shift_dqp *d, struct out *o)
 		   (unsigned long long)d->switch_us);
 }
 
+/* The peer waits for my answer: tell it the connection is over here (the
+ * application closed it, or it cannot be saved). */
+static void answer_abort(struct shift_dqp *d)
+{
+	if (!d->ctrl_sent && d->shadow &&
+	    __atomic_load_n(&d->shadow->state, __ATOMIC_ACQUIRE) == SHIFT_SHADOW_READY) {
+		if (!d->bk)
+			d->bk = d->shadow->bk;
+		d->ctrl_sent = fo_send_ctrl(d, CTRL_ABORT) == 0;
+	}
+}
+
 /* The peer's handshake message arrived for d. */
 void fo_on_ctrl(struct shift_ctx *s, struct shift_dqp *d, struct out *o)
 {
@@ -122,19 +167,17 @@ void fo_on_ctrl(struct shift_ctx *s, struct shift_dqp *d, struct out *o)
 		}
 		return;
 	}
+	/* (my own failover now; it may find the QP failed for the
+	 * application's error instead, or unable to follow (a QP on an SRQ
+	 * that cannot move): then the answer below, or the peer would wait
+	 * for ever) */
+	if (d->send_state == SHIFT_SEND_DEFAULT && fo_start(s, d, o, NULL) &&
+	    d->send_state != SHIFT_SEND_UNPROTECTED)
+		return;
 	if (d->send_state == SHIFT_SEND_UNPROTECTED) {
-		/* the peer waits for my answer: tell it the connection is over
-		 * here (the application closed it, or it cannot be saved) */
-		if (!d->ctrl_sent && d->shadow &&
-		    __atomic_load_n(&d->shadow->state, __ATOMIC_ACQUIRE) == SHIFT_SHADOW_READY) {
-			if (!d->bk)
-				d->bk = d->shadow->bk;
-			d->ctrl_sent = fo_send_ctrl(d, CTRL_ABORT) == 0;
-		}
+		answer_abort(d);
 		return;
 	}
-	if (d->send_state == SHIFT_SEND_DEFAULT && fo_start(s, d, o, NULL))
-		return;
 	/* waiting for the peer's backup: its message proves it is ready */
 	if (d->send_state != SHIFT_SEND_UNPROTECTED && !d->ctrl_sent)
 		fo_send_my_ctrl(s, d);

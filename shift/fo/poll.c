@@ -14,40 +14,48 @@ void fo_from_default(struct shift_ctx *s, struct ibv_wc *wc, struct out *o)
 {
 	struct shift_dqp *d = shift_dqp_by_qpn(s, wc->qp_num);
 
-	if (d && d->failovers && (wc->wr_id & ~0xfull) == (SHIFT_WRID_CTRL_RECV & ~0xfull) &&
-	    (wc->wr_id & 0xf) - 1 < 5) {
+	/* (on an SRQ the peer's failback notification consumed an
+	 * application receive: it is SHIFT's control receive all the same) */
+	if (d && d->dsrq && d->failovers && (wc->opcode & IBV_WC_RECV))
+		(void)fo_srq_take_notify(d, wc);
+	if (d && d->failovers && shift_dqp_own_kind(d, wc->wr_id)) {
 		/* SHIFT's own (probe, notification) never reach the application */
+		if (fo_wc_class(d, wc->status) == SHIFT_WC_PATH)
+			d->dflt_path_err = true; /* (the cause of later flushes) */
 		if (d->send_state != SHIFT_SEND_UNPROTECTED)
 			fo_on_default_ctrl(s, d, wc, o);
 		return;
 	}
 	if (!d || d->send_state == SHIFT_SEND_UNPROTECTED) {
+		if (d)
+			shift_dqp_retire_app(d, wc); /* (an SRQ's receive is consumed) */
 		fo_emit(o, wc);
 		return;
 	}
 	if (wc->status == IBV_WC_SUCCESS) {
-		shift_dqp_retire(d, wc);
+		shift_dqp_retire_slow(d, wc);
+		/* (behind messages of the backup path still waiting) */
+		if (d->dsrq && (wc->opcode & IBV_WC_RECV) && fo_srq_defer(d, wc))
+			return;
 		fo_emit(o, wc);
+		return;
+	}
+	if (d->stash) {
+		/* a failover of d is draining its CQs: judged after the drain */
+		fo_stash_add(d, o->c, wc);
 		return;
 	}
 	/* a flush of a QP already on its backup; unless a direction came
 	 * back to the default QP (my receives) and it failed again */
 	if (d->send_state != SHIFT_SEND_DEFAULT &&
-	    !(d->need_rearm && d->recv_state == SHIFT_RECV_DEFAULT))
+	    !(d->need_rearm && d->recv_state == SHIFT_RECV_DEFAULT)) {
+		/* (an SRQ receive it had taken: out of the SRQ, still the
+		 * application's, where the provider says so) */
+		if (d->dsrq && (wc->opcode & IBV_WC_RECV))
+			shift_dsrq_burned(d->dsrq, wc->wr_id);
 		return;
-	shift_debug("%s QP %u: error completion %d (opcode %d, wr %#llx) starts a failover", d->dev,
-		    d->qpn, (int)wc->status, (int)wc->opcode, (unsigned long long)wc->wr_id);
-	int rc = fo_start(s, d, o, wc);
-
-	if (rc == 0) {
-		if (d->ctrl_pending)
-			fo_on_ctrl(s, d, o);
-		return; /* the error itself is SHIFT's, not the application's */
 	}
-	if (rc == -2)
-		return; /* the connection failed: wc was passed on with the flushes */
-	shift_debug("%s QP %u: error %d passed to the application", d->dev, d->qpn, (int)wc->status);
-	fo_emit(o, wc);
+	fo_on_error(s, d, wc, o);
 }
 
 /* A completion from a backup CQ: SHIFT's own, or one to translate. */
@@ -97,9 +105,29 @@ static void backup_failed(struct shift_dqp *d, struct ibv_wc *wc)
 	d->kv_at = 0;
 }
 
-/* An application WR completed on the backup QP: its wr_id and QP number
- * back, retired, handed out; the fence's completion switches back. */
-static void app_completion(struct shift_dqp *d, struct ibv_wc *wc, struct out *o)
+/* One of SHIFT's receives on the backup QP of a QP on an SRQ (fo/srq.c)? */
+static inline bool fo_wrid_bounce(uint64_t wr_id)
+{
+	return (wr_id & SHIFT_WRID_RECV) && (SHIFT_WRID_INDEX(wr_id) & SHIFT_WRID_BOUNCE);
+}
+
+/* A success on the backup QP: the backup path works (restarts reset, the
+ * failover's timing logged once). */
+static void backup_works(struct shift_dqp *d)
+{
+	d->bk_restarts = 0;
+	if (!d->fallback_us && d->t_error_us) {
+		d->fallback_us = shift_clock_us() - d->t_error_us;
+		if (!d->fallback_us)
+			d->fallback_us = 1;
+		shift_info("%s QP %u: failover-timing dev=%s qp=%u switch_us=%llu fallback_us=%llu",
+			   d->dev, d->qpn, d->dev, d->qpn, (unsigned long long)d->switch_us,
+			   (unsigned long long)d->fallback_us);
+	}
+}
+
+/* A backup completion of the application's WR: its wr_id and QP number. */
+void fo_app_translate(struct shift_dqp *d, struct ibv_wc *wc)
 {
 	uint64_t idx = SHIFT_WRID_INDEX(wc->wr_id);
 
@@ -114,19 +142,27 @@ static void app_completion(struct shift_dqp *d, struct ibv_wc *wc, struct out *o
 			wc->opcode = fo_send_wc_opcode(e->opcode);
 	}
 	wc->qp_num = d->qpn;
+}
+
+/* An application WR completed on the backup QP: its wr_id and QP number
+ * back, retired, handed out; the fence's completion switches back. */
+static void app_completion(struct shift_dqp *d, struct ibv_wc *wc, struct out *o)
+{
+	if (fo_wrid_bounce(wc->wr_id)) {
+		/* a QP on an SRQ: into the application's receives (fo/srq.c) */
+		if (wc->status == IBV_WC_SUCCESS)
+			backup_works(d);
+		fo_srq_bounced(d, wc, o);
+		return;
+	}
+	fo_app_translate(d, wc);
 	if (wc->status == IBV_WC_SUCCESS) {
 		shift_dqp_retire(d, wc);
-		d->bk_restarts = 0; /* the backup path works */
-		if (!d->fallback_us && d->t_error_us) {
-			d->fallback_us = shift_clock_us() - d->t_error_us;
-			if (!d->fallback_us)
-				d->fallback_us = 1;
-			shift_info("%s QP %u: failover-timing dev=%s qp=%u switch_us=%llu fallback_us=%llu",
-				   d->dev, d->qpn, d->dev, d->qpn, (unsigned long long)d->switch_us,
-				   (unsigned long long)d->fallback_us);
-		}
+		backup_works(d);
 	}
 	fo_emit(o, wc);
+	if (d->app_ended)
+		return; /* (the application ended it: no failback) */
 	if (d->send_state == SHIFT_SEND_WAIT_DRAINED) {
 		shift_dqp_lock(d);
 		shift_dqp_sync_locked(d);
@@ -144,6 +180,8 @@ static void from_backup(struct shift_ctx *s, struct ibv_wc *wc, struct out *o, b
 {
 	struct shift_dqp *d = fo_dqp_of_bk(s, wc->qp_num);
 
+	if (d && d->app_ended && !d->bk_flushing)
+		return; /* (the application ended it: fo_end() took what was there) */
 	if (wc->wr_id == SHIFT_WRID_CTRL_RECV) {
 		ctrl_received(s, d, wc, o, app);
 		return;
@@ -160,26 +198,74 @@ static void from_backup(struct shift_ctx *s, struct ibv_wc *wc, struct out *o, b
 		if (!d || wc->status == IBV_WC_SUCCESS || d->bk_flushing || d->bk_error ||
 		    d->send_state == SHIFT_SEND_UNPROTECTED || !d->need_rearm)
 			return;
-	} else if (!(wc->wr_id & SHIFT_WRID_DATA)) {
+	} else if (!(wc->wr_id & SHIFT_WRID_DATA) ||
+		   (d->send_state == SHIFT_SEND_UNPROTECTED &&
+		    SHIFT_WRID_GEN_OF(wc->wr_id) != d->bk_gen)) {
+		return; /* (the latter: a backup QP abandoned, its WRs flushed) */
+	}
+	if (d->doomed && !(wc->wr_id & SHIFT_WRID_RECV) && (wc->wr_id & SHIFT_WRID_DATA) &&
+	    SHIFT_WRID_INDEX(wc->wr_id) + 1 == d->doomed && wc->status == IBV_WC_SUCCESS &&
+	    d->send_state != SHIFT_SEND_UNPROTECTED) {
+		/* the stand-in of a WR whose key the peer never had: refused */
+		wc->status = IBV_WC_REM_ACCESS_ERR;
+		fo_backup_app_error(s, d, wc, o);
 		return;
 	}
 	if (wc->status != IBV_WC_SUCCESS && d->send_state != SHIFT_SEND_UNPROTECTED) {
+		/* the application's error on a WR of its own, this episode */
+		/* (not one of SHIFT's receives for a QP on an SRQ: its failure
+		 * is the backup's, as before) */
+		if (shift_wc_class(wc->status) == SHIFT_WC_APP && (wc->wr_id & SHIFT_WRID_DATA) &&
+		    !fo_wrid_bounce(wc->wr_id) &&
+		    SHIFT_WRID_GEN_OF(wc->wr_id) == d->bk_gen && !d->bk_flushing && !d->bk_error) {
+			fo_backup_app_error(s, d, wc, o);
+			return;
+		}
 		backup_failed(d, wc);
 		return;
 	}
 	app_completion(d, wc, o);
 }
 
+/*
+ * The batches of backup completions being handed out on this thread,
+ * innermost first. A drain of the same backup CQ from inside one (the
+ * connection ending, fo_flush_backup) takes the rest of that batch first:
+ * its completions are older than anything still in the CQ.
+ */
+struct bk_batch {
+	struct shift_cq *c;
+	struct ibv_wc *wc;
+	int i, n;
+	struct bk_batch *up;
+};
+static _Thread_local struct bk_batch *bk_batches;
+
 void fo_poll_backup(struct shift_ctx *s, struct shift_cq *c, struct out *o, bool app)
 {
 	struct ibv_wc tmp[TMP_WC];
-	int n;
+	struct bk_batch b = { .c = c, .wc = tmp, .up = bk_batches };
 
 	if (!c->bk)
 		return;
-	while ((!app || o->n < o->max) && (n = ibv_poll_cq(c->bk, TMP_WC, tmp)) > 0)
-		for (int i = 0; i < n; i++)
+	for (struct bk_batch *p = b.up; p; p = p->up) {
+		if (p->c != c)
+			continue;
+		while (p->i < p->n) {
+			int i = p->i++;
+
+			from_backup(s, &p->wc[i], o, app);
+		}
+	}
+	bk_batches = &b;
+	while ((!app || o->n < o->max) && (b.n = ibv_poll_cq(c->bk, TMP_WC, tmp)) > 0) {
+		for (b.i = 0; b.i < b.n;) {
+			int i = b.i++;
+
 			from_backup(s, &tmp[i], o, app);
+		}
+	}
+	bk_batches = b.up;
 }
 
 int shift_poll_slow(struct shift_ctx *s, struct ibv_cq *cq, int num_entries,
@@ -215,6 +301,8 @@ int shift_poll_slow(struct shift_ctx *s, struct ibv_cq *cq, int num_entries,
 	}
 	while (o.n < o.max && c->kept_tail != c->kept_head)
 		o.wc[o.n++] = c->kept[c->kept_tail++ % c->kept_cap];
+	/* messages on SRQ QPs' backups waiting for receives posted since */
+	fo_srq_deliver_all(s, &o);
 	/* peers' handshake messages noticed by the background thread */
 	for (int i = 0; i < SHIFT_DQP_BUCKETS; i++)
 		for (struct shift_dqp *d = s->dqp[i]; d; d = d->next_in_bucket)

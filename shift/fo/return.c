@@ -108,7 +108,7 @@ void fo_ret_finish(struct shift_ctx *s, struct shift_dqp *d, struct out *o)
 			struct ibv_send_wr wr, *bad;
 
 			memset(&wr, 0, sizeof(wr));
-			wr.wr_id = SHIFT_WRID_NOTIFY;
+			wr.wr_id = shift_dqp_own_wrid(d, SHIFT_OWN_NOTIFY);
 			wr.opcode = IBV_WR_RDMA_WRITE_WITH_IMM;
 			wr.imm_data = htobe32(CTRL_COUNT(done));
 			if (d->prov_post_send(d->qp, &wr, &bad))

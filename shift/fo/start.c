@@ -220,12 +220,14 @@ void fo_fail_connection(struct shift_ctx *s, struct shift_dqp *d, struct out *o,
 		d->ctrl_sent = fo_send_ctrl(d, CTRL_ABORT) == 0;
 	}
 	shift_dqp_set_send_state(d, SHIFT_SEND_UNPROTECTED, "the connection cannot be saved");
-	if (!held) {
-		shift_lower->modify_qp(d->qp, &a, IBV_QP_STATE);
+	/* the application's QP fails, as plain's would (SHIFT may have reset
+	 * it for a failback); receives back on it flush there */
+	shift_lower->modify_qp(d->qp, &a, IBV_QP_STATE);
+	if (!held)
 		return;
-	}
 	shift_dqp_sync(d);
-	fo_flush_held(d, o, err, d->sq_tail, d->rq_tail);
+	fo_flush_held(d, o, err, d->sq_tail,
+		      d->recv_state == SHIFT_RECV_FALLBACK ? d->rq_tail : d->rq_head);
 }
 
 /*
@@ -258,6 +260,15 @@ static int start_possible(struct shift_ctx *s, struct shift_dqp *d, struct out *
 	if (!d->shadow || !d->scq || !d->rcq ||
 	    __atomic_load_n(&d->shadow->state, __ATOMIC_ACQUIRE) != SHIFT_SHADOW_READY) {
 		fo_give_up(d, "its backup QP is not ready");
+		give_up_taken(d, o);
+		return -1;
+	}
+	if (d->dsrq && !shift_dsrq_moved(d->dsrq) && !fo_srq_can_move(s, d)) {
+		if (d->send_state != SHIFT_SEND_DEFAULT) {
+			fo_srq_fail(s, d, o); /* (failed over already) */
+			return -2;
+		}
+		fo_give_up(d, "a QP on its SRQ cannot fail over with it");
 		give_up_taken(d, o);
 		return -1;
 	}
@@ -332,6 +343,25 @@ static bool atomic_in_flight(struct shift_ctx *s, struct shift_dqp *d, struct ou
 	return false;
 }
 
+/* Drain d's default CQs after its QP stopped: its errors and flushes are
+ * judged (fo_judge_start): an application's error among them ends the
+ * failover (nonzero). */
+static int drain_judged(struct shift_ctx *s, struct shift_dqp *d, struct out *o,
+			const struct fo_start_ctx *sc)
+{
+	struct shift_fo_stash st = { .e = NULL };
+
+	d->stash = &st;
+	fo_drain_default(s, d->scq, o);
+	if (d->rcq != d->scq)
+		fo_drain_default(s, d->rcq, o);
+	d->stash = NULL;
+	int rc = fo_judge_start(s, d, o, sc, &st);
+
+	free(st.e);
+	return rc;
+}
+
 /*
  * My side of the handshake: stop the default QP, account for everything it
  * completed, repost my outstanding receives on the backup, and tell the peer
@@ -349,14 +379,24 @@ int fo_start(struct shift_ctx *s, struct shift_dqp *d, struct out *o,
 		return -1;
 	if (d->send_state != SHIFT_SEND_DEFAULT && !again)
 		return 0;
-	if (start_possible(s, d, o))
-		return -1;
+	int rc = start_possible(s, d, o);
+
+	if (rc)
+		return rc < -1 ? rc : -1;
+	struct fo_start_ctx sc = {
+		.err = err, .again = again, .unsure = d->start_unsure, .refused = d->post_failed,
+		.direct = o->n < o->max && o->c->kept_head == o->c->kept_tail,
+		.at = o->c->kept_head - o->c->kept_tail,
+	};
 	stop_default(s, d, again);
-	fo_drain_default(s, d->scq, o);
-	if (d->rcq != d->scq)
-		fo_drain_default(s, d->rcq, o);
+	if (d->dsrq)
+		fo_srq_release(d); /* (its reset default QP's, older than the drain's) */
+	if (drain_judged(s, d, o, &sc))
+		return -2; /* the application's: as it came */
 	if (atomic_in_flight(s, d, o, err))
 		return -2;
+	if (d->dsrq && !shift_dsrq_moved(d->dsrq))
+		fo_srq_move(s, d); /* the SRQ's other QPs leave the default SRQ too */
 	if (reads_outstanding(d)) {
 		/* either QP may have stopped inside a read response */
 		d->dflt_rd_stale = true;
@@ -407,14 +447,22 @@ int fo_finish_start(struct shift_ctx *s, struct shift_dqp *d, bool reset)
 	}
 	d->recv_hold = false;
 	shift_dqp_unlock(d);
+	if (d->dsrq && fo_srq_post_bounce(d)) {
+		fo_give_up(d, "cannot post receives on the backup QP");
+		return -1;
+	}
 	if (d->failovers > 1) {
 		if (!reset) /* (fo_reset_backup() published it) */
 			fo_ep_publish(s, d);
 		if (!fo_peer_armed(d))
 			(void)fo_ep_read(s, d);
 	}
-	shift_info("%s QP %u: failing over to backup QP %u (receive counter %u, failover %lu)",
-		   d->dev, d->qpn, d->bk->qp_num, (uint32_t)d->rq_tail, d->failovers);
+	/* one warning per context while anything of it is failed over (a
+	 * failure of its NIC or path moves all its QPs), the rest at info */
+	enum shift_log_level lv = fo_first_failover(s) ? SHIFT_LOG_WARN : SHIFT_LOG_INFO;
+
+	shift_log(lv, "%s QP %u: failing over to backup QP %u (receive counter %u, failover %lu)",
+		  d->dev, d->qpn, d->bk->qp_num, (uint32_t)d->rq_tail, d->failovers);
 	if (fo_peer_armed(d)) {
 		fo_send_my_ctrl(s, d);
 	} else {

@@ -39,6 +39,13 @@ static void follow_peer_record(struct shift_ctx *s, struct shift_dqp *d, uint64_
 		if (fo_ep_read_pass(s, d) == 0) {
 			struct out o = { .wc = NULL, .n = 0, .max = 0, .c = d->scq };
 
+			if (d->peer_closed) {
+				/* as the peer's QP in ERR would make mine fail */
+				shift_info("%s QP %u: the peer's application ended the connection",
+					   d->dev, d->qpn);
+				fo_end(s, d, &o, true, "the peer's application ended the connection");
+				return;
+			}
 			if (d->peer_started > d->failovers && d->peer_ret &&
 			    d->peer_started == d->failovers + 1) {
 				/* (my default QP must be reset first: not while
@@ -174,6 +181,10 @@ static bool episode_expired(struct shift_ctx *s, struct shift_dqp *d, uint64_t n
  * port is up; probe from it at the probe period, backing off. */
 static void probe_default(struct shift_ctx *s, struct shift_dqp *d, uint64_t now)
 {
+	/* (a QP on an SRQ waits until its default SRQ holds no receive whose
+	 * buffer the backup path filled: fo_srq_work()) */
+	if (d->dsrq && shift_dsrq_moved(d->dsrq))
+		return;
 	/* (also while a handshake cannot finish because a backup failed: the
 	 * default path may be the way back, ret_start) */
 	if (d->send_state == SHIFT_SEND_FALLBACK &&

@@ -126,6 +126,33 @@ fail:
 		   "waiters wake only when the application polls", strerror(errno));
 }
 
+void shift_chan_fork_prepare(void)
+{
+	pthread_mutex_lock(&chans_lock);
+}
+
+void shift_chan_fork_parent(void)
+{
+	pthread_mutex_unlock(&chans_lock);
+}
+
+void shift_chan_fork_child(void)
+{
+	while (chans) {
+		struct shift_chan *k = chans;
+
+		chans = k->next;
+		k->ch->fd = k->real_fd; /* as the plain library left it */
+		close(k->kick_fd); /* (the parent's copies stay open) */
+		if (k->ep_fd >= 0)
+			close(k->ep_fd);
+		free(k->pf);
+		free(k->cs);
+		free(k); /* (its mutexes may be held: never used again) */
+	}
+	pthread_mutex_unlock(&chans_lock);
+}
+
 void shift_chan_destroyed(struct ibv_comp_channel *channel)
 {
 	struct shift_chan *k = NULL;

@@ -56,4 +56,11 @@ struct ibv_comp_channel *shift_chan_cq_detach(struct shift_rnic *r, struct ibv_c
 void shift_chan_cq_reattach(struct shift_rnic *r, struct ibv_cq *cq,
 			    struct ibv_comp_channel *ch);
 
+/* fork() (shift/fork.c): the registry stays whole across it; a child gets
+ * each channel's own fd back in channel->fd and SHIFT forgets it there
+ * (the channels are its parent's, and so are their backups). */
+void shift_chan_fork_prepare(void);
+void shift_chan_fork_parent(void);
+void shift_chan_fork_child(void);
+
 #endif /* SHIFT_CHAN_H */

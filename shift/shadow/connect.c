@@ -117,14 +117,18 @@ static enum ibv_mtu bk_mtu(const struct shift_qp *q)
  * Each step returns false when the QP's share of this pass ends there (it
  * waits for something, or it just failed), true to go on to the next. */
 
-/* q cannot be shadowed: unprotected from now on, one log line (with errno). */
-static void qp_fail(struct shift_rnic *r, struct shift_qp *q, const char *why)
+/* q cannot be shadowed: unprotected from now on, one log line; err is the
+ * failed call's error (0: no call failed, nothing to add). */
+static void qp_fail(struct shift_rnic *r, struct shift_qp *q, const char *why, int err)
 {
 	pthread_mutex_lock(&r->lock);
 	shift_qp_unprotected_locked(q, why);
 	pthread_mutex_unlock(&r->lock);
-	shift_warn("%s: QP %u unprotected: %s (%s)", r->name, q->app_qpn, why,
-		   strerror(errno));
+	if (err)
+		shift_warn("%s: QP %u unprotected: %s (%s)", r->name, q->app_qpn, why,
+			   strerror(err));
+	else
+		shift_warn("%s: QP %u unprotected: %s", r->name, q->app_qpn, why);
 }
 
 /* The slot of a default GID among those MRs are published under (added if
@@ -149,7 +153,7 @@ static bool replay_qp_create(struct shift_rnic *r, struct shift_qp *q)
 		if (q->pd->state == SHIFT_SHADOW_UNPROTECTED ||
 		    q->send_cq->state == SHIFT_SHADOW_UNPROTECTED ||
 		    q->recv_cq->state == SHIFT_SHADOW_UNPROTECTED)
-			qp_fail(r, q, "its backup PD or CQ could not be created");
+			qp_fail(r, q, "its backup PD or CQ could not be created", 0);
 		return false;
 	}
 	struct ibv_qp_init_attr init = {
@@ -160,9 +164,20 @@ static bool replay_qp_create(struct shift_rnic *r, struct shift_qp *q)
 		.sq_sig_all = q->sq_sig_all,
 	};
 	init.cap.max_recv_wr += 1; /* SHIFT's control receive */
+	/* SHIFT's handshake message and the empty READ that may precede it
+	 * share the send queue with every WR the application has outstanding
+	 * (a queue of one WR, ibv_rc_pingpong's, would refuse the retransmit);
+	 * a device at its limit gets the application's size alone */
+	init.cap.max_send_wr += 2;
+	errno = 0;
 	q->bk = shift_lower->create_qp(q->pd->bk, &init);
 	if (!q->bk) {
-		qp_fail(r, q, "backup QP creation failed");
+		init.cap.max_send_wr -= 2;
+		errno = 0;
+		q->bk = shift_lower->create_qp(q->pd->bk, &init);
+	}
+	if (!q->bk) {
+		qp_fail(r, q, "backup QP creation failed", errno ? errno : EIO);
 		return false;
 	}
 	return true;
@@ -175,8 +190,10 @@ static bool replay_qp_init(struct shift_rnic *r, struct shift_qp *q,
 	if (q->bk_state == IBV_QPS_RESET &&
 	    (app_mask & (IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS)) ==
 		    (IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS)) {
-		if (shift_qp_to_init(q->bk, app, bk_port(q))) {
-			qp_fail(r, q, "backup QP to INIT failed");
+		int rc = shift_qp_to_init(q->bk, app, bk_port(q));
+
+		if (rc) {
+			qp_fail(r, q, "backup QP to INIT failed", rc);
 			return false;
 		}
 		q->bk_state = IBV_QPS_INIT;
@@ -192,19 +209,22 @@ static bool replay_qp_describe(struct shift_rnic *r, struct shift_qp *q,
 	struct ibv_port_attr pa;
 
 	if (!app->ah_attr.is_global) {
-		qp_fail(r, q, "the path has no GRH (InfiniBand LID routing is not supported)");
+		qp_fail(r, q, "the path has no GRH (InfiniBand LID routing is not supported)", 0);
 		return false;
 	}
 	uint8_t port = app->ah_attr.port_num ? app->ah_attr.port_num : bk_port(q);
-	if (shift_lower->query_gid(r->sctx->ibctx, port, app->ah_attr.grh.sgid_index,
-				   &q->my_key.gid) ||
-	    shift_lower->query_gid(r->bk_ctx, bk_port(q), app->ah_attr.grh.sgid_index,
-				   &q->my_bk.gid)) {
-		qp_fail(r, q, "cannot read the GIDs");
+	int rc = shift_lower->query_gid(r->sctx->ibctx, port, app->ah_attr.grh.sgid_index,
+					&q->my_key.gid);
+	if (!rc)
+		rc = shift_lower->query_gid(r->bk_ctx, bk_port(q), app->ah_attr.grh.sgid_index,
+					    &q->my_bk.gid);
+	if (rc) {
+		qp_fail(r, q, "cannot read the GIDs", rc > 0 ? rc : EIO);
 		return false;
 	}
-	if (shift_lower->query_port(r->bk_ctx, bk_port(q), &pa)) {
-		qp_fail(r, q, "cannot query the backup port");
+	rc = shift_lower->query_port(r->bk_ctx, bk_port(q), &pa);
+	if (rc) {
+		qp_fail(r, q, "cannot query the backup port", rc > 0 ? rc : EIO);
 		return false;
 	}
 	q->my_key.qpn = q->app_qpn;
@@ -233,7 +253,7 @@ static bool replay_qp_publish(struct shift_rnic *r, struct shift_qp *q,
 	int kl = shift_exchange_qp_key(&q->my_key, key, sizeof(key));
 	int vl = shift_exchange_qp_encode(&q->my_bk, val, sizeof(val));
 	if (kl < 0 || vl < 0) {
-		qp_fail(r, q, "cannot encode the backup attributes");
+		qp_fail(r, q, "cannot encode the backup attributes", 0);
 		return false;
 	}
 	if (!shift_shadow_kv_ok(r, shift_kv_put(r->kv, key, val, (size_t)vl, SHIFT_KV_TTL_MS),
@@ -275,8 +295,7 @@ static bool replay_qp_peer(struct shift_rnic *r, struct shift_qp *q)
 	rc = shift_exchange_qp_decode(v, vl, &q->peer_bk);
 	free(v);
 	if (rc) {
-		errno = EPROTO;
-		qp_fail(r, q, "the peer's backup attributes are malformed or of another version");
+		qp_fail(r, q, "the peer's backup attributes are malformed or of another version", EPROTO);
 		return false;
 	}
 	q->peer_known = true;
@@ -289,9 +308,11 @@ static bool replay_qp_rtr(struct shift_rnic *r, struct shift_qp *q,
 	if (q->peer_known && q->bk_state == IBV_QPS_INIT) {
 		struct ibv_ah_attr ah = bk_ah(q, app);
 
-		if (shift_qp_to_rtr(q->bk, app, app_mask, &ah, bk_mtu(q), q->peer_bk.qpn,
-				    q->peer_bk.psn)) {
-			qp_fail(r, q, "backup QP to RTR failed");
+		int rc = shift_qp_to_rtr(q->bk, app, app_mask, &ah, bk_mtu(q), q->peer_bk.qpn,
+					 q->peer_bk.psn);
+
+		if (rc) {
+			qp_fail(r, q, "backup QP to RTR failed", rc);
 			return false;
 		}
 		q->bk_state = IBV_QPS_RTR;
@@ -306,16 +327,19 @@ static void replay_qp_rts(struct shift_rnic *r, struct shift_qp *q,
 {
 	if (q->bk_state != IBV_QPS_RTR)
 		return;
-	if (shift_qp_to_rts(q->bk, app, app_mask, q->my_bk.psn)) {
-		qp_fail(r, q, "backup QP to RTS failed");
+	int rc = shift_qp_to_rts(q->bk, app, app_mask, q->my_bk.psn);
+
+	if (rc) {
+		qp_fail(r, q, "backup QP to RTS failed", rc);
 		return;
 	}
 	q->bk_state = IBV_QPS_RTS;
 	/* SHIFT's control receive heads the backup receive queue: the
 	 * peer's one handshake message per failover consumes it */
 	struct ibv_recv_wr rwr = { .wr_id = SHIFT_WRID_CTRL_RECV }, *bad;
-	if (ibv_post_recv(q->bk, &rwr, &bad)) {
-		qp_fail(r, q, "cannot post the control receive");
+	rc = ibv_post_recv(q->bk, &rwr, &bad);
+	if (rc) {
+		qp_fail(r, q, "cannot post the control receive", rc);
 		return;
 	}
 	q->ctrl_posted = true;

@@ -167,27 +167,31 @@ int shift_exchange_ep_encode_ex(const struct shift_ep_value *v, char *buf, size_
 
 	if (v->ret)
 		snprintf(ret, sizeof(ret), " ret=%u", v->count);
-	return fit(snprintf(buf, cap, SHIFT_EXCHANGE_VERSION " ep gen=%u started=%u%s%s%s", v->gen,
-			    v->started, ret, v->bkfail ? " bkfail=1" : "", v->nosend ? " nosend=1" : ""),
+	return fit(snprintf(buf, cap, SHIFT_EXCHANGE_VERSION " ep gen=%u started=%u%s%s%s%s", v->gen,
+			    v->started, ret, v->bkfail ? " bkfail=1" : "", v->nosend ? " nosend=1" : "",
+			    v->closed ? " closed=1" : ""),
 		   cap);
 }
 
 int shift_exchange_ep_decode_ex(const char *s, size_t len, struct shift_ep_value *v)
 {
 	const char *p = s, *end = s + len;
-	uint32_t g, st, c = 0, b = 0, n = 0;
+	uint32_t g, st, c = 0, b = 0, n = 0, cl = 0;
 	bool r = false;
 
 	if (prefix(&p, end, SHIFT_EXCHANGE_VERSION " ep ") ||
 	    field_u32(&p, end, "gen", 0x3fff, &g) ||
 	    field_u32(&p, end, "started", 0xffffffu, &st))
 		return -EINVAL;
+	/* optional, in this order */
 	if (p != end && !field_u32(&p, end, "ret", 0xffffffffu, &c))
 		r = true;
-	if (p != end && field_u32(&p, end, "bkfail", 1, &b) && field_u32(&p, end, "nosend", 1, &n))
-		return -EINVAL;
-	if (p != end && (n || field_u32(&p, end, "nosend", 1, &n)))
-		return -EINVAL;
+	if (p != end)
+		(void)field_u32(&p, end, "bkfail", 1, &b);
+	if (p != end)
+		(void)field_u32(&p, end, "nosend", 1, &n);
+	if (p != end)
+		(void)field_u32(&p, end, "closed", 1, &cl);
 	if (p != end)
 		return -EINVAL;
 	v->gen = g;
@@ -196,6 +200,7 @@ int shift_exchange_ep_decode_ex(const char *s, size_t len, struct shift_ep_value
 	v->count = c;
 	v->bkfail = b != 0;
 	v->nosend = n != 0;
+	v->closed = cl != 0;
 	return 0;
 }
 

@@ -46,6 +46,8 @@ struct shift_ep_value {
 	uint32_t count;  /* ... with the end's receive counter */
 	bool bkfail;
 	bool nosend;     /* the end's application never sends (its QP stays at RTR) */
+	bool closed;     /* the end's application ended the connection while it was
+			  * failed over (its own error, its ERR or RESET) */
 };
 int shift_exchange_ep_encode_ex(const struct shift_ep_value *v, char *buf, size_t cap);
 int shift_exchange_ep_decode_ex(const char *s, size_t len, struct shift_ep_value *v);

@@ -42,7 +42,7 @@ static void kick(struct shift_rnic *r)
 	do {                                    \
 		__typeof__(o) o_ = (o);         \
 		if (o_) {                       \
-			o_->dead = true;        \
+			SHIFT_SHADOW_KILL(o_);  \
 			kick(r);                \
 		}                               \
 	} while (0)
@@ -121,7 +121,7 @@ void shift_shadow_mr_gone(struct shift_rnic *r, struct ibv_mr *mr)
 	pthread_mutex_lock(&r->lock);
 	for (struct shift_mr *m = r->mrs; m; m = m->next) {
 		if (m->app == mr && !m->dead) {
-			m->dead = true;
+			SHIFT_SHADOW_KILL(m);
 			kick(r);
 			break;
 		}
@@ -142,7 +142,7 @@ void shift_shadow_mr_rereg(struct shift_rnic *r, struct ibv_mr *mr, int flags,
 			old_access = m->access;
 			kind = m->kind == SHIFT_MR_DMABUF ? SHIFT_MR_PLAIN : m->kind;
 			iova = m->iova;
-			m->dead = true;
+			SHIFT_SHADOW_KILL(m);
 			break;
 		}
 	}
@@ -167,6 +167,20 @@ void shift_shadow_cq(struct shift_rnic *r, struct ibv_cq *cq, int cqe,
 	c->app_channel = channel;
 	c->comp_vector = comp_vector;
 	PUSH(r, cqs, c);
+}
+
+void shift_shadow_cq_resized(struct shift_rnic *r, struct ibv_cq *cq)
+{
+	pthread_mutex_lock(&r->lock);
+	struct shift_cq *c = find_cq(r, cq);
+	if (c)
+		c->cqe = cq->cqe;
+	pthread_mutex_unlock(&r->lock);
+	/* (a backup not created yet is created at the new size; the thread
+	 * reaps c only once the application destroyed cq, which it cannot
+	 * do while it resizes it) */
+	if (c)
+		shift_cq_fit_backup(r, c);
 }
 
 void shift_shadow_cq_gone(struct shift_rnic *r, struct ibv_cq *cq)
@@ -215,7 +229,7 @@ void shift_shadow_qp(struct shift_rnic *r, struct ibv_qp *qp,
 	if (type != IBV_QPT_RC)
 		shift_qp_unprotected_locked(q, "not an RC QP");
 	else if (has_srq)
-		shift_qp_unprotected_locked(q, "uses an SRQ (not shadowed yet)");
+		shift_qp_unprotected_locked(q, "uses an SRQ SHIFT cannot protect (XRC, tag matching, or shared with a QP that cannot fail over)");
 	else if (!q->pd || !q->send_cq || !q->recv_cq)
 		shift_qp_unprotected_locked(q, "its PD or CQ is not shadowed");
 	else if (r->unprotected)
@@ -318,6 +332,21 @@ int shift_shadow_qp_info(struct ibv_qp *qp, struct shift_qp_info *out)
 	return rc;
 }
 
+int shift_shadow_qp_state(struct ibv_qp *qp)
+{
+	struct shift_rnic *r = shift_rnic_of(qp->context);
+	int st = -ENOENT;
+
+	if (!r)
+		return st;
+	pthread_mutex_lock(&r->lock);
+	struct shift_qp *q = find_qp(r, qp);
+	if (q)
+		st = (int)q->state;
+	pthread_mutex_unlock(&r->lock);
+	return st;
+}
+
 struct shift_cq *shift_shadow_cq_of(struct shift_rnic *r, struct ibv_cq *cq)
 {
 	pthread_mutex_lock(&r->lock);
@@ -359,8 +388,8 @@ struct ibv_mr *shift_shadow_mr_backup(struct ibv_mr *mr)
 		return NULL;
 	pthread_mutex_lock(&r->lock);
 	for (struct shift_mr *m = r->mrs; m; m = m->next)
-		if (m->app == mr && !m->dead)
-			bk = m->bk;
+		if (m->app == mr && !m->dead && m->state == SHIFT_SHADOW_READY)
+			bk = m->bk; /* (thread-owned: published by the state) */
 	pthread_mutex_unlock(&r->lock);
 	return bk;
 }

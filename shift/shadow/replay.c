@@ -21,6 +21,7 @@
  */
 #include "shift/shadow/shadow_int.h"
 #include "shift/shadow/chan.h"
+#include "shift/dp/limbo.h"
 #include "shift/base/log.h"
 #include "shift/base/lower.h"
 #include "kv/kv.h"
@@ -55,31 +56,111 @@ static void replay_pd(struct shift_rnic *r, struct shift_pd *p)
 {
 	if (p->bk || p->state != SHIFT_SHADOW_PENDING)
 		return;
+	errno = 0;
 	p->bk = shift_lower->alloc_pd(r->bk_ctx);
+	int err = errno;
 	pthread_mutex_lock(&r->lock);
 	p->state = p->bk ? SHIFT_SHADOW_READY : SHIFT_SHADOW_UNPROTECTED;
 	pthread_mutex_unlock(&r->lock);
 	if (!p->bk)
-		shift_warn("%s: backup PD on %s: %s", r->name, r->bk_name, strerror(errno));
+		shift_warn("%s: backup PD on %s: %s", r->name, r->bk_name,
+			   err ? strerror(err) : "the provider gave no reason");
+}
+
+/*
+ * Entries for the backup of an application CQ of cqe: one more, room for
+ * SHIFT's control completions, as far as the backup NIC allows (a CQ made
+ * at the device's largest size gets a backup that size); -1 if the backup
+ * NIC's largest CQ is smaller than the application's.
+ */
+static int bk_cqe_for(const struct shift_rnic *r, int cqe)
+{
+	if (r->bk_max_cqe > 0 && cqe + 1 > r->bk_max_cqe)
+		return cqe <= r->bk_max_cqe ? r->bk_max_cqe : -1;
+	return cqe + 1;
+}
+
+/* c's shadow QPs run unprotected: its backup CQ is too small (r->lock
+ * held). */
+static void cq_qps_unprotected_locked(struct shift_rnic *r, struct shift_cq *c, const char *why)
+{
+	for (struct shift_qp *q = r->qps; q; q = q->next) {
+		if (q->dead || (q->send_cq != c && q->recv_cq != c))
+			continue;
+		if (q->state == SHIFT_SHADOW_READY)
+			stat_add(&shift_shadow_counters.qps_ready, -1);
+		shift_qp_unprotected_locked(q, why);
+	}
 }
 
 static void replay_cq(struct shift_rnic *r, struct shift_cq *c)
 {
 	if (c->bk || c->state != SHIFT_SHADOW_PENDING)
 		return;
+	pthread_mutex_lock(&r->lock);
+	int cqe = c->cqe;
+	pthread_mutex_unlock(&r->lock);
+	int want = bk_cqe_for(r, cqe);
+	if (want < 0) {
+		pthread_mutex_lock(&r->lock);
+		c->state = SHIFT_SHADOW_UNPROTECTED;
+		pthread_mutex_unlock(&r->lock);
+		shift_warn("%s: a CQ of %d entries runs unprotected: the backup NIC %s holds at "
+			   "most %d", r->name, cqe, r->bk_name, r->bk_max_cqe);
+		return;
+	}
 	if (c->app_has_channel && !c->bk_channel)
 		c->bk_channel = shift_lower->create_comp_channel(r->bk_ctx);
-	/* one more entry than the app's: room for SHIFT's control completions */
-	c->bk = shift_lower->create_cq(r->bk_ctx, c->cqe + 1, c, c->bk_channel,
+	errno = 0;
+	c->bk = shift_lower->create_cq(r->bk_ctx, want, c, c->bk_channel,
 				       c->comp_vector % (r->bk_ctx->num_comp_vectors > 0 ?
 							 r->bk_ctx->num_comp_vectors : 1));
+	int err = errno;
+	c->bk_cqe = want;
 	pthread_mutex_lock(&r->lock);
 	c->state = c->bk ? SHIFT_SHADOW_READY : SHIFT_SHADOW_UNPROTECTED;
 	pthread_mutex_unlock(&r->lock);
 	if (!c->bk)
-		shift_warn("%s: backup CQ on %s: %s", r->name, r->bk_name, strerror(errno));
+		shift_warn("%s: a CQ of %d entries runs unprotected: its backup on %s: %s", r->name,
+			   cqe, r->bk_name, err ? strerror(err) : "the provider gave no reason");
 	else
 		shift_chan_backup_ready(r, c);
+	shift_cq_fit_backup(r, c); /* (resized meanwhile) */
+}
+
+/*
+ * Make c's backup CQ hold what the application's now holds, plus SHIFT's
+ * entry: after the application's ibv_resize_cq (on its thread, before the
+ * resize returns) and after the backup's creation (a resize may have come
+ * meanwhile). Under c->dp_lock, which the backup's pollers hold. Backups
+ * only grow. If the backup cannot, c's QPs run unprotected (a failover
+ * could overflow it).
+ */
+void shift_cq_fit_backup(struct shift_rnic *r, struct shift_cq *c)
+{
+	pthread_mutex_lock(&c->dp_lock);
+	pthread_mutex_lock(&r->lock);
+	struct ibv_cq *bk = c->state == SHIFT_SHADOW_READY && !c->dead ? c->bk : NULL;
+	int cqe = c->cqe;
+	pthread_mutex_unlock(&r->lock);
+	int want = bk ? bk_cqe_for(r, cqe) : 0;
+	int rc = 0;
+
+	if (bk && want > c->bk_cqe) {
+		rc = shift_lower->resize_cq(bk, want);
+		if (!rc)
+			c->bk_cqe = want;
+	}
+	if (bk && (want < 0 || rc)) {
+		pthread_mutex_lock(&r->lock);
+		c->state = SHIFT_SHADOW_UNPROTECTED;
+		cq_qps_unprotected_locked(r, c, "its CQ grew past what the backup NIC's CQ holds");
+		pthread_mutex_unlock(&r->lock);
+		shift_warn("%s: a CQ resized to %d entries runs unprotected, with its QPs: its backup "
+			   "on %s: %s", r->name, cqe, r->bk_name,
+			   want < 0 ? "larger than the NIC's largest CQ" : strerror(rc));
+	}
+	pthread_mutex_unlock(&c->dp_lock);
 }
 
 static void publish_mr(struct shift_rnic *r, struct shift_mr *m)
@@ -114,6 +195,9 @@ static void replay_mr(struct shift_rnic *r, struct shift_mr *m)
 		}
 		if (!m->pd->bk)
 			return; /* next pass */
+		int err;
+
+		errno = 0;
 		switch (m->kind) {
 		case SHIFT_MR_PLAIN:
 			m->bk = shift_lower->reg_mr(m->pd->bk, m->addr, m->length, (int)m->access);
@@ -126,16 +210,19 @@ static void replay_mr(struct shift_rnic *r, struct shift_mr *m)
 			m->bk = shift_lower->reg_dmabuf_mr(m->pd->bk, m->dmabuf_offset,
 							   m->length, m->iova, m->dmabuf_fd,
 							   (int)m->access);
+			err = errno; /* (close may change it) */
 			close(m->dmabuf_fd);
+			errno = err;
 			m->dmabuf_fd = -1;
 			break;
 		}
+		err = errno;
 		pthread_mutex_lock(&r->lock);
 		m->state = m->bk ? SHIFT_SHADOW_READY : SHIFT_SHADOW_UNPROTECTED;
 		pthread_mutex_unlock(&r->lock);
 		if (!m->bk) {
 			shift_warn("%s: backup MR (rkey %u) on %s: %s", r->name, m->app_rkey,
-				   r->bk_name, strerror(errno));
+				   r->bk_name, err ? strerror(err) : "the provider gave no reason");
 			return;
 		}
 		stat_add(&shift_shadow_counters.mrs_ready, 1);
@@ -176,6 +263,10 @@ void shift_rnic_reap(struct shift_rnic *r)
 
 	REAP(qps, struct shift_qp, {
 		if (o->published && shift_exchange_qp_key(&o->my_key, key, sizeof(key)) >= 0)
+			kv_del(r, key);
+		/* (and its failover record: a QP that reuses the number is a
+		 * new connection) */
+		if (o->published && shift_exchange_ep_key(&o->my_key, key, sizeof(key)) >= 0)
 			kv_del(r, key);
 		if (o->bk)
 			shift_lower->destroy_qp(o->bk);
@@ -238,23 +329,24 @@ static int pending(struct shift_rnic *r)
 
 int shift_rnic_pass(struct shift_rnic *r)
 {
+	shift_limbo_reclaim(); /* (what lock-free readers held long ago) */
+	shift_rnic_reap(r); /* (with no backup NIC too: nothing piles up) */
 	if (!r->bk_ctx)
 		return 0;
-	shift_rnic_reap(r);
 	void (*bg)(struct shift_ctx *s) = __atomic_load_n(&background, __ATOMIC_RELAXED);
 	if (bg)
 		bg(r->sctx);
 	EACH(r, pds, struct shift_pd, p)
-		if (!p->dead)
+		if (!SHIFT_SHADOW_DEAD(p))
 			replay_pd(r, p);
 	EACH(r, cqs, struct shift_cq, c)
-		if (!c->dead)
+		if (!SHIFT_SHADOW_DEAD(c))
 			replay_cq(r, c);
 	EACH(r, qps, struct shift_qp, q)
-		if (!q->dead)
+		if (!SHIFT_SHADOW_DEAD(q))
 			shift_replay_qp(r, q);
 	EACH(r, mrs, struct shift_mr, m)
-		if (!m->dead)
+		if (!SHIFT_SHADOW_DEAD(m))
 			replay_mr(r, m);
 	return pending(r);
 }

@@ -5,10 +5,19 @@
  * KV store, then runs the replay pass (replay.c) whenever the application's
  * control verbs kicked it (a burst of them coalesced into one pass), and
  * periodically: soon while replay is pending, often while a QP is failed
- * over, else at the idle period. At exit the threads are stopped and the
- * RNICs' KV keys deleted. In synchronous mode (shift_config.inline_passes:
- * tests, the campaign) there is no thread: the caller runs the passes
- * (shift_rnic_pass, shift_rnic_pass_all).
+ * over, else at the idle period. In synchronous mode
+ * (shift_config.inline_passes: tests, the campaign) there is no thread:
+ * the caller runs the passes (shift_rnic_pass, shift_rnic_pass_all).
+ *
+ * Exit and fork. At exit() (shadow_atexit, registered with the first
+ * thread) every thread is stopped and joined before the RNICs' KV keys are
+ * deleted; whatever runs later (a destructor closing a device) finds no
+ * thread. fork() waits until no thread is inside a pass (r->busy), so the
+ * child inherits no lock a thread held, SHIFT's or the libraries' below;
+ * the child has none of the threads, and its RNICs are its parent's: the
+ * child drops them (shift_shadow_fork_child) and never joins, reaps,
+ * deletes keys or writes status for them. What the child opens itself is
+ * shadowed as in any process.
  *
  * Nothing here may hurt the application: no backup NIC, an invalid KV URL,
  * a thread that cannot start turn the whole RNIC unprotected, with one log
@@ -38,19 +47,21 @@
 #define SHIFT_COALESCE_MS 10
 #define SHIFT_COALESCE_ROUNDS 20
 
-/* The RNICs by their context's slot, for pass_all and the exit handler. */
+/* The live RNICs, for pass_all, the exit handler and fork; the ones a
+ * forked child inherited are kept apart (never freed: they are its
+ * parent's). */
 static pthread_mutex_t rnics_lock = PTHREAD_MUTEX_INITIALIZER;
-static struct shift_rnic *rnics[SHIFT_MAX_CTX];
+static struct shift_rnic *rnics, *inherited;
 
+/* (synchronous mode: the caller's own thread runs every pass, so no RNIC
+ * is stopped meanwhile) */
 void shift_rnic_pass_all(void)
 {
-	for (int i = 0; i < SHIFT_MAX_CTX; i++) {
-		pthread_mutex_lock(&rnics_lock);
-		struct shift_rnic *r = rnics[i];
-		pthread_mutex_unlock(&rnics_lock);
-		if (r)
-			shift_rnic_pass(r);
-	}
+	pthread_mutex_lock(&rnics_lock);
+	struct shift_rnic *r = rnics;
+	pthread_mutex_unlock(&rnics_lock);
+	for (; r; r = r->next_rnic)
+		shift_rnic_pass(r);
 }
 
 /* ---- the RNIC's thread ------------------------------------------------- */
@@ -131,6 +142,9 @@ static void backup_open(struct shift_rnic *r)
 		rnic_unprotected(r, "cannot open the backup NIC");
 		return;
 	}
+	struct ibv_device_attr da;
+	if (!shift_lower->query_device(r->bk_ctx, &da))
+		r->bk_max_cqe = da.max_cqe;
 	shift_info("%s: backup NIC %s", r->name, r->bk_name);
 }
 
@@ -146,14 +160,28 @@ static void kv_connect(struct shift_rnic *r)
 	}
 }
 
+/* Wait on r's kick for ms (r->lock held). */
+static void wait_kick(struct shift_rnic *r, uint64_t ms)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_REALTIME, &ts);
+	uint64_t ns = (uint64_t)ts.tv_nsec + ms * 1000000ull;
+	ts.tv_sec += (time_t)(ns / 1000000000ull);
+	ts.tv_nsec = (long)(ns % 1000000000ull);
+	pthread_cond_timedwait(&r->kick, &r->lock, &ts);
+}
+
 static void *rnic_main(void *arg)
 {
 	struct shift_rnic *r = arg;
 	uint64_t last_status = 0;
 
+	pthread_mutex_lock(&r->busy);
 	backup_open(r);
 	if (r->bk_ctx)
 		kv_connect(r);
+	pthread_mutex_unlock(&r->busy);
 	pthread_mutex_lock(&r->lock);
 	while (!r->stop) {
 		bool work = r->dirty;
@@ -162,42 +190,31 @@ static void *rnic_main(void *arg)
 		 * QPs) finish before replaying: on a busy or single CPU the
 		 * replay would otherwise steal time from each of them. */
 		for (int quiet = 0; work && quiet < SHIFT_COALESCE_ROUNDS && !r->stop; quiet++) {
-			struct timespec ts;
-
 			r->dirty = false;
-			clock_gettime(CLOCK_REALTIME, &ts);
-			ts.tv_nsec += SHIFT_COALESCE_MS * 1000000L;
-			if (ts.tv_nsec >= 1000000000L) {
-				ts.tv_sec++;
-				ts.tv_nsec -= 1000000000L;
-			}
-			pthread_cond_timedwait(&r->kick, &r->lock, &ts);
+			wait_kick(r, SHIFT_COALESCE_MS);
 			if (!r->dirty)
 				break;
 		}
 		r->dirty = false;
 		pthread_mutex_unlock(&r->lock);
+		pthread_mutex_lock(&r->busy);
 		int left = work || r->bk_ctx ? shift_rnic_pass(r) : 0;
 		if (shift_clock_ms() - last_status > 1000 || work) {
 			shift_status_write(r);
 			last_status = shift_clock_ms();
 		}
+		pthread_mutex_unlock(&r->busy);
 		pthread_mutex_lock(&r->lock);
 		if (r->stop || r->dirty)
 			continue;
-		struct timespec ts;
-		clock_gettime(CLOCK_REALTIME, &ts);
 		/* replay pending: soon; a QP failed over (probes, failback): often;
 		 * else the idle period, which also bounds how long a passive
 		 * peer's handshake message waits for its answer */
 		uint64_t period = left ? SHIFT_PASS_PERIOD_MS :
 				  __atomic_load_n(&r->sctx->slow, __ATOMIC_ACQUIRE) ? SHIFT_FO_PERIOD_MS :
 										       SHIFT_IDLE_PERIOD_MS;
-		uint64_t ns = (uint64_t)ts.tv_nsec + period * 1000000ull;
-		ts.tv_sec += (time_t)(ns / 1000000000ull);
-		ts.tv_nsec = (long)(ns % 1000000000ull);
 		r->idle = true;
-		pthread_cond_timedwait(&r->kick, &r->lock, &ts);
+		wait_kick(r, period);
 		r->idle = false;
 	}
 	pthread_mutex_unlock(&r->lock);
@@ -216,19 +233,58 @@ static void stop_thread(struct shift_rnic *r)
 	r->thread_started = false;
 }
 
+/* exit(): every thread stops before anything of SHIFT's is released, and
+ * the KV keys go while the process still can. The RNICs stay (a later
+ * close_device frees them); rnics_lock is held throughout, so a close on
+ * another thread waits instead of freeing an RNIC under the loop. */
 static void shadow_atexit(void)
 {
-	for (int i = 0; i < SHIFT_MAX_CTX; i++) {
-		pthread_mutex_lock(&rnics_lock);
-		struct shift_rnic *r = rnics[i];
-		pthread_mutex_unlock(&rnics_lock);
-		if (!r)
-			continue;
+	pthread_mutex_lock(&rnics_lock);
+	for (struct shift_rnic *r = rnics; r; r = r->next_rnic)
 		stop_thread(r);
+	for (struct shift_rnic *r = rnics; r; r = r->next_rnic) {
 		if (r->kv)
 			shift_kv_delete_own(r->kv);
 		shift_status_remove(r);
 	}
+	pthread_mutex_unlock(&rnics_lock);
+}
+
+/* ---- fork() (the front's handlers, shift/fork.c) ------------------------ */
+
+void shift_shadow_fork_prepare(void)
+{
+	pthread_mutex_lock(&rnics_lock);
+	for (struct shift_rnic *r = rnics; r; r = r->next_rnic)
+		pthread_mutex_lock(&r->busy);
+}
+
+void shift_shadow_fork_parent(void)
+{
+	for (struct shift_rnic *r = rnics; r; r = r->next_rnic)
+		pthread_mutex_unlock(&r->busy);
+	pthread_mutex_unlock(&rnics_lock);
+}
+
+void shift_shadow_fork_child(void)
+{
+	while (rnics) {
+		struct shift_rnic *r = rnics;
+
+		rnics = r->next_rnic;
+		pthread_mutex_unlock(&r->busy); /* (prepare's: this thread's) */
+		r->thread_started = false; /* (the parent's) */
+		if (r->kv) {
+			/* the child's copy of the connection: closed without a
+			 * word on it (the parent's stays), its keys kept */
+			shift_kv_close(r->kv);
+			r->kv = NULL;
+		}
+		r->stop = true;
+		r->next_rnic = inherited;
+		inherited = r;
+	}
+	pthread_mutex_unlock(&rnics_lock);
 }
 
 struct shift_rnic *shift_rnic_start(struct shift_ctx *sctx)
@@ -240,12 +296,17 @@ struct shift_rnic *shift_rnic_start(struct shift_ctx *sctx)
 		return NULL;
 	}
 	r->sctx = sctx;
+	sctx->rnic = r; /* (before the thread starts: it reads it) */
 	snprintf(r->name, sizeof(r->name), "%s",
 		 sctx->ibctx->device ? sctx->ibctx->device->name : "?");
+	pthread_mutex_init(&r->busy, NULL);
 	pthread_mutex_init(&r->lock, NULL);
 	pthread_cond_init(&r->kick, NULL);
 	pthread_mutex_lock(&rnics_lock);
-	rnics[sctx->slot] = r;
+	struct shift_rnic **pp = &rnics;
+	while (*pp)
+		pp = &(*pp)->next_rnic;
+	*pp = r; /* (passes run in the order the contexts were opened) */
 	pthread_mutex_unlock(&rnics_lock);
 	if (shift_config.inline_passes) {
 		backup_open(r);
@@ -268,22 +329,27 @@ void shift_rnic_stop(struct shift_rnic *r)
 {
 	if (!r)
 		return;
+	pthread_mutex_lock(&rnics_lock);
+	for (struct shift_rnic **pp = &rnics; *pp; pp = &(*pp)->next_rnic) {
+		if (*pp == r) {
+			*pp = r->next_rnic;
+			break;
+		}
+	}
+	pthread_mutex_unlock(&rnics_lock);
 	stop_thread(r);
 	shift_status_remove(r);
-	pthread_mutex_lock(&rnics_lock);
-	rnics[r->sctx->slot] = NULL;
-	pthread_mutex_unlock(&rnics_lock);
 
 	/* everything the app left behind dies with its context */
 	pthread_mutex_lock(&r->lock);
 	for (struct shift_qp *q = r->qps; q; q = q->next)
-		q->dead = true;
+		SHIFT_SHADOW_KILL(q);
 	for (struct shift_mr *m = r->mrs; m; m = m->next)
-		m->dead = true;
+		SHIFT_SHADOW_KILL(m);
 	for (struct shift_cq *c = r->cqs; c; c = c->next)
-		c->dead = true;
+		SHIFT_SHADOW_KILL(c);
 	for (struct shift_pd *p = r->pds; p; p = p->next)
-		p->dead = true;
+		SHIFT_SHADOW_KILL(p);
 	pthread_mutex_unlock(&r->lock);
 	shift_rnic_reap(r);
 	if (r->kv) {
@@ -294,5 +360,6 @@ void shift_rnic_stop(struct shift_rnic *r)
 		shift_lower->close_device(r->bk_ctx);
 	pthread_cond_destroy(&r->kick);
 	pthread_mutex_destroy(&r->lock);
+	pthread_mutex_destroy(&r->busy);
 	free(r);
 }

@@ -22,11 +22,22 @@
 
 struct shift_ctx;
 
-/* Start shadowing a context the application opened; NULL if this context
+/* Start shadowing a context the application opened: sctx->rnic is set
+ * (before the RNIC's thread starts) and returned; NULL if this context
  * cannot be protected (logged once). Never fails the application. */
 struct shift_rnic *shift_rnic_start(struct shift_ctx *sctx);
 /* Stop the thread, destroy backup objects, delete this RNIC's KV keys. */
 void shift_rnic_stop(struct shift_rnic *rnic);
+
+/*
+ * fork(): shadow's share of the front's handlers (shift/fork.c). prepare
+ * waits until no RNIC thread is inside a pass and holds them there; parent
+ * lets them go on. child: the child's RNICs are its parent's (threads,
+ * backup objects, KV keys): it drops them, never to touch them again.
+ */
+void shift_shadow_fork_prepare(void);
+void shift_shadow_fork_parent(void);
+void shift_shadow_fork_child(void);
 
 /* Recording, called on the application's thread after the lower verb
  * succeeded. Cheap: an allocation and a list insert under rnic->lock. */
@@ -41,6 +52,9 @@ void shift_shadow_mr_rereg(struct shift_rnic *r, struct ibv_mr *mr, int flags,
 			   int access);
 void shift_shadow_cq(struct shift_rnic *r, struct ibv_cq *cq, int cqe,
 		     struct ibv_comp_channel *channel, int comp_vector);
+/* cq was resized (cq->cqe is its new size): its backup grows with it
+ * before this returns, or its QPs run unprotected. */
+void shift_shadow_cq_resized(struct shift_rnic *r, struct ibv_cq *cq);
 void shift_shadow_cq_gone(struct shift_rnic *r, struct ibv_cq *cq);
 void shift_shadow_qp(struct shift_rnic *r, struct ibv_qp *qp,
 		     enum ibv_qp_type type, struct ibv_cq *send_cq,
@@ -109,6 +123,9 @@ struct shift_qp_info {
 	const char *bk_dev;
 };
 int shift_shadow_qp_info(struct ibv_qp *qp, struct shift_qp_info *out);
+/* Only the shadow state of an application QP (enum shift_shadow_state),
+ * or -ENOENT: safe while the RNIC's thread runs. */
+int shift_shadow_qp_state(struct ibv_qp *qp);
 struct ibv_mr *shift_shadow_mr_backup(struct ibv_mr *mr);
 struct shift_rnic *shift_rnic_of(struct ibv_context *ctx);
 #endif /* SHIFT_SHADOW_H */

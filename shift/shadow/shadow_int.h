@@ -33,6 +33,10 @@ bool shift_shadow_kv_ok(struct shift_rnic *r, int rc, const char *what);
 /* replay.c: destroy the backup side of dead objects and unlink them. */
 void shift_rnic_reap(struct shift_rnic *r);
 
+/* replay.c: c's backup CQ as large as the application's CQ now is
+ * (after a resize); any thread, no lock held. */
+void shift_cq_fit_backup(struct shift_rnic *r, struct shift_cq *c);
+
 /* connect.c: one replay step of a QP: create its backup, bring it towards
  * RTS as far as the application's QP and the peer allow (RNIC thread). */
 void shift_replay_qp(struct shift_rnic *r, struct shift_qp *q);

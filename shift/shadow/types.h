@@ -10,7 +10,8 @@
  * Fields marked thread-owned are written only by the RNIC's thread (or the
  * caller of a synchronous pass). The background thread never holds the lock
  * across a verb or a KV round trip, so the application's control verbs
- * never wait on either.
+ * never wait on either. `dead` is set under the lock and read without it
+ * by the thread's walks (SHIFT_SHADOW_DEAD): an atomic flag.
  */
 #ifndef SHIFT_SHADOW_TYPES_H
 #define SHIFT_SHADOW_TYPES_H
@@ -24,6 +25,10 @@
 
 struct shift_ctx;
 struct shift_kv;
+
+/* The application destroyed o (rnic->lock held) / has it? (any thread) */
+#define SHIFT_SHADOW_KILL(o) __atomic_store_n(&(o)->dead, true, __ATOMIC_RELEASE)
+#define SHIFT_SHADOW_DEAD(o) __atomic_load_n(&(o)->dead, __ATOMIC_ACQUIRE)
 
 enum shift_shadow_state {
 	SHIFT_SHADOW_PENDING,     /* recorded, not yet replayed */
@@ -62,11 +67,13 @@ struct shift_mr {
 struct shift_cq {
 	struct shift_cq *next;       /* (L) */
 	struct ibv_cq *app;
-	int cqe;
+	int cqe;                     /* (L) the application CQ's, resizes included */
 	int comp_vector;
 	bool app_has_channel;
 	struct ibv_comp_channel *app_channel; /* (L) NULL once being destroyed */
 	struct ibv_cq *bk;           /* thread-owned */
+	int bk_cqe;                  /* entries asked of bk (thread-owned until READY,
+				      * then under dp_lock: shift_cq_fit_backup) */
 	struct ibv_comp_channel *bk_channel;
 	unsigned synth_events;       /* backup events reported as the app CQ's,
 				      * not acked yet (atomic; shadow/chan.c) */
@@ -118,13 +125,19 @@ struct shift_qp {
 #define SHIFT_RNIC_MAX_GIDS 4
 
 struct shift_rnic {
+	struct shift_rnic *next_rnic; /* (rnics_lock, rnic.c) */
 	struct shift_ctx *sctx;
 	char name[64];            /* default device name */
 	char bk_name[64];         /* backup device name, "" if none */
 	struct ibv_context *bk_ctx;
+	int bk_max_cqe;           /* the backup NIC's largest CQ (0: unknown) */
 
 	pthread_t thread;
 	bool thread_started;
+	/* held by the thread whenever it is not asleep (a pass, opening the
+	 * backup NIC): fork() waits for it, so a child never inherits a lock
+	 * the thread held, of SHIFT's or of the libraries below (rnic.c) */
+	pthread_mutex_t busy;
 	pthread_mutex_t lock;
 	pthread_cond_t kick;
 	bool stop;                /* (L) */

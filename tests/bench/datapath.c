@@ -8,8 +8,14 @@
  * total Ir divided by the iteration count is the cost of one call, all the
  * way down through the simulated provider. Run once with --plain and once
  * through SHIFT; the difference is SHIFT's.
- * Usage: shift-bench-datapath --plain|--shift send|recv|poll [ITERATIONS]
+ * The extended verbs the same way: expost is one ibv_wr_start,
+ * ibv_wr_rdma_write, ibv_wr_set_sge, ibv_wr_complete batch (one WR), and
+ * expoll one ibv_start_poll .. ibv_end_poll session returning one
+ * completion (with its QP number read), on an ibv_create_qp_ex QP and an
+ * ibv_create_cq_ex CQ.
+ * Usage: shift-bench-datapath --plain|--shift send|recv|poll|expost|expoll [ITERATIONS]
  */
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -35,7 +41,8 @@ int (ibv_query_port)(struct ibv_context *c, uint8_t p, struct _compat_ibv_port_a
 int main(int argc, char **argv)
 {
 	if (argc < 3) {
-		fprintf(stderr, "usage: %s --plain|--shift send|recv|poll [ITERATIONS]\n", argv[0]);
+		fprintf(stderr, "usage: %s --plain|--shift send|recv|poll|expost|expoll [ITERATIONS]\n",
+			argv[0]);
 		return 2;
 	}
 	int shift = !strcmp(argv[1], "--shift");
@@ -56,8 +63,10 @@ int main(int argc, char **argv)
 		shift_inline_load();
 		va = vb = &shift_verbs;
 	}
-	if (sim_ep_open(&a, va, "sim0_0", 4096, ACCESS, &cap, 256, 0) ||
-	    sim_ep_open(&b, vb, "sim1_0", 4096, ACCESS, &cap, 256, 0)) {
+	unsigned flags = !strncmp(op, "ex", 2) ? SIM_EP_EX : 0;
+
+	if (sim_ep_open(&a, va, "sim0_0", 4096, ACCESS, &cap, 256, flags) ||
+	    sim_ep_open(&b, vb, "sim1_0", 4096, ACCESS, &cap, 256, flags)) {
 		fprintf(stderr, "setup failed\n");
 		return 1;
 	}
@@ -116,6 +125,35 @@ int main(int argc, char **argv)
 						;
 				}
 			}
+		} else if (!strcmp(op, "expost")) {
+			struct ibv_qp_ex *q = a.qpx;
+
+			CALLGRIND_TOGGLE_COLLECT;
+			ibv_wr_start(q);
+			q->wr_id = (uint64_t)i;
+			q->wr_flags = IBV_SEND_SIGNALED;
+			ibv_wr_rdma_write(q, b.mr->rkey, (uintptr_t)b.buf);
+			ibv_wr_set_sge(q, sge.lkey, sge.addr, sge.length);
+			int rc = ibv_wr_complete(q);
+			CALLGRIND_TOGGLE_COLLECT;
+			ok += rc == 0;
+			sim_world_run_until_idle(w);
+			while (ibv_poll_cq(a.cq, 1, &wc) > 0)
+				;
+		} else if (!strcmp(op, "expoll")) {
+			struct ibv_poll_cq_attr attr = { .comp_mask = 0 };
+
+			ibv_post_send(a.qp, &wr, &bad);
+			sim_world_run_until_idle(w);
+			CALLGRIND_TOGGLE_COLLECT;
+			int rc = ibv_start_poll(a.cqx, &attr);
+			uint32_t qpn = rc ? 0 : ibv_wc_read_qp_num(a.cqx);
+			bool good = !rc && a.cqx->status == IBV_WC_SUCCESS && a.cqx->wr_id == (uint64_t)i;
+
+			if (!rc)
+				ibv_end_poll(a.cqx);
+			CALLGRIND_TOGGLE_COLLECT;
+			ok += good && qpn == a.qp->qp_num;
 		} else {
 			ibv_post_send(a.qp, &wr, &bad);
 			sim_world_run_until_idle(w);

@@ -14,3 +14,27 @@ if(TARGET shift_sim)
   shift_unit_test(test_channel SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/test_channel.c
     LIBS shift_core shift_sim)
 endif()
+if(TARGET shift_sim)
+  shift_unit_test(test_exverbs SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/test_exverbs.c
+    LIBS shift_core shift_sim)
+endif()
+if(TARGET shift_sim)
+  shift_unit_test(test_srq SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/test_srq.c
+    LIBS shift_core shift_sim)
+endif()
+if(TARGET shift_sim)
+  shift_unit_test(test_apperr SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/test_apperr.c
+    LIBS shift_core shift_sim)
+endif()
+if(TARGET shift_sim)
+  shift_unit_test(test_appctl SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/test_appctl.c
+    LIBS shift_core shift_sim)
+endif()
+if(TARGET shift_sim)
+  shift_unit_test(test_lifecycle SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/test_lifecycle.c
+    LIBS shift_core shift_sim)
+endif()
+if(TARGET shift_sim)
+  shift_unit_test(test_limits SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/test_limits.c
+    LIBS shift_core shift_sim)
+endif()

@@ -16,3 +16,25 @@ add_test(NAME dropin_tools
   COMMAND ${CMAKE_SOURCE_DIR}/tests/dropin/compare_tools.sh ${CMAKE_LIBRARY_OUTPUT_DIRECTORY})
 set_tests_properties(dropin_exports dropin_exports_selftest dropin_nccl_loader dropin_tools
   PROPERTIES LABELS unit TIMEOUT 60)
+
+# Plugin-style loading: RTLD_LOCAL modules found through LD_LIBRARY_PATH all
+# bind to the drop-in (the real library must stay out of the global scope).
+if(IBVERBS_LINK_LIBRARIES)
+  set(_scope_verbs ${IBVERBS_LINK_LIBRARIES})
+else()
+  set(_scope_verbs ${SHIFT_REAL_LIBIBVERBS_PATH})
+endif()
+add_executable(scope_loader ${CMAKE_SOURCE_DIR}/tests/dropin/scope_loader.c)
+target_link_libraries(scope_loader PRIVATE ${CMAKE_DL_LIBS})
+add_dependencies(scope_loader ibverbs)
+foreach(_m a b c)
+  add_library(scope_mod_${_m} MODULE ${CMAKE_SOURCE_DIR}/tests/dropin/scope_mod.c)
+  target_link_libraries(scope_mod_${_m} PRIVATE ${_scope_verbs})
+  set_target_properties(scope_mod_${_m} PROPERTIES SKIP_BUILD_RPATH TRUE)
+  add_dependencies(scope_loader scope_mod_${_m})
+endforeach()
+add_test(NAME dropin_local_scope
+  COMMAND scope_loader ${CMAKE_LIBRARY_OUTPUT_DIRECTORY}/libibverbs.so.1
+          $<TARGET_FILE:scope_mod_a> $<TARGET_FILE:scope_mod_b> $<TARGET_FILE:scope_mod_c>)
+set_tests_properties(dropin_local_scope PROPERTIES LABELS unit TIMEOUT 60
+  ENVIRONMENT "LD_LIBRARY_PATH=${CMAKE_LIBRARY_OUTPUT_DIRECTORY};SHIFT_LOG_LEVEL=error")

@@ -191,30 +191,66 @@ static void test_legacy_context(void **state)
 	free(f);
 }
 
-static void test_context_table_full_leaves_unprotected(void **state)
+/* One context through SHIFT: found, its data path routed to the provider. */
+static void assert_routed(struct fake *f)
 {
-	struct fake *f[SHIFT_MAX_CTX + 1];
+	struct ibv_context *c = &f->vctx.context;
 	struct ibv_send_wr swr = { 0 }, *sbad;
+	struct ibv_wc wc;
+	int sent = f->post_send, polled = f->poll_cq;
+
+	assert_non_null(shift_ctx_of(c));
+	assert_ptr_equal(shift_ctx_of(c)->ibctx, c);
+	assert_ptr_not_equal(c->ops.post_send, f_post_send);
+	assert_ptr_not_equal(c->ops.poll_cq, f_poll_cq);
+	assert_int_equal(ibv_post_send(&f->qp, &swr, &sbad), 0);
+	assert_int_equal(ibv_poll_cq(&f->cq, 1, &wc), 0);
+	assert_int_equal(f->post_send, sent + 1);
+	assert_int_equal(f->poll_cq, polled + 1);
+}
+
+/* No limit the plain library lacks: past the contexts with a poll of their
+ * own (SHIFT_FAST_CTX), every further one is taken over too, through the
+ * table that grows; closing some in the middle and opening more reuses
+ * slots and removed entries, and every close gives the provider its ops. */
+static void test_any_number_of_contexts(void **state)
+{
+	enum { N = 3 * SHIFT_FAST_CTX + 41 };
+	static struct fake *f[N + 64];
 	(void)state;
 
-	for (int i = 0; i <= SHIFT_MAX_CTX; i++) {
+	for (int i = 0; i < N; i++) {
 		f[i] = fake_new(1);
 		next_fake = f[i];
 		assert_ptr_equal(shift_verbs.open_device(NULL), &f[i]->vctx.context);
 	}
-	/* the one past the table still works, untouched by SHIFT */
-	struct fake *last = f[SHIFT_MAX_CTX];
-	assert_ptr_equal(last->vctx.context.ops.post_send, f_post_send);
-	assert_null(shift_ctx_of(&last->vctx.context));
-	assert_int_equal(ibv_post_send(&last->qp, &swr, &sbad), 0);
-	assert_int_equal(last->post_send, 1);
-	/* and each earlier one is found and routed */
-	assert_int_equal(ibv_post_send(&f[SHIFT_MAX_CTX - 1]->qp, &swr, &sbad), 0);
-	assert_int_equal(f[SHIFT_MAX_CTX - 1]->post_send, 1);
-	for (int i = 0; i <= SHIFT_MAX_CTX; i++) {
-		shift_verbs.close_device(&f[i]->vctx.context);
-		free(f[i]);
+	for (int i = 0; i < N; i++)
+		assert_routed(f[i]);
+	/* close every third one, fast slots and the others alike */
+	for (int i = 0; i < N; i += 3) {
+		assert_int_equal(shift_verbs.close_device(&f[i]->vctx.context), 0);
+		assert_ptr_equal(f[i]->vctx.context.ops.post_send, f_post_send);
+		assert_ptr_equal(f[i]->vctx.context.ops.poll_cq, f_poll_cq);
+		assert_null(shift_ctx_of(&f[i]->vctx.context));
 	}
+	for (int i = N; i < N + 64; i++) {
+		f[i] = fake_new(1);
+		next_fake = f[i];
+		assert_ptr_equal(shift_verbs.open_device(NULL), &f[i]->vctx.context);
+	}
+	for (int i = 0; i < N + 64; i++)
+		if (i >= N || i % 3)
+			assert_routed(f[i]);
+	for (int i = 0; i < N + 64; i++) {
+		if (i < N && i % 3 == 0)
+			continue;
+		assert_int_equal(shift_verbs.close_device(&f[i]->vctx.context), 0);
+		assert_ptr_equal(f[i]->vctx.context.ops.post_send, f_post_send);
+		assert_null(shift_ctx_of(&f[i]->vctx.context));
+	}
+	assert_int_equal(closed, N + 64);
+	for (int i = 0; i < N + 64; i++)
+		free(f[i]);
 }
 
 static void test_dummy_lower_slots(void **state)
@@ -254,7 +290,7 @@ int main(void)
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test_setup(test_takeover_routes_data_path, setup),
 		cmocka_unit_test_setup(test_legacy_context, setup),
-		cmocka_unit_test_setup(test_context_table_full_leaves_unprotected, setup),
+		cmocka_unit_test_setup(test_any_number_of_contexts, setup),
 		cmocka_unit_test_setup(test_dummy_lower_slots, setup),
 		cmocka_unit_test_teardown(test_config, test_env_teardown),
 	};

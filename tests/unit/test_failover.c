@@ -173,7 +173,8 @@ static void test_sends_survive_with_receives_in_order(void **state)
 
 /*
  * Failed-post detection. With a provider that refuses posts on a QP in ERR,
- * A's QP fails (QP_FATAL, nothing outstanding, so no error completion) and
+ * A's device fails (its QPs go to ERR; nothing outstanding, so no error
+ * completion) and
  * the application posts more writes: the posts succeed, the QP fails over
  * on the refusal, and every write lands and completes once.
  */
@@ -188,7 +189,7 @@ static void test_refused_post_on_failed_qp_fails_over(void **state)
 		post_write(i, i == 3);
 	drive(wa, 128, &na, wb, 128, &nb);
 	assert_int_equal(na, 1);
-	sim_qp_inject_fatal(a.qp);
+	sim_dev_kill(sim_host_dev(host[0], 0), 1);
 	for (int i = 4; i < 12; i++)
 		post_write(i, i % 4 == 3); /* (asserts the post succeeds) */
 	drive(wa, 128, &na, wb, 128, &nb);
@@ -196,8 +197,9 @@ static void test_refused_post_on_failed_qp_fails_over(void **state)
 	assert_int_equal(nb, 0);
 }
 
-/* The same for receives: B's QP fails with nothing posted; B's receives
- * are refused, kept, and consumed on the backup by A's sends, in order. */
+/* The same for receives: B's device fails with nothing posted; B's
+ * receives are refused, kept, and consumed on the backup by A's sends, in
+ * order. */
 static void test_refused_recv_on_failed_qp_fails_over(void **state)
 {
 	struct ibv_wc wa[128], wb[128];
@@ -206,7 +208,7 @@ static void test_refused_recv_on_failed_qp_fails_over(void **state)
 	(void)state;
 
 	sim_world_set_refuse_posts_in_err(world, 1);
-	sim_qp_inject_fatal(b.qp);
+	sim_dev_kill(sim_host_dev(host[1], 0), 1);
 	post_b_recvs(6); /* (asserts the posts succeed) */
 	for (int i = 0; i < 6; i++) {
 		struct ibv_sge ss = { .addr = (uintptr_t)a.buf + 64 * i, .length = 64, .lkey = a.mr->lkey };
@@ -1000,10 +1002,8 @@ static void test_qp_fatal_hidden(void **state)
 /* A second connection a2 <-> b2 on the same PDs and CQs as a <-> b. */
 static struct sim_ep a2, b2;
 
-static void open_second_conn(void)
+static void open_conn_cap(struct ibv_qp_cap cap)
 {
-	struct ibv_qp_cap cap = { .max_send_wr = 64, .max_recv_wr = 64,
-				  .max_send_sge = 2, .max_recv_sge = 2, .max_inline_data = 64 };
 	struct sim_ep_info ia, ib;
 
 	a2 = a;
@@ -1025,6 +1025,12 @@ static void open_second_conn(void)
 	struct shift_qp_info qi;
 	assert_int_equal(shift_shadow_qp_info(b2.qp, &qi), 0);
 	assert_int_equal(qi.state, SHIFT_SHADOW_READY);
+}
+
+static void open_second_conn(void)
+{
+	open_conn_cap((struct ibv_qp_cap){ .max_send_wr = 64, .max_recv_wr = 64, .max_send_sge = 2,
+					   .max_recv_sge = 2, .max_inline_data = 64 });
 }
 
 static int teardown2(void **state)
@@ -1152,6 +1158,9 @@ static void test_drain_takes_rest_of_batch_first(void **state)
 	assert_int_equal(wa[1].wr_id, 301);
 	while (sim_world_step(world))
 		;
+	/* (B's NIC is down when B polls: the flushes are a device failure's,
+	 * not the application's) */
+	sim_dev_kill(sim_host_dev(host[1], 0), 0);
 	sim_qp_inject_fatal(b2.qp); /* QP 2's remaining receives flush */
 	n = ibv_poll_cq(b.cq, 5, wb);
 	assert_true(n >= 0);
@@ -1193,6 +1202,7 @@ static void test_atomic_completed_in_cq_is_not_in_flight(void **state)
 	while (sim_world_step(world))
 		; /* the fetch-add is done; A does not poll */
 	sim_qp_inject_fatal(b.qp);
+	sim_dev_kill(sim_host_dev(host[1], 0), 0); /* (a device failure's) */
 	/* B fails over; A's side answers from SHIFT's background pass */
 	for (int i = 0; i < 64; i++) {
 		sim_world_step(world);
@@ -1215,6 +1225,85 @@ static void test_atomic_completed_in_cq_is_not_in_flight(void **state)
 	uint64_t v;
 	memcpy(&v, b.buf + 4096, 8);
 	assert_int_equal(v, 1);
+}
+
+/*
+ * A send queue of one WR (ibv_rc_pingpong's): the backup QP must have room
+ * for SHIFT's handshake message (and the empty READ before it) next to the
+ * application's one outstanding WR. The receiver's NIC dies with a send in
+ * flight; the peer starts the handshake, so A retransmits while its own
+ * handshake message may still be outstanding. Every send completes once.
+ */
+static void test_send_queue_of_one(void **state)
+{
+	struct ibv_wc wa[32], wb[32];
+	int na = 0, nb = 0;
+	(void)state;
+
+	open_conn_cap((struct ibv_qp_cap){ .max_send_wr = 1, .max_recv_wr = 8, .max_send_sge = 1,
+					   .max_recv_sge = 1 });
+	for (int i = 0; i < 6; i++)
+		post_recv_on(&b2, b2.qp, 500 + i, i);
+	for (int i = 0; i < 6; i++) {
+		post_send_on(&a2, a2.qp, 700 + i, 8 + i);
+		if (i == 1)
+			sim_dev_kill(sim_host_dev(host[1], 0), 0);
+		drive(wa, 32, &na, wb, 32, &nb);
+		assert_int_equal(na, i + 1);
+		assert_int_equal(wa[i].status, IBV_WC_SUCCESS);
+		assert_int_equal(wa[i].wr_id, 700 + i);
+	}
+	assert_int_equal(nb, 6);
+	for (int i = 0; i < 6; i++) {
+		assert_int_equal(wb[i].status, IBV_WC_SUCCESS);
+		assert_int_equal(wb[i].wr_id, 500 + i);
+		assert_int_equal(wb[i].qp_num, b2.qp->qp_num);
+		assert_int_equal((unsigned char)b2.buf[64 * i], (700 + i) & 0xff);
+	}
+}
+
+/*
+ * A WR the backup QP cannot carry (here a write to memory the peer
+ * registered outside SHIFT, so it has no backup key; the same as a memory
+ * window's rkey): the failover is abandoned before any WR moves and the
+ * application gets what plain would, at once: the first outstanding write
+ * fails with the path's error, the rest are flushed, each with its wr_id,
+ * and the QP is left in the error state. Nothing hangs.
+ */
+static void test_uncarried_wr_fails_connection(void **state)
+{
+	struct ibv_wc wa[32], wb[32];
+	int na = 0, nb = 0;
+	struct ibv_mr *raw = shift_lower->reg_mr(b.pd, b.buf + 8192, 4096,
+						 IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
+	struct ibv_qp_attr qa;
+	struct ibv_qp_init_attr qi;
+	(void)state;
+
+	assert_non_null(raw);
+	for (int i = 0; i < 3; i++) {
+		struct ibv_sge sge = { .addr = (uintptr_t)a.buf + 64 * i, .length = 64, .lkey = a.mr->lkey };
+		struct ibv_send_wr wr = {
+			.wr_id = 1100 + i, .sg_list = &sge, .num_sge = 1, .opcode = IBV_WR_RDMA_WRITE,
+			.send_flags = IBV_SEND_SIGNALED,
+			.wr.rdma = { .remote_addr = (uintptr_t)b.buf + 8192 + 64 * i, .rkey = raw->rkey },
+		}, *bad;
+		assert_int_equal(ibv_post_send(a.qp, &wr, &bad), 0);
+	}
+	sim_dev_kill(sim_host_dev(host[0], 0), 0);
+	sim_pair_expect_errors(3);
+	drive(wa, 32, &na, wb, 32, &nb);
+	assert_int_equal(na, 3);
+	assert_int_equal(wa[0].status, IBV_WC_RETRY_EXC_ERR);
+	for (int i = 0; i < 3; i++) {
+		assert_int_equal(wa[i].wr_id, 1100 + i);
+		assert_int_equal(wa[i].qp_num, a.qp->qp_num);
+		if (i)
+			assert_int_equal(wa[i].status, IBV_WC_WR_FLUSH_ERR);
+	}
+	assert_int_equal(shift_verbs.query_qp(a.qp, &qa, IBV_QP_STATE, &qi), 0);
+	assert_int_equal(qa.qp_state, IBV_QPS_ERR);
+	assert_int_equal(shift_lower->dereg_mr(raw), 0);
 }
 
 int main(void)
@@ -1251,6 +1340,8 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_status_shows_failover, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_drain_takes_rest_of_batch_first, setup, teardown2),
 		cmocka_unit_test_setup_teardown(test_peer_records_read_in_batches, setup, teardown2),
+		cmocka_unit_test_setup_teardown(test_send_queue_of_one, setup, teardown2),
+		cmocka_unit_test_setup_teardown(test_uncarried_wr_fails_connection, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_atomic_completed_in_cq_is_not_in_flight, setup,
 						teardown),
 	};

@@ -30,12 +30,15 @@ struct opts {
 	uint64_t schedules, seed;
 	int kind;		/* -1: rotate over all workloads */
 	bool shift, verbose, trace, check_determinism, expect_errors;
-	bool no_faults, reexec, rxe_stale_read, refuse_err, split_cq, backup_faults;
+	bool no_faults, reexec, rxe_stale_read, refuse_err, split_cq, backup_faults, srq;
+	bool ex_verbs;
+	bool app_errors, compare_plain;
 	double min_rate;
 };
 
 struct totals {
 	uint64_t faults, app_errors, conns_failed, violations, unfinished;
+	uint64_t poison_seen, poison_lost;
 	uint64_t msgs, bytes, atomics_ok, atomics_err, steps;
 	uint64_t hash;
 };
@@ -56,9 +59,11 @@ static void usage(void)
 		"nccl|sendrecv|read|mix|all]\n"
 		"                      [--shift] [--no-faults] [--verbose] [--trace]\n"
 		"                      [--selftest-reexecute] [--rxe-stale-read]\n"
-		"                      [--refuse-err-posts] [--split-cq] [--backup-faults]\n"
+		"                      [--refuse-err-posts] [--split-cq] [--backup-faults] [--srq]\n"
+		"                      [--ex-verbs]\n"
 		"                      [--check-determinism] [--expect-app-errors]"
-		" [--min-rate SCHED_PER_MIN]\n");
+		" [--min-rate SCHED_PER_MIN]\n"
+		"                      [--app-errors] [--compare-plain]\n");
 }
 
 /* Fault durations relative to the retry budget of a QP with the default
@@ -151,7 +156,7 @@ static void plan_backup_faults(struct sim_world *w, struct sim_dev *d[2], struct
 /* Runs one schedule; returns 0, or -1 on a setup failure. */
 static int run_schedule(const struct opts *o, uint64_t seed,
 			struct totals *t, struct wl_report *rep,
-			enum wl_kind *kind_out)
+			enum wl_kind *kind_out, uint64_t *hash_out)
 {
 	uint64_t rs = seed;
 	struct sim_world_opts wo = { .seed = seed };
@@ -178,6 +183,9 @@ static int run_schedule(const struct opts *o, uint64_t seed,
 	p.msgs = 16 + (unsigned)(splitmix(&rs) % 48);
 	p.strict = o->shift;
 	p.split_cq = o->split_cq;
+	p.srq = o->srq;
+	p.ex_verbs = o->ex_verbs;
+	p.poison = o->app_errors;
 	*kind_out = p.kind;
 
 	w = sim_world_create(&wo);
@@ -226,12 +234,20 @@ static int run_schedule(const struct opts *o, uint64_t seed,
 	for (uint64_t it = 0; it < 20000000 && idle < (waiting ? 256u : 4u); it++) {
 		bool app_first = splitmix(&rs) % 4 == 0;
 
+		uint64_t faults = sim_world_stats(w)->faults;
+
 		if (o->shift && it % 16 == 0)
 			campaign_front_progress(true);
 		bool ev = app_first ? wl_step(wl) : sim_world_step(w) != 0;
 
 		if (!ev)
 			ev = app_first ? sim_world_step(w) != 0 : wl_step(wl);
+		/* SHIFT's thread watches the ports every 100 ms at most; a
+		 * device down for longer (every fault here: 64 ticks of about
+		 * 1 ms at least) is seen down before it comes back. Network
+		 * time jumps over idle periods, so make it so. */
+		if (o->shift && sim_world_stats(w)->faults != faults)
+			campaign_front_progress(true);
 		if (!ev && o->shift) {
 			/* SHIFT's background thread runs when all else is quiet too */
 			campaign_front_progress(true);
@@ -249,6 +265,7 @@ static int run_schedule(const struct opts *o, uint64_t seed,
 	const struct sim_stats *st = sim_world_stats(w);
 	uint64_t hw = sim_world_hash(w);
 
+	*hash_out = hw;
 	t->faults += st->faults;
 	t->steps += st->steps;
 	for (int i = 0; i < 8; i++) {
@@ -268,10 +285,46 @@ static int run_schedule(const struct opts *o, uint64_t seed,
 	t->conns_failed += rep->conns_failed;
 	t->violations += rep->violations;
 	t->unfinished += rep->unfinished;
+	t->poison_seen += rep->poison_seen;
+	t->poison_lost += rep->poison_lost;
 	t->msgs += rep->msgs;
 	t->bytes += rep->bytes;
 	t->atomics_ok += rep->atomics_ok;
 	t->atomics_err += rep->atomics_err;
+	return 0;
+}
+
+/*
+ * --compare-plain: the same schedule without SHIFT must give the same trace
+ * (every packet, every completion the application polls, in order) as the
+ * run through SHIFT. Without faults SHIFT is then invisible, the
+ * application's own errors (--app-errors) included; a difference counts as
+ * a violation of the schedule.
+ */
+static int compare_plain(const struct opts *o, uint64_t seed, uint64_t hw, struct totals *t,
+			 struct wl_report *rep)
+{
+	struct opts p = *o;
+	struct totals scratch;
+	struct wl_report prep;
+	enum wl_kind k;
+	uint64_t hp;
+
+	memset(&scratch, 0, sizeof(scratch));
+	memset(&prep, 0, sizeof(prep));
+	p.shift = false;
+	p.verbose = false;
+	if (run_schedule(&p, seed, &scratch, &prep, &k, &hp)) {
+		fprintf(stderr, "shift-campaign: plain setup failed for seed %" PRIu64 "\n", seed);
+		return 2;
+	}
+	if (hp == hw && prep.app_errors == rep->app_errors)
+		return 0;
+	t->violations++;
+	if (!rep->violations++)
+		snprintf(rep->first, sizeof(rep->first),
+			 "through SHIFT trace %016" PRIx64 " with %" PRIu64 " app errors, without "
+			 "SHIFT %016" PRIx64 " with %" PRIu64, hw, rep->app_errors, hp, prep.app_errors);
 	return 0;
 }
 
@@ -287,23 +340,32 @@ static int run_all(const struct opts *o, struct totals *t, double *secs)
 		struct wl_report rep;
 		enum wl_kind k;
 
+		uint64_t hw;
+
 		memset(&rep, 0, sizeof(rep));
-		if (run_schedule(o, seed, t, &rep, &k)) {
+		if (run_schedule(o, seed, t, &rep, &k, &hw)) {
 			fprintf(stderr, "shift-campaign: setup failed for seed %"
 				PRIu64 ": %s\n", seed, strerror(errno));
 			return 2;
 		}
+		if (o->compare_plain && compare_plain(o, seed, hw, t, &rep))
+			return 2;
 		if (rep.violations) {
 			printf("VIOLATION seed=%" PRIu64 " workload=%s: %s\n", seed,
 			       wl_kind_name(k), rep.first);
 			printf("reproduce: tests/sim/campaign --schedules 1 --seed %"
-			       PRIu64 " --workload %s%s%s%s%s%s --verbose --trace\n", seed,
+			       PRIu64 " --workload %s%s%s%s%s%s%s%s%s%s%s --verbose --trace\n", seed,
 			       wl_kind_name(k), o->shift ? " --shift" :
 			       o->reexec ? " --selftest-reexecute" : "",
 			       o->rxe_stale_read ? " --rxe-stale-read" : "",
 			       o->refuse_err ? " --refuse-err-posts" : "",
 			       o->split_cq ? " --split-cq" : "",
-			       o->backup_faults ? " --backup-faults" : "");
+			       o->backup_faults ? " --backup-faults" : "",
+			       o->srq ? " --srq" : "",
+			       o->ex_verbs ? " --ex-verbs" : "",
+			       o->app_errors ? " --app-errors" : "",
+			       o->no_faults ? " --no-faults" : "",
+			       o->compare_plain ? " --compare-plain" : "");
 		}
 	}
 	clock_gettime(CLOCK_MONOTONIC, &b);
@@ -347,6 +409,10 @@ int main(int argc, char **argv)
 			o.shift = true;
 		} else if (!strcmp(a, "--backup-faults")) {
 			o.backup_faults = true; /* plan_backup_faults() */
+		} else if (!strcmp(a, "--srq")) {
+			o.srq = true; /* each side's QPs share one SRQ */
+		} else if (!strcmp(a, "--ex-verbs")) {
+			o.ex_verbs = true; /* ibv_create_cq_ex/start_poll, ibv_create_qp_ex/ibv_wr_* */
 		} else if (!strcmp(a, "--split-cq")) {
 			o.split_cq = true; /* receives on CQs of their own */
 		} else if (!strcmp(a, "--refuse-err-posts")) {
@@ -363,6 +429,10 @@ int main(int argc, char **argv)
 			o.trace = true;
 		} else if (!strcmp(a, "--check-determinism")) {
 			o.check_determinism = true;
+		} else if (!strcmp(a, "--app-errors")) {
+			o.app_errors = true; /* wl_params.poison */
+		} else if (!strcmp(a, "--compare-plain")) {
+			o.compare_plain = true;
 		} else if (!strcmp(a, "--expect-app-errors")) {
 			o.expect_errors = true;
 		} else {
@@ -384,6 +454,9 @@ int main(int argc, char **argv)
 	       o.schedules, o.seed, t.faults, t.app_errors, t.conns_failed,
 	       t.violations, t.unfinished, t.msgs, t.atomics_ok,
 	       t.atomics_ok + t.atomics_err, t.steps, t.hash, rate);
+	if (o.app_errors)
+		printf("application errors: the remote access error seen %" PRIu64 " times, lost "
+		       "to a path failure %" PRIu64 " times\n", t.poison_seen, t.poison_lost);
 	if (o.check_determinism) {
 		struct totals t2;
 		double s2;

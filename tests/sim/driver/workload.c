@@ -12,6 +12,13 @@
  * poison the slot, repost the receive and return a credit with an inline
  * RDMA write (NCCL's CTS). Senders reuse a staging slot only after their
  * own completion for the message that used it.
+ *
+ * With wl_params.srq each side's QPs share one SRQ: every connection's
+ * receives are posted to it (as many per connection as without), a
+ * receive carries its buffer slot of the side's receive buffer and a
+ * side-wide sequence number in its wr_id, and a receiver checks that each
+ * receive completes once (in any order across connections: any QP takes
+ * the SRQ's next one) besides the per-connection order of the messages.
  */
 #include <errno.h>
 #include <stdarg.h>
@@ -46,7 +53,7 @@ enum {
 };
 
 /* wr_id = kind << 56 | sequence */
-enum { K_DATA = 1, K_NOTIFY, K_CTS, K_SEND, K_READ, K_FADD, K_CAS, K_RECV };
+enum { K_DATA = 1, K_NOTIFY, K_CTS, K_SEND, K_READ, K_FADD, K_CAS, K_RECV, K_POISON };
 #define WRID(k, s) ((uint64_t)(k) << 56 | (uint64_t)(s))
 #define WR_K(id) ((unsigned)((id) >> 56))
 #define WR_S(id) ((uint32_t)(id))
@@ -55,6 +62,7 @@ struct wl_ep {
 	struct wl *wl;
 	unsigned conn, side;
 	struct ibv_qp *qp;
+	struct ibv_qp_ex *qpx;		/* ex_verbs: its ibv_wr_* builders */
 	uint8_t *buf;
 	struct ibv_mr *mr;
 	uint64_t raddr;			/* the peer's buffer */
@@ -78,12 +86,24 @@ struct wl_ep {
 	bool errored;			/* saw an app-visible error */
 };
 
+#define SRQ_SLOTS (NRECV * WL_MAX_CONN)
+
 struct wl_side {
 	const struct shift_lower *v;
 	struct ibv_context *ctx;
 	struct ibv_pd *pd;
 	struct ibv_cq *cq;
 	struct ibv_cq *rcq; /* receives: cq, or its own (wl_params.split_cq) */
+	struct ibv_cq_ex *cqx, *rcqx; /* ex_verbs: the same CQs, extended */
+	/* wl_params.srq: the side's SRQ, its receive buffer (SRQ_SLOTS
+	 * slots, the free ones listed), and which receives completed */
+	struct ibv_srq *srq;
+	uint8_t *rbuf;
+	struct ibv_mr *rmr;
+	uint32_t free_slot[SRQ_SLOTS], nfree;
+	uint32_t srq_posted;
+	uint8_t *rx_used;
+	uint32_t rx_cap;
 };
 
 struct wl_conn {
@@ -94,6 +114,9 @@ struct wl_conn {
 	 * end then sees errors too, possibly first */
 	bool atomic_error;
 	char unexplained[160];
+	/* wl_params.poison: the application's own error was posted, and
+	 * refused by the responder (its remote access error seen) */
+	bool poisoned, refused;
 };
 
 struct wl {
@@ -103,6 +126,7 @@ struct wl {
 	struct wl_side side[2];
 	struct wl_conn conn[WL_MAX_CONN];
 	struct wl_report rep;
+	uint32_t poison_at;		/* WRs posted by (0, 0) before its poison */
 };
 
 static const char *const kind_names[WL_NKINDS] = {
@@ -203,6 +227,72 @@ static uint32_t ring_room(const struct wl_ep *e)
 }
 
 static void first_error(struct wl_ep *e, const char *what, uint64_t wr_id);
+static bool atomics_out(struct wl_ep *e);
+
+/* One WR through the ibv_wr_* builders (wr_id and flags set already). */
+static void build_ex(struct ibv_qp_ex *q, const struct ibv_send_wr *wr)
+{
+	switch (wr->opcode) {
+	case IBV_WR_RDMA_WRITE:
+		ibv_wr_rdma_write(q, wr->wr.rdma.rkey, wr->wr.rdma.remote_addr);
+		break;
+	case IBV_WR_RDMA_WRITE_WITH_IMM:
+		ibv_wr_rdma_write_imm(q, wr->wr.rdma.rkey, wr->wr.rdma.remote_addr, wr->imm_data);
+		break;
+	case IBV_WR_RDMA_READ:
+		ibv_wr_rdma_read(q, wr->wr.rdma.rkey, wr->wr.rdma.remote_addr);
+		break;
+	case IBV_WR_SEND:
+		ibv_wr_send(q);
+		break;
+	case IBV_WR_SEND_WITH_IMM:
+		ibv_wr_send_imm(q, wr->imm_data);
+		break;
+	case IBV_WR_ATOMIC_CMP_AND_SWP:
+		ibv_wr_atomic_cmp_swp(q, wr->wr.atomic.rkey, wr->wr.atomic.remote_addr,
+				      wr->wr.atomic.compare_add, wr->wr.atomic.swap);
+		break;
+	default:
+		ibv_wr_atomic_fetch_add(q, wr->wr.atomic.rkey, wr->wr.atomic.remote_addr,
+					wr->wr.atomic.compare_add);
+		break;
+	}
+}
+
+/* ibv_post_send's chain through ibv_wr_start .. ibv_wr_complete: all or
+ * nothing (*bad = the chain on failure). */
+static int post_ex(struct ibv_qp_ex *q, struct ibv_send_wr *wr, struct ibv_send_wr **bad)
+{
+	int rc;
+
+	ibv_wr_start(q);
+	for (struct ibv_send_wr *x = wr; x; x = x->next) {
+		q->wr_id = x->wr_id;
+		q->wr_flags = x->send_flags & ~(unsigned)IBV_SEND_INLINE;
+		build_ex(q, x);
+		if (x->send_flags & IBV_SEND_INLINE) {
+			struct ibv_data_buf b[4];
+
+			for (int i = 0; i < x->num_sge && i < 4; i++) {
+				b[i].addr = (void *)(uintptr_t)x->sg_list[i].addr;
+				b[i].length = x->sg_list[i].length;
+			}
+			if (x->num_sge == 1)
+				ibv_wr_set_inline_data(q, b[0].addr, b[0].length);
+			else
+				ibv_wr_set_inline_data_list(q, (size_t)x->num_sge, b);
+		} else if (x->num_sge == 1) {
+			ibv_wr_set_sge(q, x->sg_list[0].lkey, x->sg_list[0].addr,
+				       x->sg_list[0].length);
+		} else {
+			ibv_wr_set_sge_list(q, (size_t)x->num_sge, x->sg_list);
+		}
+	}
+	rc = ibv_wr_complete(q);
+	if (rc)
+		*bad = wr;
+	return rc;
+}
 
 /* Posts a chain; records each WR in the ring. A failed post is an
  * app-visible error. */
@@ -217,7 +307,7 @@ static bool post(struct wl_ep *e, struct ibv_send_wr *wr)
 			(x->send_flags & IBV_SEND_SIGNALED) != 0;
 		e->r_tail++;
 	}
-	rc = ibv_post_send(e->qp, wr, &bad);
+	rc = e->qpx ? post_ex(e->qpx, wr, &bad) : ibv_post_send(e->qp, wr, &bad);
 	if (rc) {
 		/* un-record what was not posted */
 		for (struct ibv_send_wr *x = bad; x; x = x->next)
@@ -230,11 +320,49 @@ static bool post(struct wl_ep *e, struct ibv_send_wr *wr)
 	return true;
 }
 
+/* A receive on the side's SRQ: wr_id = K_RECV, buffer slot, side-wide
+ * sequence number. */
+static int post_srq_recv(struct wl_ep *e, struct ibv_recv_wr *wr)
+{
+	struct wl_side *sd = &e->wl->side[e->side];
+	struct ibv_sge sge;
+	struct ibv_recv_wr *bad;
+	uint32_t slot;
+
+	if (!sd->nfree)
+		return ENOMEM; /* (never: one slot per receive in flight) */
+	slot = sd->free_slot[--sd->nfree];
+	wr->wr_id = WRID(K_RECV, sd->srq_posted) | (uint64_t)slot << 32;
+	sge.addr = (uintptr_t)sd->rbuf + (size_t)slot * SLOT;
+	sge.length = SLOT;
+	sge.lkey = sd->rmr->lkey;
+	wr->sg_list = &sge;
+	wr->num_sge = 1;
+	if (ibv_post_srq_recv(sd->srq, wr, &bad)) {
+		sd->free_slot[sd->nfree++] = slot;
+		return EIO;
+	}
+	sd->srq_posted++;
+	return 0;
+}
+
 static void post_recv(struct wl_ep *e)
 {
 	struct ibv_sge sge;
 	struct ibv_recv_wr wr, *bad;
 	uint32_t b = e->recv_posted % NRECV;
+
+	if (e->wl->p.srq) {
+		memset(&wr, 0, sizeof(wr));
+		if (post_srq_recv(e, &wr)) {
+			e->wl->rep.app_errors++;
+			first_error(e, "failed post", wr.wr_id);
+			e->wl->conn[e->conn].dead = true;
+			return;
+		}
+		e->recv_posted++;
+		return;
+	}
 
 	memset(&wr, 0, sizeof(wr));
 	wr.wr_id = WRID(K_RECV, e->recv_posted);
@@ -406,6 +534,25 @@ static bool post_atomic(struct wl_ep *e, bool cas)
 	return true;
 }
 
+/* wl_params.poison: an RDMA WRITE with a bad rkey, the application's own
+ * error (its completion: the remote access error) */
+static bool post_poison(struct wl_ep *e)
+{
+	struct ibv_sge sge = { (uintptr_t)e->buf + O_CREDIT, 8, e->mr->lkey };
+	struct ibv_send_wr wr;
+
+	memset(&wr, 0, sizeof(wr));
+	wr.wr_id = WRID(K_POISON, 0);
+	wr.sg_list = &sge;
+	wr.num_sge = 1;
+	wr.opcode = IBV_WR_RDMA_WRITE;
+	wr.send_flags = IBV_SEND_SIGNALED;
+	wr.wr.rdma.remote_addr = e->raddr + O_SLOTS;
+	wr.wr.rdma.rkey = e->rkey ^ 0x5a5a00u;
+	e->wl->conn[e->conn].poisoned = true;
+	return post(e, &wr);
+}
+
 /* Posts one unit of work on e if the traffic allows it. */
 static bool try_post(struct wl_ep *e)
 {
@@ -416,6 +563,9 @@ static bool try_post(struct wl_ep *e)
 
 	if (wl->conn[e->conn].dead)
 		return false;
+	if (wl->p.poison && !e->conn && !e->side && !wl->conn[0].poisoned && ring_room(e) >= 1 &&
+	    e->tx_next + e->rd_next + e->fa_next + e->cas_next >= wl->poison_at)
+		return post_poison(e);
 	if (e->cts_pending && ring_room(e) >= 1)
 		return post_cts(e);
 	can[0] = e->tx_next < e->n_msg && e->tx_next < e->tx_done + SLOTS &&
@@ -488,6 +638,13 @@ static void first_error(struct wl_ep *e, const char *what, uint64_t wr_id)
 	e->errored = true;
 	if (!cn->dead)
 		wl->rep.conns_failed++;
+	if (cn->poisoned) {
+		/* (the application's own: on_error checks it; an atomic in
+		 * flight at either end may fail the connection first) */
+		if (atomics_out(e))
+			cn->atomic_error = true;
+		return;
+	}
 	if (e->fa_next != e->fa_ok + e->fa_err || e->cas_next != e->cas_ok + e->cas_err)
 		cn->atomic_error = true;
 	else if (!cn->unexplained[0])
@@ -496,12 +653,55 @@ static void first_error(struct wl_ep *e, const char *what, uint64_t wr_id)
 			 e->conn, e->side, what, (unsigned long long)wr_id);
 }
 
+/* An atomic in flight at either end of e's connection (SHIFT then fails the
+ * connection, as without SHIFT, on a path failure). */
+static bool atomics_out(struct wl_ep *e)
+{
+	struct wl_conn *cn = &e->wl->conn[e->conn];
+
+	if (cn->atomic_error)
+		return true;
+	for (int s = 0; s < 2; s++) {
+		struct wl_ep *x = &cn->ep[s];
+
+		if (x->fa_next != x->fa_ok + x->fa_err || x->cas_next != x->cas_ok + x->cas_err)
+			return true;
+	}
+	return false;
+}
+
 static void on_error(struct wl_ep *e, const struct ibv_wc *wc)
 {
 	struct wl *wl = e->wl;
 	unsigned k = WR_K(wc->wr_id);
 
 	wl->rep.app_errors++;
+	if (wl->conn[e->conn].poisoned && !e->errored && wl->p.strict && !atomics_out(e)) {
+		/* the application's error reaches it as without SHIFT: the
+		 * poisoned WR's remote access error first at the requester,
+		 * a flush first at the responder (its QP went to ERR) */
+		bool req = !e->side;
+		int want = req ? IBV_WC_REM_ACCESS_ERR : IBV_WC_WR_FLUSH_ERR;
+		/* (the requester's NIC may have failed before the refusal
+		 * came back: SHIFT's failover then finds the peer's QP ended
+		 * and the requester's WRs flush, the poisoned one too; or the
+		 * poisoned WR was outstanding at a failover, which cannot carry
+		 * a key the peer never published: the connection fails as it
+		 * would have without SHIFT, with the path's error) */
+		bool lost = req && (wc->status == IBV_WC_WR_FLUSH_ERR ||
+				    wc->status == IBV_WC_RETRY_EXC_ERR);
+
+		if (req && k == K_POISON && wc->status == IBV_WC_REM_ACCESS_ERR) {
+			wl->rep.poison_seen++;
+			wl->conn[e->conn].refused = true;
+		}
+		else if (lost)
+			wl->rep.poison_lost++;
+		else if (wc->status != (enum ibv_wc_status)want || (req && k != K_POISON))
+			violation(wl, "conn %u side %u: first error %s (wr %#llx), expected %s",
+				  e->conn, e->side, wc_status_name(wc->status),
+				  (unsigned long long)wc->wr_id, wc_status_name(want));
+	}
 	first_error(e, wc_status_name(wc->status), wc->wr_id);
 	wl->conn[e->conn].dead = true;
 	if (k == K_RECV) {
@@ -527,14 +727,30 @@ static void on_recv(struct wl_ep *e, const struct ibv_wc *wc)
 	uint32_t m, len;
 	const uint8_t *data;
 
-	if (WR_S(wc->wr_id) != e->recv_done)
+	struct wl_side *sd = &wl->side[e->side];
+	uint32_t slot = (uint32_t)(wc->wr_id >> 32) & 0xffffff;
+
+	if (wl->p.srq) {
+		uint32_t r = WR_S(wc->wr_id);
+
+		/* any QP takes the SRQ's next receive: each one once */
+		if (r >= sd->srq_posted || r >= sd->rx_cap || sd->rx_used[r] ||
+		    slot >= SRQ_SLOTS) {
+			violation(wl, "conn %u side %u: SRQ receive %u (slot %u) completed "
+				  "twice or never posted", e->conn, e->side, r, slot);
+			return;
+		}
+		sd->rx_used[r] = 1;
+	} else if (WR_S(wc->wr_id) != e->recv_done) {
 		violation(wl, "conn %u side %u: receive %u completed, expected %u",
 			  e->conn, e->side, WR_S(wc->wr_id), e->recv_done);
+	}
 	e->recv_done++;
 	if (wl->p.kind == WL_SENDRECV) {
 		uint64_t hdr;
 
-		data = e->buf + O_RECV + (WR_S(wc->wr_id) % NRECV) * SLOT;
+		data = wl->p.srq ? sd->rbuf + (size_t)slot * SLOT :
+				   e->buf + O_RECV + (WR_S(wc->wr_id) % NRECV) * SLOT;
 		memcpy(&hdr, data, 8);
 		m = (uint32_t)hdr;
 		if (wc->opcode != IBV_WC_RECV) {
@@ -571,6 +787,8 @@ static void on_recv(struct wl_ep *e, const struct ibv_wc *wc)
 		}
 	}
 	memset((uint8_t *)data, 0xee, SLOT);	/* consumed: poison */
+	if (wl->p.srq)
+		sd->free_slot[sd->nfree++] = slot;
 	sim_world_note(wl->w, 0x56434552 /* "RECV" */, e->conn << 1 | e->side, m);
 	e->rx_next++;
 	wl->rep.msgs++;
@@ -668,10 +886,40 @@ static bool poll_side(struct wl *wl, unsigned side)
 	return moved;
 }
 
+/* ibv_poll_cq's answer through ibv_start_poll .. ibv_end_poll and the
+ * ibv_wc_read_* accessors (the CQ's wc_flags: byte_len, imm, qp_num). */
+static int poll_ex(struct ibv_cq_ex *cq, int max, struct ibv_wc *wc)
+{
+	struct ibv_poll_cq_attr attr = { .comp_mask = 0 };
+	int n = 0, rc = ibv_start_poll(cq, &attr);
+
+	if (rc)
+		return rc == ENOENT ? 0 : -1;
+	do {
+		memset(&wc[n], 0, sizeof(wc[n]));
+		wc[n].wr_id = cq->wr_id;
+		wc[n].status = cq->status;
+		wc[n].opcode = ibv_wc_read_opcode(cq);
+		wc[n].vendor_err = ibv_wc_read_vendor_err(cq);
+		wc[n].qp_num = ibv_wc_read_qp_num(cq);
+		wc[n].wc_flags = ibv_wc_read_wc_flags(cq);
+		if (wc[n].status == IBV_WC_SUCCESS) {
+			wc[n].byte_len = ibv_wc_read_byte_len(cq);
+			if (wc[n].wc_flags & IBV_WC_WITH_IMM)
+				wc[n].imm_data = ibv_wc_read_imm_data(cq);
+		}
+		n++;
+	} while (n < max && !(rc = ibv_next_poll(cq)));
+	ibv_end_poll(cq);
+	return rc && rc != ENOENT ? -1 : n;
+}
+
 static bool poll_cq_of(struct wl *wl, unsigned side, struct ibv_cq *cq)
 {
 	struct ibv_wc wc[16];
-	int n = ibv_poll_cq(cq, 16, wc);
+	struct wl_side *sd = &wl->side[side];
+	struct ibv_cq_ex *cqx = !sd->cqx ? NULL : cq == sd->cq ? sd->cqx : sd->rcqx;
+	int n = cqx ? poll_ex(cqx, 16, wc) : ibv_poll_cq(cq, 16, wc);
 
 	if (n < 0) {
 		violation(wl, "side %u: poll_cq failed", side);
@@ -687,6 +935,12 @@ static bool poll_cq_of(struct wl *wl, unsigned side, struct ibv_cq *cq)
 				  side, wc[i].qp_num);
 			continue;
 		}
+		/* (with a CQ per queue, a success polled from one may come
+		 * after a flush polled from the other) */
+		if (wc[i].status == IBV_WC_SUCCESS && e->errored && wl->conn[e->conn].poisoned &&
+		    !wl->p.split_cq)
+			violation(wl, "conn %u side %u: success (wr %#llx) after its QP failed",
+				  e->conn, e->side, (unsigned long long)wc[i].wr_id);
 		if (wc[i].status != IBV_WC_SUCCESS)
 			on_error(e, &wc[i]);
 		else if (wc[i].opcode & IBV_WC_RECV)
@@ -727,9 +981,37 @@ bool wl_done(const struct wl *wl)
 	return true;
 }
 
+/* The poisoned connection: its requester saw the error, and both QPs are in
+ * ERR as the application reads them. */
+static void poison_finish(struct wl *wl)
+{
+	struct wl_conn *cn = &wl->conn[0];
+
+	if (!cn->poisoned)
+		return;
+	if (wl->p.strict && !cn->ep[0].errored && !cn->atomic_error)
+		violation(wl, "conn 0: the application's error never reached it");
+	for (unsigned s = 0; s < 2; s++) {
+		struct ibv_qp_attr attr;
+		struct ibv_qp_init_attr init;
+
+		/* (the requester's QP fails with its first error; the
+		 * responder's when it refused the poisoned WR) */
+		if (s ? !cn->refused : !cn->ep[0].errored)
+			continue;
+		memset(&attr, 0, sizeof(attr));
+		if (wl->side[s].v->query_qp(cn->ep[s].qp, &attr, IBV_QP_STATE, &init) ||
+		    attr.qp_state != IBV_QPS_ERR)
+			violation(wl, "conn 0 side %u: QP state %d after the application's error, not ERR",
+				  s, (int)attr.qp_state);
+	}
+}
+
 void wl_finish(struct wl *wl, struct wl_report *r)
 {
 	bool strict = wl->p.strict;
+
+	poison_finish(wl);
 
 	for (unsigned c = 0; c < wl->p.nconn; c++) {
 		struct wl_conn *cn = &wl->conn[c];
@@ -771,9 +1053,40 @@ void wl_finish(struct wl *wl, struct wl_report *r)
 
 /* --- setup and teardown -------------------------------------------------- */
 
-static int open_side(struct wl_side *sd, const struct shift_lower *v,
-		     const char *dev, bool split_cq)
+static struct ibv_cq_ex *create_cq_ex(struct ibv_context *ctx)
 {
+	struct ibv_cq_init_attr_ex a = {
+		.cqe = 2048,
+		.wc_flags = IBV_WC_EX_WITH_BYTE_LEN | IBV_WC_EX_WITH_IMM | IBV_WC_EX_WITH_QP_NUM,
+	};
+
+	return ibv_create_cq_ex(ctx, &a);
+}
+
+/* The side's SRQ, its receive buffer and bookkeeping (wl_params.srq). */
+static int open_srq(struct wl_side *sd, const struct wl_params *p)
+{
+	struct ibv_srq_init_attr sa;
+
+	memset(&sa, 0, sizeof(sa));
+	sa.attr.max_wr = 2 * SRQ_SLOTS;
+	sa.attr.max_sge = 1;
+	sd->srq = sd->v->create_srq(sd->pd, &sa);
+	sd->rbuf = calloc(SRQ_SLOTS, SLOT);
+	sd->rx_cap = p->nconn * (p->msgs + 2 * NRECV) + 16;
+	sd->rx_used = calloc(sd->rx_cap, 1);
+	if (!sd->srq || !sd->rbuf || !sd->rx_used)
+		return -1;
+	sd->rmr = sd->v->reg_mr(sd->pd, sd->rbuf, SRQ_SLOTS * SLOT, IBV_ACCESS_LOCAL_WRITE);
+	for (uint32_t i = 0; i < SRQ_SLOTS; i++)
+		sd->free_slot[sd->nfree++] = SRQ_SLOTS - 1 - i;
+	return sd->rmr ? 0 : -1;
+}
+
+static int open_side(struct wl_side *sd, const struct shift_lower *v,
+		     const char *dev, const struct wl_params *p)
+{
+	bool split_cq = p->split_cq, ex = p->ex_verbs;
 	struct ibv_device **list;
 	int n = 0;
 
@@ -790,11 +1103,22 @@ static int open_side(struct wl_side *sd, const struct shift_lower *v,
 	sd->pd = v->alloc_pd(sd->ctx);
 	if (!sd->pd)
 		return -1;
+	if (ex) {
+		sd->cqx = create_cq_ex(sd->ctx);
+		sd->rcqx = split_cq ? create_cq_ex(sd->ctx) : sd->cqx;
+		sd->cq = sd->cqx ? ibv_cq_ex_to_cq(sd->cqx) : NULL;
+		sd->rcq = sd->rcqx ? ibv_cq_ex_to_cq(sd->rcqx) : NULL;
+		if (!sd->cq || !sd->rcq)
+			return -1;
+		return p->srq ? open_srq(sd, p) : 0;
+	}
 	sd->cq = v->create_cq(sd->ctx, 2048, NULL, NULL, 0);
 	if (!sd->cq)
 		return -1;
 	sd->rcq = split_cq ? v->create_cq(sd->ctx, 2048, NULL, NULL, 0) : sd->cq;
-	return sd->rcq ? 0 : -1;
+	if (!sd->rcq)
+		return -1;
+	return p->srq ? open_srq(sd, p) : 0;
 }
 
 static int open_ep(struct wl *wl, struct wl_ep *e, unsigned conn,
@@ -810,12 +1134,34 @@ static int open_ep(struct wl *wl, struct wl_ep *e, unsigned conn,
 	ia.send_cq = sd->cq;
 	ia.recv_cq = sd->rcq;
 	ia.cap.max_send_wr = SQ_DEPTH;
-	ia.cap.max_recv_wr = NRECV * 2;
+	ia.cap.max_recv_wr = sd->srq ? 0 : NRECV * 2;
+	ia.srq = sd->srq;
 	ia.cap.max_send_sge = 1;
 	ia.cap.max_recv_sge = 1;
 	ia.cap.max_inline_data = 64;
 	ia.qp_type = IBV_QPT_RC;
-	e->qp = sd->v->create_qp(sd->pd, &ia);
+	if (wl->p.ex_verbs) {
+		struct ibv_qp_init_attr_ex ax;
+
+		memset(&ax, 0, sizeof(ax));
+		ax.send_cq = ia.send_cq;
+		ax.recv_cq = ia.recv_cq;
+		ax.cap = ia.cap;
+		ax.srq = ia.srq;
+		ax.qp_type = IBV_QPT_RC;
+		ax.pd = sd->pd;
+		ax.comp_mask = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS;
+		ax.send_ops_flags = IBV_QP_EX_WITH_RDMA_WRITE | IBV_QP_EX_WITH_RDMA_WRITE_WITH_IMM |
+				    IBV_QP_EX_WITH_SEND | IBV_QP_EX_WITH_RDMA_READ |
+				    IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP |
+				    IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD;
+		e->qp = ibv_create_qp_ex(sd->ctx, &ax);
+		e->qpx = e->qp ? ibv_qp_to_qp_ex(e->qp) : NULL;
+		if (!e->qpx)
+			return -1;
+	} else {
+		e->qp = sd->v->create_qp(sd->pd, &ia);
+	}
 	if (!e->qp)
 		return -1;
 	e->buf = calloc(1, BUFSZ);
@@ -865,8 +1211,9 @@ struct wl *wl_create(struct sim_world *w, const struct wl_params *p,
 	wl->w = w;
 	wl->p = *p;
 	wl->rng = seed;
-	if (open_side(&wl->side[0], va, deva, p->split_cq) ||
-	    open_side(&wl->side[1], vb, devb, p->split_cq))
+	wl->poison_at = p->msgs / 3;
+	if (open_side(&wl->side[0], va, deva, p) ||
+	    open_side(&wl->side[1], vb, devb, p))
 		goto fail;
 	for (unsigned c = 0; c < p->nconn; c++)
 		for (unsigned s = 0; s < 2; s++)
@@ -920,6 +1267,12 @@ void wl_destroy(struct wl *wl)
 	for (unsigned s = 0; s < 2; s++) {
 		struct wl_side *sd = &wl->side[s];
 
+		if (sd->rmr)
+			sd->v->dereg_mr(sd->rmr);
+		if (sd->srq)
+			sd->v->destroy_srq(sd->srq);
+		free(sd->rbuf);
+		free(sd->rx_used);
 		if (sd->rcq && sd->rcq != sd->cq)
 			sd->v->destroy_cq(sd->rcq);
 		if (sd->cq)

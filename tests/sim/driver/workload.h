@@ -42,6 +42,18 @@ struct wl_params {
 	/* each QP completes its receives on a CQ of their own (one per side)
 	 * instead of sharing the side's CQ with its sends */
 	bool split_cq;
+	/* the extended verbs: CQs from ibv_create_cq_ex polled with
+	 * ibv_start_poll / next_poll / end_poll and ibv_wc_read_*, QPs from
+	 * ibv_create_qp_ex posted with ibv_wr_* */
+	bool ex_verbs;
+	/* each side's QPs share one SRQ (receives of every connection come
+	 * from it; sendrecv's land in a buffer of the side's) */
+	bool srq;
+	/* connection 0's side 0 posts one RDMA WRITE with a bad rkey (an
+	 * error of the application's own) a third of the way in: it must see
+	 * the remote access error on that WR, every later WR of both ends of
+	 * that connection flushed, both QPs in ERR, exactly as without SHIFT */
+	bool poison;
 };
 
 struct wl_report {
@@ -52,6 +64,11 @@ struct wl_report {
 	uint64_t atomics_ok, atomics_err;
 	uint64_t violations;	/* integrity violations (always a bug) */
 	uint64_t unfinished;	/* healthy connections that did not finish */
+	/* wl_params.poison: the requester saw its remote access error, or
+	 * lost it to a path failure (a flush: its NIC failed before the
+	 * refusal came back; the path's error: the WR was outstanding at a
+	 * failover, which cannot carry a key the peer never published) */
+	uint64_t poison_seen, poison_lost;
 	char first[200];	/* the first violation, for the log */
 };
 

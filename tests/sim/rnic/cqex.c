@@ -72,3 +72,13 @@ void sim_cq_ex_init(struct sim_cq *cq)
 	c->read_sl = rd_sl;
 	c->read_dlid_path_bits = rd_dlid_path_bits;
 }
+
+static uint64_t rd_completion_ts(struct ibv_cq_ex *c)
+{
+	return sim_world_now(to_cq(c)->ctx->dev->w);
+}
+
+void sim_cq_ex_timestamps(struct sim_cq *cq)
+{
+	cq->cq.read_completion_ts = rd_completion_ts;
+}

@@ -58,6 +58,10 @@ static int sim_query_device(struct ibv_context *c, struct ibv_device_attr *a)
 	a->page_size_cap = 4096;
 	a->vendor_id = 0x5348;
 	a->vendor_part_id = 1;
+	if (d->w->opts.vendor_id || d->w->opts.vendor_part_id) {
+		a->vendor_id = d->w->opts.vendor_id;
+		a->vendor_part_id = d->w->opts.vendor_part_id;
+	}
 	a->max_qp = 4096;
 	a->max_qp_wr = SIM_MAX_WR;
 	a->device_cap_flags = IBV_DEVICE_RC_RNR_NAK_GEN |
@@ -142,14 +146,6 @@ static struct ibv_cq_ex *sim_create_cq_ex(struct ibv_context *c,
 					  struct ibv_cq_init_attr_ex *ia);
 
 /* Slots the sim does not implement fail cleanly instead of being NULL. */
-static int sim_post_srq_recv(struct ibv_srq *srq, struct ibv_recv_wr *wr,
-			     struct ibv_recv_wr **bad)
-{
-	(void)srq;
-	*bad = wr;
-	return EOPNOTSUPP;
-}
-
 static struct ibv_mw *sim_alloc_mw(struct ibv_pd *pd, enum ibv_mw_type type)
 {
 	(void)pd; (void)type;
@@ -181,6 +177,7 @@ static struct ibv_context *sim_open_device(struct ibv_device *device)
 	ctx->vctx.query_device_ex = sim_query_device_ex;
 	ctx->vctx.create_qp_ex = sim_create_qp_ex;
 	ctx->vctx.create_cq_ex = sim_create_cq_ex;
+	ctx->vctx.create_srq_ex = sim_create_srq_ex;
 	struct ibv_context *c = &ctx->vctx.context;
 
 	c->device = device;
@@ -225,6 +222,7 @@ static void sim_ctx_free(struct sim_ctx *ctx)
 			d->mrs[i] = NULL;
 		}
 	}
+	sim_srq_free_all(ctx);
 	while (ctx->cqs) {
 		struct sim_cq *cq = ctx->cqs;
 
@@ -342,6 +340,10 @@ static void sim_ack_async_event(struct ibv_async_event *event)
 	case IBV_EVENT_PORT_ACTIVE:
 	case IBV_EVENT_PORT_ERR:
 	case IBV_EVENT_DEVICE_FATAL:
+		break;
+	case IBV_EVENT_SRQ_LIMIT_REACHED:
+	case IBV_EVENT_SRQ_ERR:
+		event->element.srq->events_completed++;
 		break;
 	default:
 		if (event->element.qp)
@@ -607,11 +609,14 @@ static struct ibv_cq_ex *sim_create_cq_ex(struct ibv_context *c,
 		errno = EINVAL;
 		return NULL;
 	}
-	if (ia->wc_flags & ~(uint64_t)IBV_WC_STANDARD_FLAGS) {
+	if (ia->wc_flags & ~(uint64_t)(IBV_WC_STANDARD_FLAGS |
+				       IBV_WC_EX_WITH_COMPLETION_TIMESTAMP)) {
 		errno = EOPNOTSUPP;
 		return NULL;
 	}
 	cq = sim_cq_new(c, (int)ia->cqe, ia->cq_context, ia->channel);
+	if (cq && (ia->wc_flags & IBV_WC_EX_WITH_COMPLETION_TIMESTAMP))
+		sim_cq_ex_timestamps(cq);
 	return cq ? &cq->cq : NULL;
 }
 
@@ -770,4 +775,9 @@ const struct shift_lower sim_lower_proto = {
 	.destroy_qp = sim_destroy_qp,
 	.query_ece = sim_query_ece,
 	.set_ece = sim_set_ece,
+	.qp_to_qp_ex = ibv_qp_to_qp_ex, /* the sim's (qpex.c) */
+	.create_srq = sim_create_srq,
+	.modify_srq = sim_modify_srq,
+	.query_srq = sim_query_srq,
+	.destroy_srq = sim_destroy_srq,
 };

@@ -9,6 +9,42 @@
 
 #include "ep.h"
 
+static struct ibv_cq_ex *open_cq_ex(struct sim_ep *ep, int cqe)
+{
+	struct ibv_cq_init_attr_ex a;
+
+	memset(&a, 0, sizeof(a));
+	a.cqe = (uint32_t)cqe;
+	a.cq_context = ep;
+	a.channel = ep->ch;
+	a.wc_flags = IBV_WC_STANDARD_FLAGS;
+	return ibv_create_cq_ex(ep->ctx, &a);
+}
+
+static struct ibv_qp *open_qp_ex(struct sim_ep *ep, struct ibv_qp_init_attr *ia)
+{
+	struct ibv_qp_init_attr_ex a;
+	struct ibv_qp *qp;
+
+	memset(&a, 0, sizeof(a));
+	a.qp_context = ia->qp_context;
+	a.send_cq = ia->send_cq;
+	a.recv_cq = ia->recv_cq;
+	a.cap = ia->cap;
+	a.qp_type = ia->qp_type;
+	a.comp_mask = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS;
+	a.pd = ep->pd;
+	a.send_ops_flags = SIM_EP_EX_OPS;
+	qp = ibv_create_qp_ex(ep->ctx, &a);
+	ep->qpx = qp ? ibv_qp_to_qp_ex(qp) : NULL;
+	if (qp && !ep->qpx) {
+		ep->v->destroy_qp(qp);
+		errno = EOPNOTSUPP;
+		return NULL;
+	}
+	return qp;
+}
+
 int sim_ep_open(struct sim_ep *ep, const struct shift_lower *v,
 		const char *devname, size_t len, int access,
 		const struct ibv_qp_cap *cap, int cqe, unsigned flags)
@@ -39,7 +75,12 @@ int sim_ep_open(struct sim_ep *ep, const struct shift_lower *v,
 		if (!ep->ch)
 			goto fail;
 	}
-	ep->cq = v->create_cq(ep->ctx, cqe, ep, ep->ch, 0);
+	if (flags & SIM_EP_EX) {
+		ep->cqx = open_cq_ex(ep, cqe);
+		ep->cq = ep->cqx ? ibv_cq_ex_to_cq(ep->cqx) : NULL;
+	} else {
+		ep->cq = v->create_cq(ep->ctx, cqe, ep, ep->ch, 0);
+	}
 	if (!ep->cq)
 		goto fail;
 	memset(&ia, 0, sizeof(ia));
@@ -48,7 +89,7 @@ int sim_ep_open(struct sim_ep *ep, const struct shift_lower *v,
 	ia.cap = *cap;
 	ia.qp_type = IBV_QPT_RC;
 	ia.qp_context = ep;
-	ep->qp = v->create_qp(ep->pd, &ia);
+	ep->qp = flags & SIM_EP_EX ? open_qp_ex(ep, &ia) : v->create_qp(ep->pd, &ia);
 	if (!ep->qp)
 		goto fail;
 	ep->len = len;

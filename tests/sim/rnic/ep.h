@@ -20,6 +20,8 @@ struct sim_ep {
 	struct ibv_comp_channel *ch;	/* only with SIM_EP_CHANNEL */
 	struct ibv_cq *cq;		/* send and receive */
 	struct ibv_qp *qp;
+	struct ibv_cq_ex *cqx;		/* only with SIM_EP_EX: cq, extended */
+	struct ibv_qp_ex *qpx;		/* only with SIM_EP_EX: qp's ibv_wr_* */
 	uint8_t *buf;
 	size_t len;
 	struct ibv_mr *mr;
@@ -42,6 +44,14 @@ struct sim_ep_conn {
 };
 
 #define SIM_EP_CHANNEL 1u	/* create a completion channel for the CQ */
+/* the extended verbs: the CQ from ibv_create_cq_ex (wc_flags
+ * IBV_WC_STANDARD_FLAGS), the QP from ibv_create_qp_ex with send_ops_flags
+ * SIM_EP_EX_OPS (posted with ibv_wr_*) */
+#define SIM_EP_EX 2u
+#define SIM_EP_EX_OPS (IBV_QP_EX_WITH_RDMA_WRITE | IBV_QP_EX_WITH_RDMA_WRITE_WITH_IMM | \
+		       IBV_QP_EX_WITH_SEND | IBV_QP_EX_WITH_SEND_WITH_IMM |           \
+		       IBV_QP_EX_WITH_RDMA_READ | IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP |  \
+		       IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD)
 
 /* Opens device devname through v, allocates PD, CQ (cqe entries), an RC
  * QP with cap, and a zeroed buffer of len bytes registered with access.

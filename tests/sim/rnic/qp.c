@@ -115,7 +115,8 @@ static struct ibv_qp *sim_qp_new(struct ibv_context *c, struct ibv_pd *pd,
 		return NULL;
 	}
 	if (!pd || pd->context != c || !ia->send_cq || !ia->recv_cq ||
-	    ia->send_cq->context != c || ia->recv_cq->context != c || ia->srq ||
+	    ia->send_cq->context != c || ia->recv_cq->context != c ||
+	    (ia->srq && ia->srq->context != c) ||
 	    ia->cap.max_send_wr > SIM_MAX_WR || ia->cap.max_recv_wr > SIM_MAX_WR ||
 	    ia->cap.max_send_sge > SIM_MAX_SGE ||
 	    ia->cap.max_recv_sge > SIM_MAX_SGE ||
@@ -127,6 +128,8 @@ static struct ibv_qp *sim_qp_new(struct ibv_context *c, struct ibv_pd *pd,
 	if (!q)
 		return NULL;
 	q->cap = ia->cap;
+	if (ia->srq)
+		q->cap.max_recv_wr = q->cap.max_recv_sge = 0; /* (the SRQ's) */
 	if (!q->cap.max_send_sge)
 		q->cap.max_send_sge = 1;
 	if (!q->cap.max_recv_sge)
@@ -167,6 +170,10 @@ static struct ibv_qp *sim_qp_new(struct ibv_context *c, struct ibv_pd *pd,
 	q->qp.pd = pd;
 	q->qp.send_cq = ia->send_cq;
 	q->qp.recv_cq = ia->recv_cq;
+	q->qp.srq = ia->srq;
+	q->srq = (struct sim_srq *)ia->srq;
+	if (q->srq)
+		q->srq->nqps++;
 	q->qp.handle = slot;
 	q->qp.qp_num = SIM_QPN_BASE + slot;
 	q->qp.state = IBV_QPS_RESET;
@@ -198,7 +205,8 @@ struct ibv_qp *sim_create_qp_ex(struct ibv_context *c,
 
 	if (!(ia->comp_mask & IBV_QP_INIT_ATTR_PD) ||
 	    (ia->comp_mask & ~(uint32_t)(IBV_QP_INIT_ATTR_PD |
-					 IBV_QP_INIT_ATTR_CREATE_FLAGS)) ||
+					 IBV_QP_INIT_ATTR_CREATE_FLAGS |
+					 IBV_QP_INIT_ATTR_SEND_OPS_FLAGS)) ||
 	    ((ia->comp_mask & IBV_QP_INIT_ATTR_CREATE_FLAGS) &&
 	     ia->create_flags)) {
 		errno = EOPNOTSUPP;
@@ -213,6 +221,15 @@ struct ibv_qp *sim_create_qp_ex(struct ibv_context *c,
 	base.qp_type = ia->qp_type;
 	base.sq_sig_all = ia->sq_sig_all;
 	qp = sim_qp_new(c, ia->pd, &base);
+	if (qp && (ia->comp_mask & IBV_QP_INIT_ATTR_SEND_OPS_FLAGS)) {
+		int rc = sim_qp_ex_init((struct sim_qp *)qp, ia->send_ops_flags);
+
+		if (rc) {
+			sim_destroy_qp(qp);
+			errno = rc;
+			return NULL;
+		}
+	}
 	if (qp)
 		ia->cap = base.cap;
 	return qp;
@@ -405,6 +422,8 @@ int sim_query_qp(struct ibv_qp *qp, struct ibv_qp_attr *attr, int attr_mask,
 
 void sim_qp_free(struct sim_qp *q)
 {
+	if (q->srq)
+		q->srq->nqps--;
 	sim_qp_clear_wire(q);
 	sim_world_del_qp(q->dev->w, q);
 	q->dev->qps[q->qp.handle] = NULL;
@@ -414,6 +433,7 @@ void sim_qp_free(struct sim_qp *q)
 	free(q->sq);
 	free(q->rq);
 	free(q->inl_arena);
+	sim_qp_ex_free(q);
 	free(q);
 }
 

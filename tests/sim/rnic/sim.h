@@ -60,6 +60,10 @@ struct sim_world_opts {
 	/* Providers that refuse posts on a QP in ERR (EINVAL) instead of
 	 * taking and flushing them as rxe and mlx5 do. */
 	int refuse_posts_in_err;
+	/* What query_device reports as vendor id and part (both 0: the
+	 * simulator's own), so SHIFT takes the devices for another provider's
+	 * (rxe: 0xffffff, 0) and applies its quirks. */
+	uint32_t vendor_id, vendor_part_id;
 };
 
 /* Statistics of a world, for summaries. */
@@ -78,6 +82,8 @@ struct sim_world *sim_world_create(const struct sim_world_opts *opts);
 void sim_world_set_rxe_stale_read(struct sim_world *w, int on);
 /* Turns refuse_posts_in_err (sim_world_opts) on or off. */
 void sim_world_set_refuse_posts_in_err(struct sim_world *w, int on);
+/* Sets the vendor id and part the devices report (sim_world_opts). */
+void sim_world_set_vendor(struct sim_world *w, uint32_t id, uint32_t part);
 /* Frees every object the world still holds (contexts, QPs, ...). */
 void sim_world_destroy(struct sim_world *w);
 

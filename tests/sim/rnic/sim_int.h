@@ -2,7 +2,8 @@
  * Internal structures of the simulated RNIC, shared by its files:
  * world.c (scheduler, faults, trace), ctl.c (control verbs, CQs, channels,
  * async events), qp.c (QP state machine), wire.c (data path and the RC
- * requester/responder engine), cqex.c (extended CQ polling).
+ * requester/responder engine), cqex.c (extended CQ polling), qpex.c
+ * (the ibv_wr_* work-request builders).
  *
  * Every verbs object is embedded first in its sim_* struct ("must be
  * first"), so the verbs pointer and the sim pointer convert by a cast.
@@ -78,6 +79,7 @@ struct sim_ctx {
 	struct sim_cq *cqs;
 	struct sim_pd *pds;
 	struct sim_channel *chans;
+	struct sim_srq *srqs;
 };
 
 struct sim_pd {
@@ -161,9 +163,28 @@ struct sim_pkt {
 	uint64_t cmp, swp;		/* atomic operands / result in cmp */
 };
 
-struct sim_qp {
-	struct ibv_qp qp;		/* must be first */
+/* A shared receive queue: QPs created on it take their receive WQEs from
+ * its ring, in the order posted (srq.c). */
+struct sim_srq {
+	struct ibv_srq srq;		/* must be first */
 	struct sim_ctx *ctx;
+	struct sim_srq *next;		/* in ctx->srqs */
+	struct sim_rwqe *rq;
+	unsigned rq_cap, max_sge;
+	uint32_t rq_head, rq_tail;
+	unsigned limit;			/* armed limit, 0 = not armed */
+	unsigned nqps;			/* QPs attached */
+};
+
+struct sim_qp {
+	union {				/* must be first */
+		struct ibv_qp qp;
+		struct ibv_qp_ex qpx;	/* its qp_base is qp */
+	};
+	bool ex;			/* created with send_ops_flags (qpex.c) */
+	struct sim_wr_build *build;	/* ibv_wr_* batch being built (qpex.c) */
+	struct sim_ctx *ctx;
+	struct sim_srq *srq;		/* receives come from it, if set */
 	struct sim_dev *dev;
 	struct sim_qp *wnext, *wprev;	/* in the world's QP list */
 	struct ibv_qp_attr attr;	/* current attributes */
@@ -288,7 +309,30 @@ void sim_qp_deliver(struct sim_qp *q);
 void sim_qp_timeout(struct sim_qp *q);
 void sim_qp_rnr_fire(struct sim_qp *q);
 
+/* srq.c */
+int sim_post_srq_recv(struct ibv_srq *srq, struct ibv_recv_wr *wr,
+		      struct ibv_recv_wr **bad);
+struct ibv_srq *sim_create_srq(struct ibv_pd *pd, struct ibv_srq_init_attr *ia);
+struct ibv_srq *sim_create_srq_ex(struct ibv_context *c,
+				  struct ibv_srq_init_attr_ex *ia);
+int sim_modify_srq(struct ibv_srq *srq, struct ibv_srq_attr *a, int mask);
+int sim_query_srq(struct ibv_srq *srq, struct ibv_srq_attr *a);
+int sim_destroy_srq(struct ibv_srq *srq);
+void sim_srq_free_all(struct sim_ctx *ctx);
+/* The receive WQE a message for q takes next (NULL: none posted, RNR), and
+ * taking it (after which the SRQ's limit event may fire). */
+struct sim_rwqe *sim_rq_peek(struct sim_qp *q);
+void sim_rq_take(struct sim_qp *q);
+
 /* cqex.c */
 void sim_cq_ex_init(struct sim_cq *cq);
+/* ibv_wc_read_completion_ts (IBV_WC_EX_WITH_COMPLETION_TIMESTAMP): the
+ * network time of the poll */
+void sim_cq_ex_timestamps(struct sim_cq *cq);
+
+/* qpex.c: the ibv_qp_ex work-request builders of a QP created with
+ * IBV_QP_INIT_ATTR_SEND_OPS_FLAGS (0, or EOPNOTSUPP / ENOMEM). */
+int sim_qp_ex_init(struct sim_qp *q, uint64_t send_ops_flags);
+void sim_qp_ex_free(struct sim_qp *q);
 
 #endif /* SHIFT_SIM_INT_H */

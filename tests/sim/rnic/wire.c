@@ -313,7 +313,7 @@ int sim_post_recv(struct ibv_qp *qp, struct ibv_recv_wr *wr,
 	for (; wr; wr = wr->next) {
 		struct sim_rwqe *r;
 
-		if (qp->state == IBV_QPS_RESET ||
+		if (qp->state == IBV_QPS_RESET || q->srq ||
 		    (qp->state == IBV_QPS_ERR && q->dev->w->opts.refuse_posts_in_err)) {
 			rc = EINVAL;
 			break;
@@ -704,7 +704,7 @@ static bool sim_execute(struct sim_qp *dq, struct sim_pkt *p)
 			 op == IBV_WR_RDMA_WRITE_WITH_IMM;
 	uint8_t *dst = NULL;
 
-	if (need_rwqe && dq->rq_head == dq->rq_tail) {
+	if (need_rwqe && !sim_rq_peek(dq)) {
 		qw(dq)->stats.rnr_naks++;
 		sim_trace(qw(dq), TAG("RNR "), dq->qp.qp_num, p->psn);
 		sim_respond(dq, SIM_PKT_NAK_RNR, p->psn, NULL, 0, 0,
@@ -777,7 +777,7 @@ static bool sim_execute(struct sim_qp *dq, struct sim_pkt *p)
 		break;
 	}
 	if (need_rwqe) {
-		struct sim_rwqe *r = &dq->rq[dq->rq_head % dq->rq_cap];
+		struct sim_rwqe *r = sim_rq_peek(dq);
 		uint64_t room = 0;
 		struct ibv_wc wc;
 
@@ -786,7 +786,7 @@ static bool sim_execute(struct sim_qp *dq, struct sim_pkt *p)
 			for (unsigned i = 0; i < r->num_sge; i++)
 				room += r->sge[i].length;
 			if (room < p->len) {
-				dq->rq_head++;
+				sim_rq_take(dq);
 				sim_recv_flush_wc(dq, r, IBV_WC_LOC_LEN_ERR);
 				sim_resp_fail(dq, p, SIM_PKT_NAK_INV,
 					      IBV_WC_REM_INV_REQ_ERR);
@@ -794,15 +794,15 @@ static bool sim_execute(struct sim_qp *dq, struct sim_pkt *p)
 			}
 			if (!sim_scatter(dq, r->sge, r->num_sge, p->payload,
 					 p->len)) {
-				dq->rq_head++;
+				sim_rq_take(dq);
 				sim_recv_flush_wc(dq, r, IBV_WC_LOC_PROT_ERR);
 				sim_resp_fail(dq, p, SIM_PKT_NAK_INV,
 					      IBV_WC_REM_OP_ERR);
 				return false;
 			}
 		}
-		dq->rq_head++;
 		wc.wr_id = r->wr_id;
+		sim_rq_take(dq);
 		wc.status = IBV_WC_SUCCESS;
 		wc.opcode = op == IBV_WR_RDMA_WRITE_WITH_IMM ?
 			    IBV_WC_RECV_RDMA_WITH_IMM : IBV_WC_RECV;

@@ -164,6 +164,12 @@ void sim_world_set_refuse_posts_in_err(struct sim_world *w, int on)
 	w->opts.refuse_posts_in_err = on;
 }
 
+void sim_world_set_vendor(struct sim_world *w, uint32_t id, uint32_t part)
+{
+	w->opts.vendor_id = id;
+	w->opts.vendor_part_id = part;
+}
+
 struct sim_world *sim_world_create(const struct sim_world_opts *opts)
 {
 	struct sim_world *w = calloc(1, sizeof(*w));
