@@ -88,6 +88,18 @@ class Rules(unittest.TestCase):
         d = tier.suite_diffs("b", "shift-ldpath", plain, shift)
         self.assertEqual(sorted(x["test"] for x in d), ["t.b", "t.d"])
 
+    def test_part_b_setup_in_window_tolerated_and_counted(self):
+        plain = suite(t_a="pass", t_b="pass", t_c="pass", t_d="pass")
+        shift = suite(t_a="error", t_b="error", t_c="error", t_d="pass")
+        shift["tests"]["t.a"]["msg"] = "Failed to modify QP state to RTR. Errno: 101, Network is unreachable"
+        shift["tests"]["t.b"]["msg"] = "Got timeout on polling (1 CQEs remaining)"   # not setup: a difference
+        shift["tests"]["t.c"]["msg"] = "Failed to create AH. Errno: 101, Network is unreachable"
+        shift["fault"] = {"tests_in_window": ["t.a", "t.b"]}                          # t.c: outside the window
+        tol = []
+        d = tier.suite_diffs("b", "shift-preload", plain, shift, tol)
+        self.assertEqual(sorted(x["test"] for x in d), ["t.b", "t.c"])
+        self.assertEqual([x["test"] for x in tol], ["t.a"])
+
     def test_shift_not_in_path(self):
         plain = suite(t_a="pass")
         shift = suite(t_a="pass")
