@@ -210,10 +210,12 @@ def write_doc(r, path):
            "with the distro's libibverbs (plain) and through SHIFT (shift-ldpath = `LD_LIBRARY_PATH`, "
            "shift-preload = `LD_PRELOAD`). `ctest -L realclients` (run by `scripts/test`, so by CI) runs "
            "`tests/realclients/tier --ci`. See tests/realclients/tier's header for what each part requires.\n",
-           "This run: `%s` on commit %s, started %s, %.0f s in all%s.\n" % (
+           "This run: `%s` on commit %s, started %s, %.0f s in all%s%s.\n" % (
                r.get("command"), r.get("commit"), r.get("started"), r.get("duration", 0),
                (", %d testbed reboot(s): %s" % (len(r["reboots"]), "; ".join(x["why"] for x in r["reboots"])))
-               if r.get("reboots") else "")]
+               if r.get("reboots") else "",
+               (", rxe0 re-created %d time(s) (rdma_cm broken after a fault run)" % len(r["relinks"]))
+               if r.get("relinks") else "")]
     out.append("How to run:\n")
     out.append("    ctest --test-dir build -L realclients --output-on-failure    # what CI runs (scripts/test)")
     out.append("    tests/realclients/tier --ci --doc docs/realclients.md          # the same, and rewrite this file")
