@@ -250,7 +250,8 @@ int fo_judge_start(struct shift_ctx *s, struct shift_dqp *d, struct out *o,
 	if (sc->again) {
 		/* a direction was on the backup: every WR flushes after the
 		 * application's error */
-		fo_fail_connection(s, d, o, true, first_app(d, sc, st));
+		fo_fail_connection(d, o, "an error of the application", first_app(d, sc, st),
+				   FO_TELL_PEER);
 		srq_burned_all(d, st); /* (not handed out: no receive queue to flush) */
 		return -2;
 	}

@@ -171,6 +171,8 @@ static void app_completion(struct shift_dqp *d, struct ibv_wc *wc, struct out *o
 		    d->sq_tail > d->fence)
 			fo_switch_back(d);
 		shift_dqp_unlock(d);
+		if (fo_fail_pending(d, o))
+			return;
 	}
 	if (d->notify_pending)
 		fo_try_notify(d);

@@ -167,8 +167,6 @@ void fo_srq_fail(struct shift_ctx *s, struct shift_dqp *d, struct out *o)
 {
 	struct ibv_qp_attr e = { .qp_state = IBV_QPS_ERR };
 
-	shift_warn("%s QP %u: cannot fail over again (a QP on its SRQ cannot): the error goes to "
-		   "the application", d->dev, d->qpn);
 	if (d->bk)
 		shift_lower->modify_qp(d->bk, &e, IBV_QP_STATE);
 	shift_lower->modify_qp(d->qp, &e, IBV_QP_STATE);
@@ -178,7 +176,7 @@ void fo_srq_fail(struct shift_ctx *s, struct shift_dqp *d, struct out *o)
 	fo_drain_default(s, d->scq, NULL);
 	if (d->rcq != d->scq)
 		fo_drain_default(s, d->rcq, NULL);
-	fo_fail_connection(s, d, o, false, NULL);
+	fo_fail_connection(d, o, "a QP on its SRQ cannot fail over again", NULL, 0);
 }
 
 /* ---- SHIFT's receives on the backup QP ------------------------------------- */
