@@ -20,7 +20,9 @@
  *   in the same queue flush after them (the default CQs are drained first).
  *
  * The peer learns it from an ABORT handshake message, if my control
- * message of this episode is not spent (its one control receive), and from
+ * message of this episode is not spent (its one control receive: then the
+ * backup QP carries nothing of the application's but receives the peer
+ * never fills, and runs on for the ABORT to leave), and from
  * my record in the KV store (closed: it ends its side as if my application
  * had ended the connection, fo_end). A peer still in the Default state
  * finds my QP in ERR as it would without SHIFT.
@@ -28,15 +30,17 @@
 #include "shift/fo/fo_int.h"
 
 /* ABORT to the peer, which waits for my handshake message (its control
- * receive is not consumed yet): best effort. */
-void fo_tell_abort(struct shift_dqp *d)
+ * receive is not consumed yet): best effort. true if it went out now. */
+bool fo_tell_abort(struct shift_dqp *d)
 {
 	if (!d->ctrl_sent && d->shadow &&
 	    __atomic_load_n(&d->shadow->state, __ATOMIC_ACQUIRE) == SHIFT_SHADOW_READY) {
 		if (!d->bk)
 			d->bk = d->shadow->bk;
 		d->ctrl_sent = fo_send_ctrl(d, CTRL_ABORT) == 0;
+		return d->ctrl_sent;
 	}
+	return false;
 }
 
 /* A give-up found where the connection cannot fail at once (post_lock
@@ -129,10 +133,14 @@ void fo_fail_connection(struct shift_dqp *d, struct out *o, const char *why,
 		   d->dev, d->qpn, why);
 	if (!o || (o->c != d->scq && o->c != d->rcq))
 		o = &ko;
-	if (how & FO_TELL_PEER)
-		fo_tell_abort(d);
+	bool told = (how & FO_TELL_PEER) && fo_tell_abort(d);
+
 	d->app_ended = true; /* (no failback step; late backup completions dropped) */
-	if (s && d->bk && d->need_rearm)
+	/* An ABORT that goes out now is my first message of the episode: the
+	 * peer never had my counter, so it sent nothing to my backup QP, and
+	 * none of my sends went there (retransmission follows my message).
+	 * The backup runs on for the ABORT to leave; else it stops now. */
+	if (s && d->bk && d->need_rearm && !told)
 		fo_flush_backup(s, d, true); /* (its successes kept, in order) */
 	d->bk_gen = (d->bk_gen + 1) & 0x3fffu;
 	shift_dqp_lock(d);

@@ -98,7 +98,7 @@ void fo_fail_connection(struct shift_dqp *d, struct out *o, const char *why,
 void fo_fail_mark(struct shift_dqp *d, const char *why, uint64_t sq, uint64_t rq);
 bool fo_fail_pending(struct shift_dqp *d, struct out *o);
 void fo_give_up_late(struct shift_dqp *d, struct out *o, const char *why);
-void fo_tell_abort(struct shift_dqp *d);
+bool fo_tell_abort(struct shift_dqp *d);
 void fo_ep_publish(struct shift_ctx *s, struct shift_dqp *d);
 int fo_ep_read(struct shift_ctx *s, struct shift_dqp *d);
 bool fo_ep_due(const struct shift_dqp *d, uint64_t now);
