@@ -42,3 +42,7 @@ if(TARGET shift_sim)
   shift_unit_test(test_giveup SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/test_giveup.c
     LIBS shift_core shift_sim)
 endif()
+if(TARGET shift_sim)
+  shift_unit_test(test_access SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/test_access.c
+    LIBS shift_core shift_sim)
+endif()
