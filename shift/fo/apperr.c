@@ -363,7 +363,7 @@ void fo_end_from(struct shift_ctx *s, struct shift_dqp *d, struct out *o, const 
 		shift_lower->modify_qp(d->qp, &e, IBV_QP_STATE);
 		if (err->status != IBV_WC_SUCCESS) {
 			shift_dqp_retire_app(d, err); /* (an SRQ's receive) */
-			fo_emit(o, err);
+			fo_emit_after_srq(d, o, err);
 		}
 		bool sflush = sq < d->sq_head, rflush = rq < d->rq_head;
 

@@ -288,11 +288,19 @@ void fo_srq_work(struct shift_ctx *s)
 
 		for (unsigned k = 0; q && k < nseen; k++)
 			dup |= seen[k] == q;
-		if (!q || dup || shift_dsrq_unprotected(q) || d->send_state == SHIFT_SEND_UNPROTECTED)
+		if (!q || dup || shift_dsrq_unprotected(q))
+			continue;
+		/* (a QP whose connection ended may still have messages waiting
+		 * for receives the pair takes out, its error behind them) */
+		if (d->send_state == SHIFT_SEND_UNPROTECTED && (shift_dsrq_moved(q) || !fo_srq_waits(d)))
 			continue;
 		if (nseen < 8)
 			seen[nseen++] = q;
 		fo_srq_burn_poll(q);
+		if (d->send_state == SHIFT_SEND_UNPROTECTED) {
+			fo_srq_deliver(q, NULL);
+			continue;
+		}
 		if (!shift_dsrq_moved(q) && fo_srq_waiting(q) && !fo_port_active(s, d))
 			move_again(s, d);
 		if (!shift_dsrq_moved(q)) {
