@@ -149,16 +149,18 @@ bool fo_srq_defer(struct shift_dqp *d, const struct ibv_wc *wc)
 	return true;
 }
 
-/* The messages on d's SRQ that wait for receives, up to d's last one
- * (0: none of d's waits). */
-static unsigned waiting_to(const struct shift_dqp *d)
+/* The messages on d's SRQ that wait for receives, up to d's last one;
+ * *held: a completion of d already waits behind them. */
+static unsigned waiting_to(const struct shift_dqp *d, bool *held)
 {
 	unsigned n = 0, to = 0;
 
+	*held = false;
 	for (const struct slot *x = d->dsrq->fo_pending_head; x; x = x->next) {
 		n += x->state == SLOT_PENDING;
 		if (x->d == d && x->state == SLOT_PENDING)
 			to = n;
+		*held |= x->d == d && x->state == SLOT_READY;
 	}
 	return to;
 }
@@ -175,10 +177,13 @@ static unsigned waiting_to(const struct shift_dqp *d)
 void fo_emit_after_srq(struct shift_dqp *d, struct out *o, const struct ibv_wc *wc)
 {
 	struct shift_dsrq *q = d->dsrq;
-	unsigned need = q ? waiting_to(d) : 0;
+	bool held = false;
+	unsigned need = q ? waiting_to(d, &held) : 0;
 	struct slot *x;
 
-	if (!need || shift_dsrq_moved(q) || __atomic_load_n(&q->live, __ATOMIC_RELAXED) < need ||
+	/* (once one waits, the later ones follow it) */
+	if ((!held && (!need || shift_dsrq_moved(q) ||
+		       __atomic_load_n(&q->live, __ATOMIC_RELAXED) < need)) ||
 	    !(x = calloc(1, sizeof(*x)))) {
 		fo_emit(o, wc);
 		return;
