@@ -168,11 +168,12 @@ static unsigned waiting_to(const struct shift_dqp *d, bool *held)
 /*
  * A completion of d as its connection ends (the application's error, its
  * flushes): messages that arrived on d's backup QP before it may still wait
- * for receives SHIFT takes out of the default SRQ (fo_srq_deliver): it
- * follows them, as plain's CQ would have their completions first. Only if
- * they will get receives (the default SRQ holds enough live ones; while
- * moved, a waiting message has none): a completion the application waits
- * for must not depend on receives it may never post.
+ * for receives (fo_srq_deliver): it follows them, as plain's CQ would have
+ * their completions first. Those with a receive now are handed out now;
+ * the rest are waited for only if the receives will come (SHIFT takes them
+ * out of the default SRQ, which holds enough live ones; while moved, a
+ * waiting message has none): a completion the application waits for must
+ * not depend on receives it may never post.
  */
 void fo_emit_after_srq(struct shift_dqp *d, struct out *o, const struct ibv_wc *wc)
 {
@@ -181,6 +182,10 @@ void fo_emit_after_srq(struct shift_dqp *d, struct out *o, const struct ibv_wc *
 	unsigned need = q ? waiting_to(d, &held) : 0;
 	struct slot *x;
 
+	if (need && !held) {
+		fo_srq_deliver(q, o); /* (those with a receive now: now) */
+		need = waiting_to(d, &held);
+	}
 	/* (once one waits, the later ones follow it) */
 	if ((!held && (!need || shift_dsrq_moved(q) ||
 		       __atomic_load_n(&q->live, __ATOMIC_RELAXED) < need)) ||
