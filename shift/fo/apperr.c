@@ -41,7 +41,7 @@ static void unprotect(struct shift_ctx *s, struct shift_dqp *d, struct out *o,
 	shift_dqp_set_send_state(d, SHIFT_SEND_UNPROTECTED, "the application's error");
 	shift_dqp_unlock(d);
 	shift_dqp_retire_app(d, wc); /* (an SRQ's receive is the application's) */
-	fo_emit(o, wc);
+	fo_emit_after_srq(d, o, wc);
 	if (d->post_failed) {
 		shift_ctx_set_slow(s, true); /* (kept completions) */
 		fo_drain_default(s, d->scq, o);
@@ -120,7 +120,7 @@ static void path_failure(struct shift_ctx *s, struct shift_dqp *d, struct ibv_wc
 		return; /* the connection failed: wc was passed on with the flushes */
 	shift_debug("%s QP %u: error %d passed to the application", d->dev, d->qpn, (int)wc->status);
 	shift_dqp_retire_app(d, wc);
-	fo_emit(o, wc);
+	fo_emit_after_srq(d, o, wc);
 }
 
 /* An error completion of protected QP d whose sends are on the default QP
@@ -134,7 +134,7 @@ void fo_on_error(struct shift_ctx *s, struct shift_dqp *d, struct ibv_wc *wc, st
 	if (k == SHIFT_WC_OK) {
 		if (d->send_state == SHIFT_SEND_UNPROTECTED) {
 			shift_dqp_retire_app(d, wc);
-			fo_emit(o, wc);
+			fo_emit_after_srq(d, o, wc);
 		} else {
 			srq_burned(d, wc);
 		}
