@@ -290,17 +290,19 @@ void fo_srq_work(struct shift_ctx *s)
 			dup |= seen[k] == q;
 		if (!q || dup || shift_dsrq_unprotected(q))
 			continue;
-		/* (a QP whose connection ended may still have messages waiting
-		 * for receives the pair takes out, its error behind them) */
-		if (d->send_state == SHIFT_SEND_UNPROTECTED && (shift_dsrq_moved(q) || !fo_srq_waits(d)))
+		if (d->send_state == SHIFT_SEND_UNPROTECTED) {
+			/* (its connection ended: messages of its may still wait
+			 * for receives the pair takes out, its error behind
+			 * them; the SRQ's other QPs still get their turn) */
+			if (!shift_dsrq_moved(q) && fo_srq_waits(d)) {
+				fo_srq_burn_poll(q);
+				fo_srq_deliver(q, NULL);
+			}
 			continue;
+		}
 		if (nseen < 8)
 			seen[nseen++] = q;
 		fo_srq_burn_poll(q);
-		if (d->send_state == SHIFT_SEND_UNPROTECTED) {
-			fo_srq_deliver(q, NULL);
-			continue;
-		}
 		if (!shift_dsrq_moved(q) && fo_srq_waiting(q) && !fo_port_active(s, d))
 			move_again(s, d);
 		if (!shift_dsrq_moved(q)) {
