@@ -271,6 +271,9 @@ struct shift_dqp {
 	bool app_ended;               /* the application ended it: its ERR or RESET, or its
 				       * error while failed over */
 	bool peer_closed;             /* the peer's record says its application did */
+	/* the application's error unprotected it in Default (fo/apperr.c):
+	 * my record says the connection ended (the background publishes it) */
+	bool app_error_end, app_error_published;
 	uint64_t doomed;              /* 1 + the sq index of the application's WR whose
 				       * remote key the peer never had, 0: none (it
 				       * completes as refused, fo/common.c) */

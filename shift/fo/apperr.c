@@ -40,6 +40,8 @@ static void unprotect(struct shift_ctx *s, struct shift_dqp *d, struct out *o,
 	shift_dqp_lock(d);
 	shift_dqp_set_send_state(d, SHIFT_SEND_UNPROTECTED, "the application's error");
 	shift_dqp_unlock(d);
+	if (d->shadow)
+		__atomic_store_n(&d->app_error_end, true, __ATOMIC_RELEASE);
 	shift_dqp_retire_app(d, wc); /* (an SRQ's receive is the application's) */
 	fo_emit_after_srq(d, o, wc);
 	if (d->post_failed) {
