@@ -33,7 +33,8 @@ void fo_ep_publish(struct shift_ctx *s, struct shift_dqp *d)
 	struct shift_ep_value ev = {
 		.gen = d->bk_gen, .started = (unsigned)d->failovers,
 		.ret = d->ret_ep && d->ret_ep == d->failovers, .count = d->ret_count,
-		.bkfail = d->bk_error, .nosend = !fo_app_sends(s, d), .closed = d->app_ended,
+		.bkfail = d->bk_error, .nosend = !fo_app_sends(s, d),
+		.closed = d->app_ended || d->app_error_end,
 	};
 
 	n = shift_exchange_ep_encode_ex(&ev, val, sizeof(val));

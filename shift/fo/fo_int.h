@@ -159,6 +159,7 @@ bool fo_srq_take_notify(struct shift_dqp *d, struct ibv_wc *wc);
 void fo_srq_work(struct shift_ctx *s);
 void fo_srq_fail(struct shift_ctx *s, struct shift_dqp *d, struct out *o);
 void fo_srq_release(struct shift_dqp *d);
+void fo_emit_after_srq(struct shift_dqp *d, struct out *o, const struct ibv_wc *wc);
 uint32_t fo_srq_counted(const struct shift_dqp *d);
 void fo_srq_burner_destroy(struct shift_dsrq *q);
 unsigned fo_srq_burn(struct shift_ctx *s, struct shift_dsrq *q, struct shift_dqp *d, unsigned n);

@@ -286,8 +286,18 @@ void fo_srq_work(struct shift_ctx *s)
 
 		for (unsigned k = 0; q && k < nseen; k++)
 			dup |= seen[k] == q;
-		if (!q || dup || shift_dsrq_unprotected(q) || d->send_state == SHIFT_SEND_UNPROTECTED)
+		if (!q || dup || shift_dsrq_unprotected(q))
 			continue;
+		if (d->send_state == SHIFT_SEND_UNPROTECTED) {
+			/* (its connection ended: messages of its may still wait
+			 * for receives the pair takes out, its error behind
+			 * them; the SRQ's other QPs still get their turn) */
+			if (!shift_dsrq_moved(q) && fo_srq_waits(d)) {
+				fo_srq_burn_poll(q);
+				fo_srq_deliver(q, NULL);
+			}
+			continue;
+		}
 		if (nseen < 8)
 			seen[nseen++] = q;
 		fo_srq_burn_poll(q);

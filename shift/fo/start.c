@@ -176,7 +176,7 @@ void fo_flush_held(struct shift_dqp *d, struct out *o, const struct ibv_wc *err,
 			wc = *err;
 			err = NULL;
 		}
-		fo_emit(os, &wc);
+		fo_emit_after_srq(d, os, &wc);
 	}
 	shift_dqp_retire_all_send(d);
 	for (uint64_t i = rq_from; i < d->rq_head; i++) {
@@ -187,7 +187,7 @@ void fo_flush_held(struct shift_dqp *d, struct out *o, const struct ibv_wc *err,
 			wc = *err;
 			err = NULL;
 		}
-		fo_emit(orq, &wc);
+		fo_emit_after_srq(d, orq, &wc);
 	}
 	__atomic_store_n(&d->rq_tail, d->rq_head, __ATOMIC_RELAXED);
 	shift_dqp_set_recv_state(d, SHIFT_RECV_DEFAULT, "held receives flushed");
