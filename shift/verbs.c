@@ -177,11 +177,24 @@ int shift_ibv_dealloc_pd(struct ibv_pd *pd)
 	return rc;
 }
 
+/*
+ * The real library's own registration verbs call each other through its
+ * PLT (ibv_reg_mr -> ibv_reg_mr_iova2 in rdma-core 44), and the global
+ * scope binds that call to SHIFT's export: one registration would be
+ * recorded twice, its second record never marked dead by the
+ * application's dereg, replayed later on a freed PD (rdma_server's SIGSEGV
+ * at exit). Only the outermost call on a thread records.
+ */
+static _Thread_local unsigned mr_depth;
+
+#define LOWER_MR(call) (mr_depth++, mr = (call), mr_depth--, mr)
+
 struct ibv_mr *shift_ibv_reg_mr(struct ibv_pd *pd, void *addr, size_t length,
 				int access)
 {
-	struct ibv_mr *mr = L->reg_mr(pd, addr, length, access);
-	struct shift_rnic *r = mr ? rnic_of(pd->context) : NULL;
+	struct ibv_mr *mr;
+	struct shift_rnic *r = LOWER_MR(L->reg_mr(pd, addr, length, access)) && !mr_depth ?
+				       rnic_of(pd->context) : NULL;
 
 	if (r)
 		shift_shadow_mr(r, mr, SHIFT_MR_PLAIN, addr, length, 0, 0, -1,
@@ -192,8 +205,9 @@ struct ibv_mr *shift_ibv_reg_mr(struct ibv_pd *pd, void *addr, size_t length,
 struct ibv_mr *shift_ibv_reg_mr_iova(struct ibv_pd *pd, void *addr,
 				     size_t length, uint64_t iova, int access)
 {
-	struct ibv_mr *mr = L->reg_mr_iova(pd, addr, length, iova, access);
-	struct shift_rnic *r = mr ? rnic_of(pd->context) : NULL;
+	struct ibv_mr *mr;
+	struct shift_rnic *r = LOWER_MR(L->reg_mr_iova(pd, addr, length, iova, access)) &&
+					       !mr_depth ? rnic_of(pd->context) : NULL;
 
 	if (r)
 		shift_shadow_mr(r, mr, SHIFT_MR_IOVA, addr, length, iova, 0, -1,
@@ -205,8 +219,9 @@ struct ibv_mr *shift_ibv_reg_mr_iova2(struct ibv_pd *pd, void *addr,
 				      size_t length, uint64_t iova,
 				      unsigned int access)
 {
-	struct ibv_mr *mr = L->reg_mr_iova2(pd, addr, length, iova, access);
-	struct shift_rnic *r = mr ? rnic_of(pd->context) : NULL;
+	struct ibv_mr *mr;
+	struct shift_rnic *r = LOWER_MR(L->reg_mr_iova2(pd, addr, length, iova, access)) &&
+					       !mr_depth ? rnic_of(pd->context) : NULL;
 
 	if (r)
 		shift_shadow_mr(r, mr, SHIFT_MR_IOVA, addr, length, iova, 0, -1, access);
@@ -217,8 +232,9 @@ struct ibv_mr *shift_ibv_reg_dmabuf_mr(struct ibv_pd *pd, uint64_t offset,
 				       size_t length, uint64_t iova, int fd,
 				       int access)
 {
-	struct ibv_mr *mr = L->reg_dmabuf_mr(pd, offset, length, iova, fd, access);
-	struct shift_rnic *r = mr ? rnic_of(pd->context) : NULL;
+	struct ibv_mr *mr;
+	struct shift_rnic *r = LOWER_MR(L->reg_dmabuf_mr(pd, offset, length, iova, fd, access)) &&
+					       !mr_depth ? rnic_of(pd->context) : NULL;
 
 	if (r)
 		shift_shadow_mr(r, mr, SHIFT_MR_DMABUF, NULL, length, iova, offset, fd,

@@ -271,6 +271,14 @@ struct shift_dqp {
 	bool app_ended;               /* the application ended it: its ERR or RESET, or its
 				       * error while failed over */
 	bool peer_closed;             /* the peer's record says its application did */
+	/* a give-up found under post_lock, to finish once it is released
+	 * (fo/fail.c): the send (receive) WRs from fail_sq (fail_rq) on are
+	 * SHIFT's, those before on the default QP (UINT64_MAX: by the states) */
+	const char *fail_why;
+	uint64_t fail_sq, fail_rq;
+	/* the application's error unprotected it in Default (fo/apperr.c):
+	 * my record says the connection ended (the background publishes it) */
+	bool app_error_end, app_error_published;
 	uint64_t doomed;              /* 1 + the sq index of the application's WR whose
 				       * remote key the peer never had, 0: none (it
 				       * completes as refused, fo/common.c) */

@@ -40,8 +40,10 @@ static void unprotect(struct shift_ctx *s, struct shift_dqp *d, struct out *o,
 	shift_dqp_lock(d);
 	shift_dqp_set_send_state(d, SHIFT_SEND_UNPROTECTED, "the application's error");
 	shift_dqp_unlock(d);
+	if (d->shadow)
+		__atomic_store_n(&d->app_error_end, true, __ATOMIC_RELEASE);
 	shift_dqp_retire_app(d, wc); /* (an SRQ's receive is the application's) */
-	fo_emit(o, wc);
+	fo_emit_after_srq(d, o, wc);
 	if (d->post_failed) {
 		shift_ctx_set_slow(s, true); /* (kept completions) */
 		fo_drain_default(s, d->scq, o);
@@ -120,7 +122,7 @@ static void path_failure(struct shift_ctx *s, struct shift_dqp *d, struct ibv_wc
 		return; /* the connection failed: wc was passed on with the flushes */
 	shift_debug("%s QP %u: error %d passed to the application", d->dev, d->qpn, (int)wc->status);
 	shift_dqp_retire_app(d, wc);
-	fo_emit(o, wc);
+	fo_emit_after_srq(d, o, wc);
 }
 
 /* An error completion of protected QP d whose sends are on the default QP
@@ -134,7 +136,7 @@ void fo_on_error(struct shift_ctx *s, struct shift_dqp *d, struct ibv_wc *wc, st
 	if (k == SHIFT_WC_OK) {
 		if (d->send_state == SHIFT_SEND_UNPROTECTED) {
 			shift_dqp_retire_app(d, wc);
-			fo_emit(o, wc);
+			fo_emit_after_srq(d, o, wc);
 		} else {
 			srq_burned(d, wc);
 		}
@@ -250,7 +252,8 @@ int fo_judge_start(struct shift_ctx *s, struct shift_dqp *d, struct out *o,
 	if (sc->again) {
 		/* a direction was on the backup: every WR flushes after the
 		 * application's error */
-		fo_fail_connection(s, d, o, true, first_app(d, sc, st));
+		fo_fail_connection(d, o, "an error of the application", first_app(d, sc, st),
+				   FO_TELL_PEER);
 		srq_burned_all(d, st); /* (not handed out: no receive queue to flush) */
 		return -2;
 	}
@@ -363,7 +366,7 @@ void fo_end_from(struct shift_ctx *s, struct shift_dqp *d, struct out *o, const 
 		shift_lower->modify_qp(d->qp, &e, IBV_QP_STATE);
 		if (err->status != IBV_WC_SUCCESS) {
 			shift_dqp_retire_app(d, err); /* (an SRQ's receive) */
-			fo_emit(o, err);
+			fo_emit_after_srq(d, o, err);
 		}
 		bool sflush = sq < d->sq_head, rflush = rq < d->rq_head;
 

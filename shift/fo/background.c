@@ -162,6 +162,25 @@ static bool grace_passed(uint64_t since, uint64_t now)
 
 /* A peer's handshake message the background thread noticed, for a passive
  * application: answered here once the grace has passed (see background()). */
+/*
+ * A QP the application's error unprotected in Default: a peer whose own QP
+ * saw only a flush while its device went down (the responder of the bad
+ * request) fails over towards my parked backup, which may not answer (the
+ * backup path failed too). My record says the connection ended, as my QP
+ * in ERR says it to the peer's on the default path: it ends its QP too,
+ * not after its episode's time limit. Once, from here (KV I/O).
+ */
+static void publish_app_end(struct shift_ctx *s, struct shift_dqp *d)
+{
+	if (!__atomic_load_n(&d->app_error_end, __ATOMIC_ACQUIRE) || d->app_error_published)
+		return;
+	fo_lock_cqs(d);
+	d->app_error_published = true;
+	if (d->shadow && !d->peer_closed)
+		fo_ep_publish(s, d);
+	fo_unlock_cqs(d);
+}
+
 static void answer_peer(struct shift_ctx *s, struct shift_dqp *d, uint64_t now)
 {
 	if (!d->ctrl_pending)
@@ -284,6 +303,7 @@ static void background(struct shift_ctx *s)
 			if (!d->scq)
 				continue;
 			answer_peer(s, d, now);
+			publish_app_end(s, d);
 			fail_over_refused(s, d, now);
 			fo_join_peer(s, d, now);
 		}

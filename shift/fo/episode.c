@@ -33,7 +33,8 @@ void fo_ep_publish(struct shift_ctx *s, struct shift_dqp *d)
 	struct shift_ep_value ev = {
 		.gen = d->bk_gen, .started = (unsigned)d->failovers,
 		.ret = d->ret_ep && d->ret_ep == d->failovers, .count = d->ret_count,
-		.bkfail = d->bk_error, .nosend = !fo_app_sends(s, d), .closed = d->app_ended,
+		.bkfail = d->bk_error, .nosend = !fo_app_sends(s, d),
+		.closed = d->app_ended || d->app_error_end,
 	};
 
 	n = shift_exchange_ep_encode_ex(&ev, val, sizeof(val));
@@ -275,7 +276,14 @@ int fo_reset_backup(struct shift_ctx *s, struct shift_dqp *d, unsigned gen)
 	d->bk_error = false;
 	d->bk_gen = gen & 0x3fffu;
 	if (shift_shadow_rearm(s->rnic, d->shadow, gen)) {
-		fo_give_up(d, "its backup QP could not be reset for the next failover");
+		const char *why = "its backup QP could not be reset for the next failover";
+
+		/* (back on the default QP in both directions: it runs on,
+		 * unprotected; else the caller fails the connection) */
+		if (d->send_state == SHIFT_SEND_DEFAULT && d->recv_state == SHIFT_RECV_DEFAULT)
+			fo_give_up(d, why);
+		else
+			fo_fail_mark(d, why, FO_BY_STATE, FO_BY_STATE);
 		return -1;
 	}
 	d->need_rearm = false;

@@ -133,7 +133,8 @@ int fo_post_probe(struct shift_dqp *d)
 }
 
 /* My outstanding receives go to the default QP, as the application posted
- * them: receive state Default. post_lock held. 0, or -1 (given up). */
+ * them: receive state Default. post_lock held. 0, or -1 (given up:
+ * fo_fail_mark, the caller fails the connection once it unlocks). */
 int fo_receives_back(struct shift_dqp *d)
 {
 	for (uint64_t i = d->rq_tail; i < d->rq_head; i++) {
@@ -150,7 +151,9 @@ int fo_receives_back(struct shift_dqp *d)
 			break;
 		}
 		if (rc) {
-			fo_give_up(d, "the default QP refused a receive while failing back");
+			/* (those before it are on the default QP) */
+			fo_fail_mark(d, "the default QP refused a receive while failing back",
+				     FO_BY_STATE, i);
 			return -1;
 		}
 	}
@@ -161,7 +164,7 @@ int fo_receives_back(struct shift_dqp *d)
 }
 
 /* The default path failed again before the switch: the WRs held for it go
- * to the backup after all. post_lock held. */
+ * to the backup after all. post_lock held (a give-up: fo_fail_mark). */
 static void fallback_again(struct shift_dqp *d)
 {
 	uint64_t first = d->send_state == SHIFT_SEND_WAIT_DRAINED ? d->fence + 1 : d->sq_head;
@@ -171,7 +174,7 @@ static void fallback_again(struct shift_dqp *d)
 	d->probe_at = shift_clock_ms() + fo_probe_wait(d);
 	for (uint64_t i = first; i < d->sq_head; i++) {
 		if (fo_post_bk_send(d, i)) {
-			fo_give_up(d, "cannot post a WR on the backup QP");
+			fo_fail_mark(d, "cannot post a WR on the backup QP", FO_BY_STATE, FO_BY_STATE);
 			return;
 		}
 	}
@@ -218,7 +221,8 @@ void fo_switch_back(struct shift_dqp *d)
 }
 
 /* My notification completed: the held WRs go to the default QP, in order,
- * and the send side is back (Default). post_lock held. */
+ * and the send side is back (Default). post_lock held (a give-up:
+ * fo_fail_mark). */
 static void notified(struct shift_dqp *d)
 {
 	uint64_t first = d->fence + 1;
@@ -233,7 +237,9 @@ static void notified(struct shift_dqp *d)
 			break;
 		}
 		if (rc) {
-			fo_give_up(d, "the default QP refused a WR while failing back");
+			/* (those before it are on the default QP) */
+			fo_fail_mark(d, "the default QP refused a WR while failing back", i,
+				     FO_BY_STATE);
 			return;
 		}
 	}
@@ -272,6 +278,7 @@ static void probe_ok(struct shift_dqp *d, const char *how)
 		}
 	}
 	shift_dqp_unlock(d);
+	fo_fail_pending(d, NULL); /* (the switch back gave up) */
 }
 
 /* The peer's notification arrived on my default QP: once its backup sends
@@ -295,8 +302,10 @@ void fo_try_notify(struct shift_dqp *d)
 	int rc = fo_receives_back(d);
 	d->notify_pending = false;
 	shift_dqp_unlock(d);
-	if (rc)
+	if (rc) {
+		fo_fail_pending(d, NULL);
 		return;
+	}
 	shift_info("%s QP %u: receives back on the default QP (%llu reposted)", d->dev, d->qpn,
 		   (unsigned long long)(d->rq_head > d->rq_tail ? d->rq_head - d->rq_tail : 0));
 }
@@ -364,6 +373,7 @@ void fo_on_default_ctrl(struct shift_ctx *s, struct shift_dqp *d, struct ibv_wc 
 			if (d->send_state == SHIFT_SEND_WAIT_DRAINED)
 				notified(d);
 			shift_dqp_unlock(d);
+			fo_fail_pending(d, o);
 			return;
 		}
 		if (d->failback_fails < 64)

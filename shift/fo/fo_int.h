@@ -89,8 +89,16 @@ void fo_empty_read(struct ibv_send_wr *wr, uint64_t wr_id, unsigned flags);
 int fo_send_ctrl(struct shift_dqp *d, uint32_t imm);
 void fo_flush_held(struct shift_dqp *d, struct out *o, const struct ibv_wc *err,
 		       uint64_t sq_from, uint64_t rq_from);
-void fo_fail_connection(struct shift_ctx *s, struct shift_dqp *d, struct out *o,
-			    bool tell_peer, const struct ibv_wc *err);
+/* the connection fails for the application after leaving Default (fo/fail.c) */
+#define FO_TELL_PEER 1u  /* ABORT to the peer */
+#define FO_PATH_ERROR 2u /* the first send completes with the path's error */
+#define FO_BY_STATE UINT64_MAX
+void fo_fail_connection(struct shift_dqp *d, struct out *o, const char *why,
+			const struct ibv_wc *err, unsigned how);
+void fo_fail_mark(struct shift_dqp *d, const char *why, uint64_t sq, uint64_t rq);
+bool fo_fail_pending(struct shift_dqp *d, struct out *o);
+void fo_give_up_late(struct shift_dqp *d, struct out *o, const char *why);
+bool fo_tell_abort(struct shift_dqp *d);
 void fo_ep_publish(struct shift_ctx *s, struct shift_dqp *d);
 int fo_ep_read(struct shift_ctx *s, struct shift_dqp *d);
 bool fo_ep_due(const struct shift_dqp *d, uint64_t now);
@@ -151,6 +159,7 @@ bool fo_srq_take_notify(struct shift_dqp *d, struct ibv_wc *wc);
 void fo_srq_work(struct shift_ctx *s);
 void fo_srq_fail(struct shift_ctx *s, struct shift_dqp *d, struct out *o);
 void fo_srq_release(struct shift_dqp *d);
+void fo_emit_after_srq(struct shift_dqp *d, struct out *o, const struct ibv_wc *wc);
 uint32_t fo_srq_counted(const struct shift_dqp *d);
 void fo_srq_burner_destroy(struct shift_dsrq *q);
 unsigned fo_srq_burn(struct shift_ctx *s, struct shift_dsrq *q, struct shift_dqp *d, unsigned n);

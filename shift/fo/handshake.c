@@ -61,34 +61,6 @@ void fo_complete_executed(struct shift_dqp *d, struct out *os, uint64_t i)
 	}
 }
 
-/*
- * The backup QP cannot carry an outstanding WR: the connection fails for
- * the application as it would without SHIFT, before any WR moved. The peer
- * is told; the backup QP stops (nothing more lands in the application's
- * buffers through it, and its late completions, of an older generation,
- * are dropped); the default QP is left in ERR; every outstanding WR
- * completes with an error, the first send with the path's.
- */
-static void abandon(struct shift_dqp *d, struct out *o)
-{
-	struct ibv_qp_attr a = { .qp_state = IBV_QPS_ERR };
-	struct ibv_wc err = { .status = IBV_WC_RETRY_EXC_ERR, .qp_num = d->qpn };
-
-	shift_warn("%s QP %u: cannot fail over (an outstanding WR uses a memory window or memory "
-		   "without a backup): the connection fails for the application", d->dev, d->qpn);
-	if (!d->bk)
-		d->bk = d->shadow->bk;
-	d->ctrl_sent = fo_send_ctrl(d, CTRL_ABORT) == 0;
-	shift_lower->modify_qp(d->bk, &a, IBV_QP_STATE);
-	shift_dqp_set_send_state(d, SHIFT_SEND_UNPROTECTED, "the backup cannot carry a WR");
-	d->bk_gen = (d->bk_gen + 1) & 0x3fffu;
-	shift_dqp_sync(d);
-	if (d->sq_tail < d->sq_head)
-		err.wr_id = shift_dqp_swqe(d, d->sq_tail)->wr_id;
-	fo_flush_held(d, o, d->sq_tail < d->sq_head ? &err : NULL, d->sq_tail, d->rq_tail);
-	shift_lower->modify_qp(d->qp, &a, IBV_QP_STATE);
-}
-
 /* Both messages exchanged: retransmit what the peer has not executed. */
 void fo_retransmit(struct shift_dqp *d, struct out *o)
 {
@@ -107,7 +79,9 @@ void fo_retransmit(struct shift_dqp *d, struct out *o)
 	uint64_t end = fo_executed_end(d, d->peer_recv_count, CTRL_COUNT(~0u), &rd, NULL);
 
 	if (!fo_bk_carries(d, rd, end, true) || !fo_bk_carries(d, end, d->sq_head, false)) {
-		abandon(d, o);
+		/* (before any WR moved) */
+		fo_fail_connection(d, o, "an outstanding WR uses a memory window or memory without "
+				   "a backup", NULL, FO_TELL_PEER | FO_PATH_ERROR);
 		return;
 	}
 
@@ -123,7 +97,7 @@ void fo_retransmit(struct shift_dqp *d, struct out *o)
 
 		if (again ? fo_post_bk_send(d, i) : fo_post_bk_placeholder(d, i)) {
 			shift_dqp_unlock(d);
-			fo_give_up(d, "cannot post a WR on the backup QP");
+			fo_give_up_late(d, o, "cannot post a WR on the backup QP");
 			return;
 		}
 		skipped -= again;
@@ -131,7 +105,7 @@ void fo_retransmit(struct shift_dqp *d, struct out *o)
 	for (; i < d->sq_head; i++) {
 		if (fo_post_bk_send(d, i)) {
 			shift_dqp_unlock(d);
-			fo_give_up(d, "cannot post a WR on the backup QP");
+			fo_give_up_late(d, o, "cannot post a WR on the backup QP");
 			return;
 		}
 	}
@@ -143,28 +117,13 @@ void fo_retransmit(struct shift_dqp *d, struct out *o)
 		   (unsigned long long)d->switch_us);
 }
 
-/* The peer waits for my answer: tell it the connection is over here (the
- * application closed it, or it cannot be saved). */
-static void answer_abort(struct shift_dqp *d)
-{
-	if (!d->ctrl_sent && d->shadow &&
-	    __atomic_load_n(&d->shadow->state, __ATOMIC_ACQUIRE) == SHIFT_SHADOW_READY) {
-		if (!d->bk)
-			d->bk = d->shadow->bk;
-		d->ctrl_sent = fo_send_ctrl(d, CTRL_ABORT) == 0;
-	}
-}
-
 /* The peer's handshake message arrived for d. */
 void fo_on_ctrl(struct shift_ctx *s, struct shift_dqp *d, struct out *o)
 {
 	d->ctrl_pending = false;
 	if (d->peer_recv_count & CTRL_ABORT) {
-		if (d->send_state != SHIFT_SEND_UNPROTECTED) {
-			shift_warn("%s QP %u: the peer cannot fail over (an atomic was in flight): "
-				   "the connection fails for the application", d->dev, d->qpn);
-			fo_fail_connection(s, d, o, false, NULL);
-		}
+		/* (an atomic in flight there, or it gave up) */
+		fo_fail_connection(d, o, "the peer's side of the connection failed (ABORT)", NULL, 0);
 		return;
 	}
 	/* (my own failover now; it may find the QP failed for the
@@ -175,12 +134,14 @@ void fo_on_ctrl(struct shift_ctx *s, struct shift_dqp *d, struct out *o)
 	    d->send_state != SHIFT_SEND_UNPROTECTED)
 		return;
 	if (d->send_state == SHIFT_SEND_UNPROTECTED) {
-		answer_abort(d);
+		fo_tell_abort(d); /* (the peer waits for my answer) */
 		return;
 	}
 	/* waiting for the peer's backup: its message proves it is ready */
 	if (d->send_state != SHIFT_SEND_UNPROTECTED && !d->ctrl_sent)
 		fo_send_my_ctrl(s, d);
+	if (fo_fail_pending(d, o))
+		return;
 	if (d->send_state != SHIFT_SEND_UNPROTECTED && !d->handshake_done)
 		fo_retransmit(d, o);
 }

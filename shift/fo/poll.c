@@ -27,9 +27,12 @@ void fo_from_default(struct shift_ctx *s, struct ibv_wc *wc, struct out *o)
 		return;
 	}
 	if (!d || d->send_state == SHIFT_SEND_UNPROTECTED) {
-		if (d)
-			shift_dqp_retire_app(d, wc); /* (an SRQ's receive is consumed) */
-		fo_emit(o, wc);
+		if (!d) {
+			fo_emit(o, wc);
+			return;
+		}
+		shift_dqp_retire_app(d, wc); /* (an SRQ's receive is consumed) */
+		fo_emit_after_srq(d, o, wc); /* (its error may wait there) */
 		return;
 	}
 	if (wc->status == IBV_WC_SUCCESS) {
@@ -171,6 +174,8 @@ static void app_completion(struct shift_dqp *d, struct ibv_wc *wc, struct out *o
 		    d->sq_tail > d->fence)
 			fo_switch_back(d);
 		shift_dqp_unlock(d);
+		if (fo_fail_pending(d, o))
+			return;
 	}
 	if (d->notify_pending)
 		fo_try_notify(d);

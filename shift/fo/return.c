@@ -58,11 +58,8 @@ int fo_ret_start(struct shift_ctx *s, struct shift_dqp *d, struct out *o)
 	for (uint64_t i = d->sq_tail; i < d->sq_head && d->send_state != SHIFT_SEND_DEFAULT; i++) {
 		if (shift_wr_is_atomic(shift_dqp_swqe(d, i)->opcode)) {
 			d->atomic_boundary_hit = true;
-			shift_warn("%s QP %u: cannot go back to the default QP (an atomic was in flight "
-				   "on the failed backup): the error goes to the application", d->dev,
-				   d->qpn);
 			d->recv_hold = false;
-			fo_fail_connection(s, d, o, false, NULL);
+			fo_fail_connection(d, o, "an atomic was in flight on the failed backup", NULL, 0);
 			return -2;
 		}
 	}
@@ -71,8 +68,10 @@ int fo_ret_start(struct shift_ctx *s, struct shift_dqp *d, struct out *o)
 
 	d->recv_hold = false;
 	shift_dqp_unlock(d);
-	if (rc)
+	if (rc) {
+		fo_fail_pending(d, o);
 		return -1;
+	}
 	d->failovers++;
 	shift_dqp_set_ep_wait(d, SHIFT_EP_WAIT_RETURN, "return episode: the peer's counter");
 	d->ret_ep = d->failovers;
@@ -90,6 +89,8 @@ int fo_ret_start(struct shift_ctx *s, struct shift_dqp *d, struct out *o)
 void fo_ret_finish(struct shift_ctx *s, struct shift_dqp *d, struct out *o)
 {
 	uint64_t moved = 0, done_n = 0;
+
+	(void)s;
 
 	if (d->ep_wait == SHIFT_EP_WAIT_RETURN)
 		shift_dqp_set_ep_wait(d, SHIFT_EP_RUNNING, "return episode done");
@@ -122,9 +123,7 @@ void fo_ret_finish(struct shift_ctx *s, struct shift_dqp *d, struct out *o)
 			 * after that consumer (fo_retransmit() keeps the order with
 			 * placeholders on the backup, gone here) */
 			shift_dqp_unlock(d);
-			shift_warn("%s QP %u: an RDMA READ may have lost its response: the error "
-				   "goes to the application", d->dev, d->qpn);
-			fo_fail_connection(s, d, o, false, NULL);
+			fo_fail_connection(d, o, "an RDMA READ may have lost its response", NULL, 0);
 			return;
 		}
 		for (i = d->sq_tail; i < end; i++, done_n++)
@@ -135,8 +134,10 @@ void fo_ret_finish(struct shift_ctx *s, struct shift_dqp *d, struct out *o)
 			if (rc && fo_take_refused(d, rc, i, d->rq_head))
 				break; /* it failed again: the next failover */
 			if (rc) {
+				/* (those before it are on the default QP) */
+				fo_fail_mark(d, "the default QP refused a WR", i, FO_BY_STATE);
 				shift_dqp_unlock(d);
-				fo_give_up(d, "the default QP refused a WR");
+				fo_fail_pending(d, o);
 				return;
 			}
 			moved++;

@@ -167,8 +167,6 @@ void fo_srq_fail(struct shift_ctx *s, struct shift_dqp *d, struct out *o)
 {
 	struct ibv_qp_attr e = { .qp_state = IBV_QPS_ERR };
 
-	shift_warn("%s QP %u: cannot fail over again (a QP on its SRQ cannot): the error goes to "
-		   "the application", d->dev, d->qpn);
 	if (d->bk)
 		shift_lower->modify_qp(d->bk, &e, IBV_QP_STATE);
 	shift_lower->modify_qp(d->qp, &e, IBV_QP_STATE);
@@ -178,7 +176,7 @@ void fo_srq_fail(struct shift_ctx *s, struct shift_dqp *d, struct out *o)
 	fo_drain_default(s, d->scq, NULL);
 	if (d->rcq != d->scq)
 		fo_drain_default(s, d->rcq, NULL);
-	fo_fail_connection(s, d, o, false, NULL);
+	fo_fail_connection(d, o, "a QP on its SRQ cannot fail over again", NULL, 0);
 }
 
 /* ---- SHIFT's receives on the backup QP ------------------------------------- */
@@ -288,8 +286,18 @@ void fo_srq_work(struct shift_ctx *s)
 
 		for (unsigned k = 0; q && k < nseen; k++)
 			dup |= seen[k] == q;
-		if (!q || dup || shift_dsrq_unprotected(q) || d->send_state == SHIFT_SEND_UNPROTECTED)
+		if (!q || dup || shift_dsrq_unprotected(q))
 			continue;
+		if (d->send_state == SHIFT_SEND_UNPROTECTED) {
+			/* (its connection ended: messages of its may still wait
+			 * for receives the pair takes out, its error behind
+			 * them; the SRQ's other QPs still get their turn) */
+			if (!shift_dsrq_moved(q) && fo_srq_waits(d)) {
+				fo_srq_burn_poll(q);
+				fo_srq_deliver(q, NULL);
+			}
+			continue;
+		}
 		if (nseen < 8)
 			seen[nseen++] = q;
 		fo_srq_burn_poll(q);

@@ -85,10 +85,11 @@ void fo_srq_deliver(struct shift_dsrq *q, struct out *o)
 		struct shift_dqp *d = x->d;
 
 		if (x->state == SLOT_READY) {
-			struct out ro = { .wc = NULL, .n = 0, .max = 0, .c = d->rcq };
+			struct shift_cq *c = x->c ? x->c : d->rcq;
+			struct out ro = { .wc = NULL, .n = 0, .max = 0, .c = c };
 
 			pop(q, x);
-			fo_emit(o && o->c == d->rcq ? o : &ro, &x->wc);
+			fo_emit(o && o->c == c ? o : &ro, &x->wc);
 			free(x);
 		} else if (shift_dsrq_take_oldest(q, &u.e) == 0) {
 			pop(q, x);
@@ -146,6 +147,57 @@ bool fo_srq_defer(struct shift_dqp *d, const struct ibv_wc *wc)
 	b->held_tail = x;
 	b->late++;
 	return true;
+}
+
+/* The messages on d's SRQ that wait for receives, up to d's last one;
+ * *held: a completion of d already waits behind them. */
+static unsigned waiting_to(const struct shift_dqp *d, bool *held)
+{
+	unsigned n = 0, to = 0;
+
+	*held = false;
+	for (const struct slot *x = d->dsrq->fo_pending_head; x; x = x->next) {
+		n += x->state == SLOT_PENDING;
+		if (x->d == d && x->state == SLOT_PENDING)
+			to = n;
+		*held |= x->d == d && x->state == SLOT_READY;
+	}
+	return to;
+}
+
+/*
+ * A completion of d as its connection ends (the application's error, its
+ * flushes): messages that arrived on d's backup QP before it may still wait
+ * for receives (fo_srq_deliver): it follows them, as plain's CQ would have
+ * their completions first. Those with a receive now are handed out now;
+ * the rest are waited for only if the receives will come (SHIFT takes them
+ * out of the default SRQ, which holds enough live ones; while moved, a
+ * waiting message has none): a completion the application waits for must
+ * not depend on receives it may never post.
+ */
+void fo_emit_after_srq(struct shift_dqp *d, struct out *o, const struct ibv_wc *wc)
+{
+	struct shift_dsrq *q = d->dsrq;
+	bool held = false;
+	unsigned need = q ? waiting_to(d, &held) : 0;
+	struct slot *x;
+
+	if (need && !held) {
+		fo_srq_deliver(q, o); /* (those with a receive now: now) */
+		need = waiting_to(d, &held);
+	}
+	/* (once one waits, the later ones follow it) */
+	if ((!held && (!need || shift_dsrq_moved(q) ||
+		       __atomic_load_n(&q->live, __ATOMIC_RELAXED) < need)) ||
+	    !(x = calloc(1, sizeof(*x)))) {
+		fo_emit(o, wc);
+		return;
+	}
+	x->d = d;
+	x->c = o->c;
+	x->wc = *wc;
+	x->state = SLOT_READY;
+	append(q, x);
 }
 
 /* d's receive counter as the peer's notification counts it: without what

@@ -17,6 +17,7 @@ enum { SLOT_FREE, SLOT_POSTED, SLOT_PENDING, SLOT_READY };
 struct slot {
 	struct slot *next;      /* the SRQ's pending FIFO */
 	struct shift_dqp *d;
+	struct shift_cq *c;     /* READY: its CQ (NULL: d's receive CQ) */
 	struct ibv_wc wc;
 	uint8_t state;
 	unsigned gen;           /* the backup generation it was posted in */

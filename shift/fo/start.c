@@ -156,12 +156,6 @@ int fo_send_ctrl(struct shift_dqp *d, uint32_t imm)
 }
 
 /*
- * The connection cannot be saved (an atomic in flight at either end): the
- * application gets errors, as it would without SHIFT. The default QP goes
- * to ERR so its outstanding WRs flush to the application now, and WRs SHIFT
- * was holding for the backup complete with a flush error too.
- */
-/*
  * The application's WRs SHIFT holds, from sq_from and rq_from to the heads
  * (their provider flushes were dropped, or the provider never had them),
  * complete with a flush error, each to the CQ of its queue (o is one of
@@ -182,7 +176,7 @@ void fo_flush_held(struct shift_dqp *d, struct out *o, const struct ibv_wc *err,
 			wc = *err;
 			err = NULL;
 		}
-		fo_emit(os, &wc);
+		fo_emit_after_srq(d, os, &wc);
 	}
 	shift_dqp_retire_all_send(d);
 	for (uint64_t i = rq_from; i < d->rq_head; i++) {
@@ -193,41 +187,11 @@ void fo_flush_held(struct shift_dqp *d, struct out *o, const struct ibv_wc *err,
 			wc = *err;
 			err = NULL;
 		}
-		fo_emit(orq, &wc);
+		fo_emit_after_srq(d, orq, &wc);
 	}
 	__atomic_store_n(&d->rq_tail, d->rq_head, __ATOMIC_RELAXED);
 	shift_dqp_set_recv_state(d, SHIFT_RECV_DEFAULT, "held receives flushed");
 	d->post_failed = false;
-}
-
-/*
- * The connection cannot be saved (an atomic in flight at either end): the
- * application gets errors, as it would without SHIFT. The default QP goes
- * to ERR so its outstanding WRs flush to the application now, and WRs SHIFT
- * was holding for the backup complete with a flush error too.
- */
-void fo_fail_connection(struct shift_ctx *s, struct shift_dqp *d, struct out *o,
-			    bool tell_peer, const struct ibv_wc *err)
-{
-	struct ibv_qp_attr a = { .qp_state = IBV_QPS_ERR };
-	bool held = d->send_state == SHIFT_SEND_FALLBACK;
-
-	(void)s;
-	if (tell_peer && d->shadow &&
-	    __atomic_load_n(&d->shadow->state, __ATOMIC_ACQUIRE) == SHIFT_SHADOW_READY) {
-		if (!d->bk)
-			d->bk = d->shadow->bk;
-		d->ctrl_sent = fo_send_ctrl(d, CTRL_ABORT) == 0;
-	}
-	shift_dqp_set_send_state(d, SHIFT_SEND_UNPROTECTED, "the connection cannot be saved");
-	/* the application's QP fails, as plain's would (SHIFT may have reset
-	 * it for a failback); receives back on it flush there */
-	shift_lower->modify_qp(d->qp, &a, IBV_QP_STATE);
-	if (!held)
-		return;
-	shift_dqp_sync(d);
-	fo_flush_held(d, o, err, d->sq_tail,
-		      d->recv_state == SHIFT_RECV_FALLBACK ? d->rq_tail : d->rq_head);
 }
 
 /*
@@ -254,29 +218,34 @@ bool fo_app_sends(struct shift_ctx *s, struct shift_dqp *d)
 	return yes;
 }
 
+/* d cannot fail over (why): before leaving Default the error goes to the
+ * application as plain's (-1); after, the connection fails (-2). */
+static int cannot_start(struct shift_dqp *d, struct out *o, const char *why)
+{
+	if (d->send_state != SHIFT_SEND_DEFAULT) {
+		fo_give_up_late(d, o, why);
+		return -2;
+	}
+	fo_give_up(d, why);
+	give_up_taken(d, o);
+	return -1;
+}
+
 /* Can d fail over at all? Else it gives up (its outstanding WRs flushed). */
 static int start_possible(struct shift_ctx *s, struct shift_dqp *d, struct out *o)
 {
 	if (!d->shadow || !d->scq || !d->rcq ||
-	    __atomic_load_n(&d->shadow->state, __ATOMIC_ACQUIRE) != SHIFT_SHADOW_READY) {
-		fo_give_up(d, "its backup QP is not ready");
-		give_up_taken(d, o);
-		return -1;
-	}
+	    __atomic_load_n(&d->shadow->state, __ATOMIC_ACQUIRE) != SHIFT_SHADOW_READY)
+		return cannot_start(d, o, "its backup QP is not ready");
 	if (d->dsrq && !shift_dsrq_moved(d->dsrq) && !fo_srq_can_move(s, d)) {
 		if (d->send_state != SHIFT_SEND_DEFAULT) {
 			fo_srq_fail(s, d, o); /* (failed over already) */
 			return -2;
 		}
-		fo_give_up(d, "a QP on its SRQ cannot fail over with it");
-		give_up_taken(d, o);
-		return -1;
+		return cannot_start(d, o, "a QP on its SRQ cannot fail over with it");
 	}
-	if (fo_add(s, d)) {
-		fo_give_up(d, "too many failed-over QPs in this context");
-		give_up_taken(d, o);
-		return -1;
-	}
+	if (fo_add(s, d))
+		return cannot_start(d, o, "too many failed-over QPs in this context");
 	return 0;
 }
 
@@ -326,17 +295,15 @@ static void stop_default(struct shift_ctx *s, struct shift_dqp *d, bool again)
  * the application gets its outstanding WRs flushed (fail_connection, held).
  * true if the connection failed.
  */
-static bool atomic_in_flight(struct shift_ctx *s, struct shift_dqp *d, struct out *o,
+static bool atomic_in_flight(struct shift_dqp *d, struct out *o,
 			     const struct ibv_wc *err)
 {
 	shift_dqp_sync(d);
 	for (uint64_t i = d->sq_tail; i < d->sq_head; i++) {
 		if (shift_wr_is_atomic(shift_dqp_swqe(d, i)->opcode)) {
 			d->atomic_boundary_hit = true;
-			shift_warn("%s QP %u: cannot fail over (an atomic was in flight: retrying it "
-				   "could apply it twice): the error goes to the application",
-				   d->dev, d->qpn);
-			fo_fail_connection(s, d, o, true, err);
+			fo_fail_connection(d, o, "an atomic was in flight: retrying it could apply "
+					   "it twice", err, FO_TELL_PEER);
 			return true;
 		}
 	}
@@ -393,7 +360,7 @@ int fo_start(struct shift_ctx *s, struct shift_dqp *d, struct out *o,
 		fo_srq_release(d); /* (its reset default QP's, older than the drain's) */
 	if (drain_judged(s, d, o, &sc))
 		return -2; /* the application's: as it came */
-	if (atomic_in_flight(s, d, o, err))
+	if (atomic_in_flight(d, o, err))
 		return -2;
 	if (d->dsrq && !shift_dsrq_moved(d->dsrq))
 		fo_srq_move(s, d); /* the SRQ's other QPs leave the default SRQ too */
@@ -415,25 +382,26 @@ int fo_start(struct shift_ctx *s, struct shift_dqp *d, struct out *o,
 			   d->qpn, d->failovers);
 		return 0;
 	}
-	if (fo_finish_start(s, d, again) && d->send_state == SHIFT_SEND_UNPROTECTED) {
+	if (fo_finish_start(s, d, again)) {
 		/* the default QP's flushes were dropped above: the
-		 * application gets its outstanding WRs back as flushes */
-		shift_dqp_sync(d);
-		fo_flush_held(d, o, err, d->sq_tail, d->rq_tail);
+		 * application gets its outstanding WRs back with errors */
+		if (d->fail_why)
+			fo_fail_connection(d, o, d->fail_why, err, FO_TELL_PEER | FO_PATH_ERROR);
 		return -2;
 	}
 	return 0;
 }
 
 /* The rest of fo_start(), once my backup QP may be (re)set: my receives on
- * it, my record, my handshake message (or a wait for the peer's backup). */
+ * it, my record, my handshake message (or a wait for the peer's backup).
+ * -1: it gives up (fo_fail_mark: the caller fails the connection). */
 int fo_finish_start(struct shift_ctx *s, struct shift_dqp *d, bool reset)
 {
 	if (d->ep_wait == SHIFT_EP_WAIT_RESET)
 		shift_dqp_set_ep_wait(d, SHIFT_EP_RUNNING, "the peer stopped its old backup");
 	if (reset && fo_reset_backup(s, d, (unsigned)d->failovers - 1)) {
 		d->recv_hold = false;
-		return -1;
+		return d->fail_why || d->send_state == SHIFT_SEND_UNPROTECTED ? -1 : 0;
 	}
 	d->need_rearm = true; /* this failover uses it */
 	shift_dqp_lock(d);
@@ -441,14 +409,15 @@ int fo_finish_start(struct shift_ctx *s, struct shift_dqp *d, bool reset)
 		if (fo_post_bk_recv(d, i)) {
 			d->recv_hold = false;
 			shift_dqp_unlock(d);
-			fo_give_up(d, "cannot repost a receive on the backup QP");
+			fo_fail_mark(d, "cannot repost a receive on the backup QP", FO_BY_STATE,
+				     FO_BY_STATE);
 			return -1;
 		}
 	}
 	d->recv_hold = false;
 	shift_dqp_unlock(d);
 	if (d->dsrq && fo_srq_post_bounce(d)) {
-		fo_give_up(d, "cannot post receives on the backup QP");
+		fo_fail_mark(d, "cannot post receives on the backup QP", FO_BY_STATE, FO_BY_STATE);
 		return -1;
 	}
 	if (d->failovers > 1) {
@@ -473,16 +442,17 @@ int fo_finish_start(struct shift_ctx *s, struct shift_dqp *d, bool reset)
 		shift_info("%s QP %u: waiting for the peer to reset its backup QP for failover %lu",
 			   d->dev, d->qpn, d->failovers);
 	}
-	return d->send_state == SHIFT_SEND_UNPROTECTED ? -1 : 0;
+	return d->fail_why || d->send_state == SHIFT_SEND_UNPROTECTED ? -1 : 0;
 }
 
-/* My handshake message of this failover: my receive counter. */
+/* My handshake message of this failover: my receive counter (if it cannot
+ * go out: fo_fail_mark, the caller fails the connection). */
 void fo_send_my_ctrl(struct shift_ctx *s, struct shift_dqp *d)
 {
 	if (d->ep_wait == SHIFT_EP_WAIT_PEER)
 		shift_dqp_set_ep_wait(d, SHIFT_EP_RUNNING, "the peer's backup is ready");
 	if (fo_send_ctrl(d, CTRL_COUNT((uint32_t)d->rq_tail) | (fo_app_sends(s, d) ? 0 : CTRL_NOSEND))) {
-		fo_give_up(d, "cannot send the handshake message");
+		fo_fail_mark(d, "cannot send the handshake message", FO_BY_STATE, FO_BY_STATE);
 		return;
 	}
 	d->ctrl_sent = true;

@@ -71,14 +71,14 @@ static void follow_peer_record(struct shift_ctx *s, struct shift_dqp *d, uint64_
 					shift_dqp_set_ep_wait(d, SHIFT_EP_RUNNING, "the peer started a new failover");
 				fo_start(s, d, &o, NULL);
 			} else if (d->ep_wait == SHIFT_EP_WAIT_RESET && fo_peer_old_dead(d)) {
-				if (fo_finish_start(s, d, true) && d->send_state == SHIFT_SEND_UNPROTECTED) {
-					shift_dqp_sync(d);
-					fo_flush_held(d, &o, NULL, d->sq_tail, d->rq_tail);
-				}
+				if (fo_finish_start(s, d, true))
+					fo_fail_pending(d, &o);
 				if (d->ctrl_pending && d->send_state != SHIFT_SEND_UNPROTECTED)
 					fo_on_ctrl(s, d, &o);
 			} else if (d->ep_wait == SHIFT_EP_WAIT_PEER && fo_peer_armed(d)) {
 				fo_send_my_ctrl(s, d);
+				if (fo_fail_pending(d, &o))
+					return;
 				if (d->ctrl_pending)
 					fo_on_ctrl(s, d, &o);
 			}
@@ -158,9 +158,6 @@ static bool episode_expired(struct shift_ctx *s, struct shift_dqp *d, uint64_t n
 		struct out o = { .wc = NULL, .n = 0, .max = 0, .c = d->scq };
 		struct ibv_qp_attr e = { .qp_state = IBV_QPS_ERR };
 
-		shift_warn("%s QP %u: cannot fail over (%s): the error goes to the application", d->dev,
-			   d->qpn, d->bk_error ? "the backup path failed and the peer started no new failover"
-					       : "the peer did not join the new failover");
 		/* the default QP's successes are kept, then every WR still
 		 * outstanding (on either QP) is flushed to the application */
 		shift_lower->modify_qp(d->bk, &e, IBV_QP_STATE);
@@ -171,7 +168,8 @@ static bool episode_expired(struct shift_ctx *s, struct shift_dqp *d, uint64_t n
 		fo_drain_default(s, d->scq, NULL);
 		if (d->rcq != d->scq)
 			fo_drain_default(s, d->rcq, NULL);
-		fo_fail_connection(s, d, &o, false, NULL);
+		fo_fail_connection(d, &o, d->bk_error ? "the backup path failed and the peer started "
+				   "no new failover" : "the peer did not join the new failover", NULL, 0);
 		return true;
 	}
 	return false;
@@ -228,6 +226,8 @@ static void probe_default(struct shift_ctx *s, struct shift_dqp *d, uint64_t now
  * locked). */
 void fo_failback_work(struct shift_ctx *s, struct shift_dqp *d, uint64_t now)
 {
+	if (fo_fail_pending(d, NULL))
+		return; /* (a give-up under post_lock not finished yet) */
 	if (d->send_state == SHIFT_SEND_UNPROTECTED)
 		return; /* its completions are the application's, as they come */
 	poll_default_cqs(s, d);

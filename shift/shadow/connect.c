@@ -59,9 +59,14 @@ int shift_qp_to_rtr(struct ibv_qp *qp, const struct ibv_qp_attr *app, int app_ma
 	a.rq_psn = rq_psn & 0xffffff;
 	a.max_dest_rd_atomic = (app_mask & IBV_QP_MAX_DEST_RD_ATOMIC) ? app->max_dest_rd_atomic : 1;
 	a.min_rnr_timer = (app_mask & IBV_QP_MIN_RNR_TIMER) ? app->min_rnr_timer : 12;
+	/* again: the application may have changed them since INIT (librdmacm
+	 * moves INIT -> INIT with the remote access the CM negotiated, just
+	 * before RTR), after the backup went through INIT */
+	a.qp_access_flags = SHIFT_QP_ACCESS(app->qp_access_flags);
 	return shift_lower->modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU |
 				      IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
-				      IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER);
+				      IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER |
+				      IBV_QP_ACCESS_FLAGS);
 }
 
 int shift_qp_to_rts(struct ibv_qp *qp, const struct ibv_qp_attr *app, int app_mask,
@@ -77,9 +82,10 @@ int shift_qp_to_rts(struct ibv_qp *qp, const struct ibv_qp_attr *app, int app_ma
 					       (app_mask & IBV_QP_RETRY_CNT) ? app->retry_cnt : 7);
 	a.rnr_retry = (app_mask & IBV_QP_RNR_RETRY) ? app->rnr_retry : 7;
 	a.max_rd_atomic = (app_mask & IBV_QP_MAX_QP_RD_ATOMIC) ? app->max_rd_atomic : 1;
+	a.qp_access_flags = SHIFT_QP_ACCESS(app->qp_access_flags);
 	return shift_lower->modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_SQ_PSN | IBV_QP_TIMEOUT |
 				      IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY |
-				      IBV_QP_MAX_QP_RD_ATOMIC);
+				      IBV_QP_MAX_QP_RD_ATOMIC | IBV_QP_ACCESS_FLAGS);
 }
 
 int shift_qp_reset(struct ibv_qp *qp)
@@ -334,6 +340,7 @@ static void replay_qp_rts(struct shift_rnic *r, struct shift_qp *q,
 		return;
 	}
 	q->bk_state = IBV_QPS_RTS;
+	q->bk_access = SHIFT_QP_ACCESS(app->qp_access_flags);
 	/* SHIFT's control receive heads the backup receive queue: the
 	 * peer's one handshake message per failover consumes it */
 	struct ibv_recv_wr rwr = { .wr_id = SHIFT_WRID_CTRL_RECV }, *bad;
@@ -351,6 +358,20 @@ static void replay_qp_rts(struct shift_rnic *r, struct shift_qp *q,
 		   q->app_qpn, r->bk_name, q->bk->qp_num, q->peer_bk.qpn);
 }
 
+/* The application changed its QP's remote access after the backup was
+ * connected (RTS -> RTS): the backup grants the same, so a peer's READ or
+ * atomic on it is refused or allowed as on the default QP. */
+static void follow_access(struct shift_qp *q, const struct ibv_qp_attr *app)
+{
+	struct ibv_qp_attr a = { .qp_state = IBV_QPS_RTS };
+
+	a.qp_access_flags = SHIFT_QP_ACCESS(app->qp_access_flags);
+	if (q->bk_state != IBV_QPS_RTS || (unsigned)a.qp_access_flags == q->bk_access)
+		return;
+	if (!shift_lower->modify_qp(q->bk, &a, IBV_QP_STATE | IBV_QP_ACCESS_FLAGS))
+		q->bk_access = a.qp_access_flags;
+}
+
 void shift_replay_qp(struct shift_rnic *r, struct shift_qp *q)
 {
 	pthread_mutex_lock(&r->lock);
@@ -358,6 +379,8 @@ void shift_replay_qp(struct shift_rnic *r, struct shift_qp *q)
 	int app_mask = q->attr_mask;
 	enum shift_shadow_state st = q->state;
 	pthread_mutex_unlock(&r->lock);
+	if (st == SHIFT_SHADOW_READY)
+		follow_access(q, &app);
 	if (st != SHIFT_SHADOW_PENDING)
 		return;
 
@@ -406,5 +429,6 @@ int shift_shadow_rearm(struct shift_rnic *r, struct shift_qp *q, unsigned gen)
 	if (shift_qp_to_rts(q->bk, &app, app_mask, q->my_bk.psn + off))
 		return -1;
 	q->bk_state = IBV_QPS_RTS;
+	q->bk_access = SHIFT_QP_ACCESS(app.qp_access_flags);
 	return 0;
 }

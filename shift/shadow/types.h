@@ -106,6 +106,7 @@ struct shift_qp {
 	/* backup side, thread-owned */
 	struct ibv_qp *bk;
 	enum ibv_qp_state bk_state;
+	unsigned bk_access;          /* remote access the backup grants (at RTS) */
 	uint32_t bk_psn;
 	struct shift_qp_key my_key;     /* my default (GID, QPN) */
 	struct shift_qp_key peer_key;   /* the peer's default (GID, QPN) */

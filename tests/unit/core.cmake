@@ -38,3 +38,15 @@ if(TARGET shift_sim)
   shift_unit_test(test_limits SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/test_limits.c
     LIBS shift_core shift_sim)
 endif()
+if(TARGET shift_sim)
+  shift_unit_test(test_giveup SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/test_giveup.c
+    LIBS shift_core shift_sim)
+endif()
+if(TARGET shift_sim)
+  shift_unit_test(test_access SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/test_access.c
+    LIBS shift_core shift_sim)
+endif()
+if(TARGET shift_sim)
+  shift_unit_test(test_reentry SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/test_reentry.c
+    LIBS shift_core shift_sim)
+endif()
