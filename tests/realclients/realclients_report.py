@@ -137,14 +137,14 @@ def fault_section(r, out):
 
 def clients_section(r, out):
     cl = r.get("clients", {})
-    for part, title in (("c", "Part c: real clients with A's rail-0 NIC down 5 s in the middle"),
+    for part, title in (("c", "Part c: real clients with A's rail-0 NIC down for a few seconds in the middle"),
                         ("d", "Part d: rdma_server / rdma_client, no fault")):
         if part not in cl:
             continue
         out.append("## %s\n" % title)
         if part == "c":
             out.append("Each run: server on B, client on A over rail 0, `nic-down A 0` shortly after traffic "
-                       "starts, `nic-up A 0` 5 s later (tests/realclients/scenarios/c_*.json). Through SHIFT "
+                       "starts, `nic-up A 0` 3-4 s later (each scenario's schedule: tests/realclients/scenarios/c_*.json; every client pinned to rxe0, the NIC that fails). Through SHIFT "
                        "both ends must exit 0 and finish their work in every run. Cells: runs with both "
                        "ends rc 0 / runs; then the (client, server) rc of each run; F = SHIFT logged a "
                        "failover.\n")
@@ -226,7 +226,7 @@ def write_doc(r, path):
                "by a signal). Results and logs: `$SHIFT_TESTBED_DIR/realclients/` (results.json, logs/).\n")
     t = r.get("timings", {})
     if t:
-        out.append("Wall time per part and mode (measured in this run, host shared with other work: see the load note in the report):\n")
+        out.append("Wall time per part and mode, as measured in this run:\n")
         out.append("| part | " + " | ".join(MODES) + " |")
         out.append("|---|---|---|---|")
         for p in sorted(t):

@@ -122,12 +122,17 @@ class Rules(unittest.TestCase):
 
     def test_client_runs(self):
         ok = {"run": 1, "rc": {"client": 0, "server": 0}, "timed_out": False, "pass_shift_criteria": True,
-              "crash": False, "shift_log": []}
+              "crash": False, "shift_log": [], "failover_logged": True}
         bad = dict(ok, run=2, rc={"client": 1, "server": 0}, pass_shift_criteria=False)
         self.assertEqual(tier.client_diffs("c", "x", "shift-preload", [ok, ok], []), [])
         d = tier.client_diffs("c", "x", "shift-preload", [ok, bad], [dict(ok, rc={"client": 1, "server": 1})])
         self.assertEqual(d[0]["got"], "1/2 runs failed")
         self.assertEqual(d[0]["plain"], "0/1 rc 0")
+        # part c: a run without a failover did not test anything
+        missed = dict(ok, run=3, failover_logged=False)
+        d = tier.client_diffs("c", "x", "shift-preload", [ok, missed], [])
+        self.assertIn("NO FAILOVER", d[0]["detail"])
+        self.assertEqual(tier.client_diffs("d", "x", "shift-preload", [ok, missed], []), [])
 
 
     def test_first_frames_of_the_crashing_thread(self):
