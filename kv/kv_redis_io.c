@@ -41,6 +41,7 @@ struct kv_scan {
 	size_t body;       /* bulk bytes (with CRLF) still to pass */
 	int vals;          /* non-array values finished */
 	const char *bad;   /* SCAN_BAD: why */
+	bool partial;      /* SCAN_BIG: the chunk ended inside the length */
 };
 
 static void kv_scan_init(struct kv_scan *s, size_t max_value, size_t max_elems)
@@ -143,6 +144,13 @@ static enum kv_scan_rc kv_scan_feed(struct kv_scan *s, const char *buf,
 
 		if (s->st == SC_LINE) {
 			rc = kv_scan_line_byte(s, c);
+			/* refused: read the rest of the length in this chunk,
+			 * for the message only */
+			while (rc == SCAN_BIG && s->type != '+' && s->type != '-' &&
+			       s->type != ':' && i < n && buf[i] >= '0' &&
+			       buf[i] <= '9' && s->num < 100000000000000LL)
+				s->num = s->num * 10 + (buf[i++] - '0');
+			s->partial = rc == SCAN_BIG && i == n;
 			continue;
 		}
 		if (!c || !strchr("+-:$*", c))
@@ -244,8 +252,9 @@ static int kv_rio_check(struct kv_scan *s, const char *buf, size_t n,
 		e->size = s->type == '$' || s->type == '*' ? s->num
 							   : (long long)s->line;
 		e->idx = s->vals;
-		snprintf(e->why, sizeof(e->why), "%s of %lld %s over the limit",
-			 s->type == '*' ? "array" : "value", e->size,
+		snprintf(e->why, sizeof(e->why), "%s of %s%lld %s over the limit",
+			 s->type == '*' ? "array" : "value",
+			 s->partial ? "at least " : "", e->size,
 			 s->type == '*' ? "elements" : "bytes");
 		return -1;
 	default:
