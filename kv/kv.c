@@ -14,6 +14,7 @@
 
 #include "kv/kv.h"
 #include "kv/kv_backend.h"
+#include "shift/base/config.h"
 
 static _Thread_local char kv_errbuf[320];
 
@@ -142,10 +143,19 @@ static int kv_opts(const struct shift_kv_options *in, struct shift_kv_options *o
 	if (in->connect_timeout_ms < 0 || in->command_timeout_ms < 0 ||
 	    in->retry_min_ms < 0 || in->retry_max_ms < 0 || in->poll_max_ms < 0)
 		return kv_err(-EINVAL, "kv: negative option value");
+	if (in->max_reply > SHIFT_KV_VALUE_MAX)
+		return kv_err(-EINVAL, "kv: max_reply %zu over %u", in->max_reply,
+			      SHIFT_KV_VALUE_MAX);
 	*o = *in;
 #define KV_DEF(f, d) do { if (!o->f) o->f = (d); } while (0)
+	/* the deadline and the reply limit: the caller's, else the process'
+	 * configuration (SHIFT_KV_TIMEOUT_MS, SHIFT_KV_MAX_REPLY, 0 until
+	 * shift_config_load()), else the built-in defaults */
+	KV_DEF(command_timeout_ms, (int)shift_config.kv_timeout_ms);
+	KV_DEF(max_reply, shift_config.kv_max_reply);
 	KV_DEF(connect_timeout_ms, SHIFT_KV_DEFAULT_CONNECT_TIMEOUT_MS);
 	KV_DEF(command_timeout_ms, SHIFT_KV_DEFAULT_COMMAND_TIMEOUT_MS);
+	KV_DEF(max_reply, SHIFT_KV_DEFAULT_MAX_REPLY);
 	KV_DEF(retry_min_ms, SHIFT_KV_DEFAULT_RETRY_MIN_MS);
 	KV_DEF(retry_max_ms, SHIFT_KV_DEFAULT_RETRY_MAX_MS);
 	KV_DEF(poll_max_ms, SHIFT_KV_DEFAULT_POLL_MAX_MS);
@@ -216,11 +226,11 @@ void shift_kv_close(shift_kv *h)
 	free(h);
 }
 
-/* Deadline for one put/get/delete: a reconnect plus one round trip. */
+/* Deadline for one put/get/mget/delete: everything it takes, a reconnect
+ * included. */
 static uint64_t kv_op_deadline(const shift_kv *h)
 {
-	return kv_now_ns() + (uint64_t)(h->opts.connect_timeout_ms +
-					h->opts.command_timeout_ms) * 1000000ull;
+	return kv_now_ns() + (uint64_t)h->opts.command_timeout_ms * 1000000ull;
 }
 
 int shift_kv_put(shift_kv *h, const char *key, const void *val, size_t len,
@@ -325,6 +335,18 @@ uint64_t shift_kv_commands(shift_kv *h)
 		return 0;
 	pthread_mutex_lock(&h->lock);
 	n = h->commands;
+	pthread_mutex_unlock(&h->lock);
+	return n;
+}
+
+uint64_t shift_kv_oversize_replies(shift_kv *h)
+{
+	uint64_t n;
+
+	if (!h)
+		return 0;
+	pthread_mutex_lock(&h->lock);
+	n = h->oversize;
 	pthread_mutex_unlock(&h->lock);
 	return n;
 }

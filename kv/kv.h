@@ -15,10 +15,12 @@
  * one-line explanation for the calling thread.  Nothing here aborts.
  *   -EINVAL        bad argument, URL or namespace
  *   -ENAMETOOLONG  key too long
- *   -EMSGSIZE      value too large, or caller buffer too small
+ *   -EMSGSIZE      value too large, caller buffer too small, or a reply
+ *                  over max_reply (SHIFT_KV_MAX_REPLY) refused
  *   -ENOENT        key absent (or expired)
  *   -ETIMEDOUT     shift_kv_wait(): the key did not appear in time
- *   -ENOTCONN      store unreachable / connection broken / command timed out
+ *   -ENOTCONN      store unreachable / connection broken / command missed
+ *                  its deadline (command_timeout_ms, SHIFT_KV_TIMEOUT_MS)
  *                  / backing off before the next reconnect attempt
  *   -EACCES        authentication refused
  *   -EPROTO        the server answered with an error or an unexpected reply
@@ -44,7 +46,8 @@
 #define SHIFT_KV_ENV_NAMESPACE "SHIFT_KV_NAMESPACE"
 
 #define SHIFT_KV_DEFAULT_CONNECT_TIMEOUT_MS 500
-#define SHIFT_KV_DEFAULT_COMMAND_TIMEOUT_MS 500
+#define SHIFT_KV_DEFAULT_COMMAND_TIMEOUT_MS 300 /* total, per command */
+#define SHIFT_KV_DEFAULT_MAX_REPLY (64u << 10)
 #define SHIFT_KV_DEFAULT_RETRY_MIN_MS 50
 #define SHIFT_KV_DEFAULT_RETRY_MAX_MS 2000
 #define SHIFT_KV_DEFAULT_POLL_MAX_MS 20
@@ -95,6 +98,11 @@ int shift_kv_mget(shift_kv *h, const char *const *keys, size_t n, void **vals,
 /* Backend commands (round trips) this handle has issued: put, get, del,
  * mget, and each poll of a wait.  For tests and statistics. */
 uint64_t shift_kv_commands(shift_kv *h);
+
+/* Replies this handle refused because they announced a value over
+ * max_reply (each one -EMSGSIZE, a dropped connection, and at most one log
+ * line a second). */
+uint64_t shift_kv_oversize_replies(shift_kv *h);
 
 /* Fetch key into buf (capacity cap).  *len receives the value length; if it
  * exceeds cap nothing is copied and -EMSGSIZE is returned. */

@@ -60,6 +60,7 @@ struct shift_kv {
 	struct kv_map own; /* full keys this handle put; guarded by lock */
 	void *priv;        /* backend state */
 	uint64_t commands; /* backend commands issued; guarded by lock */
+	uint64_t oversize; /* replies refused over max_reply; guarded by lock */
 };
 
 extern const struct kv_backend kv_backend_redis;

@@ -1,26 +1,34 @@
 /*
- * kv/kv_redis.c - Redis kv backend on the hiredis synchronous API.
+ * kv/kv_redis.c - Redis kv backend on hiredis (0.14.1 subset, so it also
+ * builds on 1.x): redisConnectWithTimeout for the connection, the
+ * redisFormatCommand* family for the request, the hiredis reader for the
+ * reply; the socket I/O in between is kv_redis_io.c's, non-blocking under
+ * poll() against each command's absolute deadline.  One redisContext per
+ * handle; kv.c holds the handle lock around every call here, since a
+ * context is not thread-safe.
  *
- * Only calls present in hiredis 0.14.1 are used (redisConnectWithTimeout,
- * redisSetTimeout, redisvCommand, freeReplyObject, redisFree), so the code
- * builds against hiredis 1.x too.  One redisContext per handle; kv.c holds
- * the handle lock around every call here, since a context is not
- * thread-safe.
+ * Every command - the (re)connect, AUTH and SELECT when one is needed, the
+ * write and the whole reply - ends by one deadline (command_timeout_ms,
+ * SHIFT_KV_TIMEOUT_MS): a server that never answers, or drips its reply,
+ * costs the caller that much and no more.  A reply that announces a value
+ * above max_reply (SHIFT_KV_MAX_REPLY) is refused when its length header
+ * arrives, with -EMSGSIZE, one log line (at most one a second per handle)
+ * and a count (shift_kv_oversize_replies); its body is never read.
  *
- * Failure model (hiredis semantics): a NULL reply means the context is
- * broken (I/O error, EOF, or a command timeout which shows as EAGAIN) - it
- * is freed and the next call reconnects; a REDIS_REPLY_ERROR is the server
- * refusing.  Reconnects back off exponentially (retry_min_ms .. retry_max_ms)
- * after repeated failures, and a call made during the back-off fails at once
+ * Failure model: a failed round trip (deadline, I/O error, EOF, a reply
+ * that is not RESP, a refused size) drops the context - a connection is
+ * never reused mid-reply - and the next call reconnects; a
+ * REDIS_REPLY_ERROR is the server refusing and keeps it.  Reconnects back
+ * off exponentially (retry_min_ms .. retry_max_ms) after repeated
+ * connectivity failures, and a call made during the back-off fails at once
  * with -ENOTCONN, so an outage never turns into a tight loop or a hang.  The
- * first reconnect after a working connection broke is immediate.
+ * first reconnect after a working connection broke is immediate, and a
+ * refused size does not count as an outage.
  *
- * hiredis writes with write(2), so a peer that vanished could raise SIGPIPE
- * and kill an application that never asked for networking; every call that
- * may write blocks SIGPIPE in the calling thread and swallows one it caused.
+ * Writes use send(MSG_NOSIGNAL): a vanished server never raises SIGPIPE in
+ * an application that never asked for networking.
  */
 #include <errno.h>
-#include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -31,48 +39,25 @@
 
 #include "kv/kv.h"
 #include "kv/kv_backend.h"
+#include "kv/kv_redis_io.h"
+#include "shift/base/log.h"
 
 struct kv_redis {
 	redisContext *c;       /* NULL while disconnected */
-	int cur_timeout_ms;    /* last value given to redisSetTimeout, -1 none */
 	uint64_t next_try_ns;  /* no reconnect attempt before this */
 	int backoff_ms;        /* 0 = healthy; else next back-off step */
+	uint64_t big_log_ns;   /* last "reply refused" log line, 0 none */
+	uint64_t big_quiet;    /* refusals not logged since that line */
 	char last_err[160];    /* why the last connection attempt/context died */
 	char where[300];       /* "redis://[user@]host:port/db" without password */
 };
 
-/* ---- SIGPIPE guard ---- */
-
-struct kv_sigpipe {
-	sigset_t old;
-	bool was_pending;
+/* The keys a command reads, to name the one whose reply was refused. */
+struct kv_keys {
+	const char *const *k;
+	const size_t *len;
+	size_t n;
 };
-
-static void kv_sigpipe_block(struct kv_sigpipe *g)
-{
-	sigset_t set, pend;
-
-	sigemptyset(&set);
-	sigaddset(&set, SIGPIPE);
-	pthread_sigmask(SIG_BLOCK, &set, &g->old);
-	sigpending(&pend);
-	g->was_pending = sigismember(&pend, SIGPIPE) == 1;
-}
-
-static void kv_sigpipe_restore(struct kv_sigpipe *g)
-{
-	sigset_t set, pend;
-
-	sigemptyset(&set);
-	sigaddset(&set, SIGPIPE);
-	sigpending(&pend);
-	if (!g->was_pending && sigismember(&pend, SIGPIPE) == 1) {
-		struct timespec zero = { 0, 0 };
-
-		sigtimedwait(&set, NULL, &zero); /* ours: consume it */
-	}
-	pthread_sigmask(SIG_SETMASK, &g->old, NULL);
-}
 
 /* ---- connection state ---- */
 
@@ -83,6 +68,14 @@ static struct timeval kv_tv(int ms)
 	return tv;
 }
 
+static void kv_redis_drop(struct kv_redis *r)
+{
+	if (r->c) {
+		redisFree(r->c);
+		r->c = NULL;
+	}
+}
+
 /* Drop the context (if any) and schedule the next reconnect attempt. */
 static void kv_redis_fail(shift_kv *h, struct kv_redis *r, const char *why)
 {
@@ -90,10 +83,7 @@ static void kv_redis_fail(shift_kv *h, struct kv_redis *r, const char *why)
 
 	if (why)
 		snprintf(r->last_err, sizeof(r->last_err), "%s", why);
-	if (r->c) {
-		redisFree(r->c);
-		r->c = NULL;
-	}
+	kv_redis_drop(r);
 	if (r->backoff_ms == 0) {
 		/* it was working: one immediate retry is fine */
 		r->next_try_ns = now;
@@ -106,78 +96,101 @@ static void kv_redis_fail(shift_kv *h, struct kv_redis *r, const char *why)
 	}
 }
 
-/* Run one command bounded by min(command timeout, deadline): a printf-style
- * format (fmt, ap), or an argument vector (argc, argv, argvlen) when fmt is
- * NULL.  Returns the reply (caller frees) or NULL with *rc set and the
- * context dropped. */
-static redisReply *kv_redis_cmd_v(shift_kv *h, struct kv_redis *r,
-				  uint64_t deadline, int *rc, const char *fmt,
-				  va_list *ap, int argc, const char **argv,
-				  const size_t *argvlen)
+/* A reply announced more than max_reply: the connection is dropped (the
+ * body is still on its way) without a back-off, counted, and logged - one
+ * line per dropped connection, at most one a second per handle. */
+static int kv_redis_too_big(shift_kv *h, struct kv_redis *r,
+			    const struct kv_rio_err *e,
+			    const struct kv_keys *keys)
 {
-	int left = kv_ms_left(deadline);
-	int to = h->opts.command_timeout_ms;
-	struct kv_sigpipe g;
-	redisReply *rep;
+	uint64_t now = kv_now_ns();
+	const char *k = "-";
+	size_t kl = 1;
 
-	if (left <= 0) {
+	if (keys && e->idx >= 0 && (size_t)e->idx < keys->n) {
+		k = keys->k[e->idx];
+		kl = keys->len[e->idx] > 200 ? 200 : keys->len[e->idx];
+	}
+	kv_redis_drop(r);
+	h->oversize++;
+	kv_err(-EMSGSIZE,
+	       "%s: reply for key '%.*s' refused: %s (SHIFT_KV_MAX_REPLY %zu); "
+	       "connection dropped", r->where, (int)kl, k, e->why,
+	       h->opts.max_reply);
+	if (!r->big_log_ns || now - r->big_log_ns >= 1000000000ull) {
+		shift_warn("kv: %s [%llu more not logged]", shift_kv_last_error(),
+			   (unsigned long long)r->big_quiet);
+		r->big_log_ns = now;
+		r->big_quiet = 0;
+	} else {
+		r->big_quiet++;
+	}
+	return -EMSGSIZE;
+}
+
+/* Run one formatted command (cmd, len from redisFormatCommand*, freed
+ * here) before the deadline.  Returns the reply (caller frees) or NULL
+ * with *rc set and the context dropped. */
+static redisReply *kv_redis_run(shift_kv *h, struct kv_redis *r,
+				uint64_t deadline, int *rc, char *cmd, int len,
+				const struct kv_keys *keys)
+{
+	struct kv_rio_err e;
+	redisReply *rep;
+	char why[240];
+
+	if (len < 0) {
+		*rc = kv_err(-ENOMEM, "%s: cannot format the command", r->where);
+		return NULL;
+	}
+	if (kv_ms_left(deadline) <= 0) {
+		redisFreeCommand(cmd);
 		*rc = kv_err(-ENOTCONN, "%s: deadline passed before the command",
 			     r->where);
 		return NULL;
 	}
-	if (left < to)
-		to = left;
-	if (to != r->cur_timeout_ms) {
-		if (redisSetTimeout(r->c, kv_tv(to)) != REDIS_OK) {
-			kv_redis_fail(h, r, "cannot set socket timeout");
-			*rc = kv_err(-ENOTCONN, "%s: cannot set socket timeout",
-				     r->where);
-			return NULL;
-		}
-		r->cur_timeout_ms = to;
-	}
-	kv_sigpipe_block(&g);
-	if (fmt)
-		rep = redisvCommand(r->c, fmt, *ap);
-	else
-		rep = redisCommandArgv(r->c, argc, argv, argvlen);
-	kv_sigpipe_restore(&g);
-	if (!rep) {
-		char why[160];
-		bool timeout = r->c->err == REDIS_ERR_IO &&
-			       (errno == EAGAIN || errno == EWOULDBLOCK);
-
-		if (timeout)
-			snprintf(why, sizeof(why), "no reply within %d ms", to);
-		else
-			snprintf(why, sizeof(why), "%s",
-				 r->c->errstr[0] ? r->c->errstr : "connection lost");
-		kv_redis_fail(h, r, why);
-		*rc = kv_err(-ENOTCONN, "%s: %s", r->where, why);
+	rep = kv_rio_roundtrip(r->c, cmd, (size_t)len, deadline,
+			       h->opts.max_reply, SHIFT_KV_MGET_MAX, &e);
+	redisFreeCommand(cmd);
+	if (rep)
+		return rep;
+	if (e.kind == KV_RIO_TOOBIG) {
+		*rc = kv_redis_too_big(h, r, &e, keys);
 		return NULL;
 	}
-	return rep;
+	if (e.kind == KV_RIO_TIMEOUT)
+		snprintf(why, sizeof(why), "%s within %d ms (%zu reply bytes)",
+			 e.why, h->opts.command_timeout_ms, e.received);
+	else
+		snprintf(why, sizeof(why), "%s", e.why);
+	kv_redis_fail(h, r, why);
+	*rc = kv_err(-ENOTCONN, "%s: %s", r->where, why);
+	return NULL;
 }
 
 static redisReply *kv_redis_cmd(shift_kv *h, struct kv_redis *r,
-				uint64_t deadline, int *rc, const char *fmt,
-				...)
+				uint64_t deadline, int *rc,
+				const struct kv_keys *keys, const char *fmt, ...)
 {
-	redisReply *rep;
+	char *cmd = NULL;
 	va_list ap;
+	int len;
 
 	va_start(ap, fmt);
-	rep = kv_redis_cmd_v(h, r, deadline, rc, fmt, &ap, 0, NULL, NULL);
+	len = redisvFormatCommand(&cmd, fmt, ap);
 	va_end(ap);
-	return rep;
+	return kv_redis_run(h, r, deadline, rc, cmd, len, keys);
 }
 
 static redisReply *kv_redis_cmd_argv(shift_kv *h, struct kv_redis *r,
 				     uint64_t deadline, int *rc, int argc,
-				     const char **argv, const size_t *argvlen)
+				     const char **argv, const size_t *argvlen,
+				     const struct kv_keys *keys)
 {
-	return kv_redis_cmd_v(h, r, deadline, rc, NULL, NULL, argc, argv,
-			      argvlen);
+	char *cmd = NULL;
+	int len = redisFormatCommandArgv(&cmd, argc, argv, argvlen);
+
+	return kv_redis_run(h, r, deadline, rc, cmd, len, keys);
 }
 
 /* Map a REDIS_REPLY_ERROR to an errno code with a message.  Frees rep. */
@@ -208,12 +221,12 @@ static int kv_redis_setup_failed(shift_kv *h, struct kv_redis *r, int rc)
 	return rc;
 }
 
-/* Make sure r->c is a connected, authenticated context on the right db. */
+/* Make sure r->c is a connected, authenticated context on the right db,
+ * all before the deadline. */
 static int kv_redis_connect(shift_kv *h, struct kv_redis *r, uint64_t deadline)
 {
 	uint64_t now = kv_now_ns();
 	int to = h->opts.connect_timeout_ms, left, rc = 0;
-	struct kv_sigpipe g;
 	redisReply *rep;
 
 	if (r->c)
@@ -227,26 +240,25 @@ static int kv_redis_connect(shift_kv *h, struct kv_redis *r, uint64_t deadline)
 		return kv_err(-ENOTCONN, "%s: no time left to connect", r->where);
 	if (left < to)
 		to = left;
-	kv_sigpipe_block(&g);
 	r->c = redisConnectWithTimeout(h->url.host, h->url.port, kv_tv(to));
-	kv_sigpipe_restore(&g);
-	r->cur_timeout_ms = -1;
-	if (!r->c || r->c->err) {
+	if (!r->c || r->c->err || kv_rio_nonblock(r->c)) {
 		char why[160];
 
 		snprintf(why, sizeof(why), "connect (limit %d ms): %s", to,
-			 r->c ? r->c->errstr : "out of memory");
+			 !r->c ? "out of memory"
+			 : r->c->err ? r->c->errstr
+				     : "cannot make the socket non-blocking");
 		kv_redis_fail(h, r, why);
 		return kv_err(-ENOTCONN, "%s: %s", r->where, why);
 	}
 
 	if (h->url.password[0]) {
 		if (h->url.user[0])
-			rep = kv_redis_cmd(h, r, deadline, &rc, "AUTH %b %b",
+			rep = kv_redis_cmd(h, r, deadline, &rc, NULL, "AUTH %b %b",
 					   h->url.user, strlen(h->url.user),
 					   h->url.password, strlen(h->url.password));
 		else
-			rep = kv_redis_cmd(h, r, deadline, &rc, "AUTH %b",
+			rep = kv_redis_cmd(h, r, deadline, &rc, NULL, "AUTH %b",
 					   h->url.password, strlen(h->url.password));
 		if (!rep)
 			return kv_redis_setup_failed(h, r, rc);
@@ -265,7 +277,7 @@ static int kv_redis_connect(shift_kv *h, struct kv_redis *r, uint64_t deadline)
 		freeReplyObject(rep);
 	}
 	if (h->url.db) {
-		rep = kv_redis_cmd(h, r, deadline, &rc, "SELECT %d", h->url.db);
+		rep = kv_redis_cmd(h, r, deadline, &rc, NULL, "SELECT %d", h->url.db);
 		if (!rep)
 			return kv_redis_setup_failed(h, r, rc);
 		if (rep->type != REDIS_REPLY_STATUS) {
@@ -300,13 +312,11 @@ static int kv_redis_open(shift_kv *h)
 	snprintf(r->where, sizeof(r->where), fmt, h->url.user,
 		 h->url.user[0] ? "@" : "", h->url.host, h->url.port, h->url.db);
 	snprintf(r->last_err, sizeof(r->last_err), "not connected yet");
-	r->cur_timeout_ms = -1;
 	h->priv = r;
 	if (h->opts.lazy_connect)
 		return 0;
 	rc = kv_redis_connect(h, r, kv_now_ns() +
-				     (uint64_t)(h->opts.connect_timeout_ms +
-						h->opts.command_timeout_ms) *
+				     (uint64_t)h->opts.command_timeout_ms *
 					     1000000ull);
 	if (rc) {
 		if (r->c)
@@ -333,16 +343,17 @@ static int kv_redis_put(shift_kv *h, const char *k, size_t klen, const void *v,
 			size_t vlen, uint64_t ttl_ms, uint64_t deadline_ns)
 {
 	struct kv_redis *r = h->priv;
+	const struct kv_keys keys = { &k, &klen, 1 };
 	redisReply *rep;
 	int rc = kv_redis_connect(h, r, deadline_ns);
 
 	if (rc)
 		return rc;
 	if (ttl_ms)
-		rep = kv_redis_cmd(h, r, deadline_ns, &rc, "SET %b %b PX %llu",
+		rep = kv_redis_cmd(h, r, deadline_ns, &rc, &keys, "SET %b %b PX %llu",
 				   k, klen, v, vlen, (unsigned long long)ttl_ms);
 	else
-		rep = kv_redis_cmd(h, r, deadline_ns, &rc, "SET %b %b", k, klen,
+		rep = kv_redis_cmd(h, r, deadline_ns, &rc, &keys, "SET %b %b", k, klen,
 				   v, vlen);
 	if (!rep)
 		return rc;
@@ -357,12 +368,13 @@ static int kv_redis_get(shift_kv *h, const char *k, size_t klen, void **v,
 			size_t *vlen, uint64_t deadline_ns)
 {
 	struct kv_redis *r = h->priv;
+	const struct kv_keys keys = { &k, &klen, 1 };
 	redisReply *rep;
 	int rc = kv_redis_connect(h, r, deadline_ns);
 
 	if (rc)
 		return rc;
-	rep = kv_redis_cmd(h, r, deadline_ns, &rc, "GET %b", k, klen);
+	rep = kv_redis_cmd(h, r, deadline_ns, &rc, &keys, "GET %b", k, klen);
 	if (!rep)
 		return rc;
 	kv_redis_ok(r);
@@ -386,6 +398,7 @@ static int kv_redis_mget(shift_kv *h, const char *const *k,
 	struct kv_redis *r = h->priv;
 	const char *argv[SHIFT_KV_MGET_MAX + 1];
 	size_t argvlen[SHIFT_KV_MGET_MAX + 1];
+	const struct kv_keys keys = { k, klen, n };
 	redisReply *rep;
 	int rc = kv_redis_connect(h, r, deadline_ns);
 
@@ -398,7 +411,7 @@ static int kv_redis_mget(shift_kv *h, const char *const *k,
 		argvlen[i + 1] = klen[i];
 	}
 	rep = kv_redis_cmd_argv(h, r, deadline_ns, &rc, (int)n + 1, argv,
-				argvlen);
+				argvlen, &keys);
 	if (!rep)
 		return rc;
 	kv_redis_ok(r);
@@ -426,12 +439,13 @@ static int kv_redis_del(shift_kv *h, const char *k, size_t klen,
 			uint64_t deadline_ns)
 {
 	struct kv_redis *r = h->priv;
+	const struct kv_keys keys = { &k, &klen, 1 };
 	redisReply *rep;
 	int rc = kv_redis_connect(h, r, deadline_ns);
 
 	if (rc)
 		return rc;
-	rep = kv_redis_cmd(h, r, deadline_ns, &rc, "DEL %b", k, klen);
+	rep = kv_redis_cmd(h, r, deadline_ns, &rc, &keys, "DEL %b", k, klen);
 	if (!rep)
 		return rc;
 	kv_redis_ok(r);

@@ -22,12 +22,18 @@ typedef struct shift_kv shift_kv;
 /* Tunables; a zero field means "use the default" (SHIFT_KV_DEFAULT_* in
  * kv.h).  Negative -> -EINVAL. */
 struct shift_kv_options {
-	int connect_timeout_ms; /* bound on one TCP connect (+AUTH/SELECT) */
-	int command_timeout_ms; /* bound on one command round trip */
+	int connect_timeout_ms; /* bound on the TCP connect itself */
+	/* total deadline of one command: the (re)connect with AUTH/SELECT if
+	 * one is needed, the write and the whole reply (SHIFT_KV_TIMEOUT_MS) */
+	int command_timeout_ms;
 	int retry_min_ms;       /* first reconnect back-off after a failure */
 	int retry_max_ms;       /* back-off doubles up to this */
 	int poll_max_ms;        /* wait() on redis: longest sleep between GETs */
 	bool lazy_connect;      /* open() does not connect; first op does */
+	/* largest value (bulk string, status line) a reply may carry; a
+	 * larger one is refused before its body is read (SHIFT_KV_MAX_REPLY;
+	 * at most SHIFT_KV_VALUE_MAX) */
+	size_t max_reply;
 };
 
 enum shift_kv_scheme { SHIFT_KV_SCHEME_REDIS = 1, SHIFT_KV_SCHEME_MEM = 2 };

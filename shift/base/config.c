@@ -19,9 +19,12 @@ struct config_row {
 	int (*parse)(const struct config_row *row, const char *value);
 	size_t offset;
 	size_t size; /* for strings: buffer size */
+	unsigned long lo, hi; /* parse_bounded: accepted range */
 };
 
-#define FIELD(f) offsetof(struct shift_config, f), sizeof(((struct shift_config *)0)->f)
+#define FIELD_RANGE(f, lo, hi) \
+	offsetof(struct shift_config, f), sizeof(((struct shift_config *)0)->f), lo, hi
+#define FIELD(f) FIELD_RANGE(f, 0, 0)
 
 static void *field(const struct config_row *row)
 {
@@ -78,6 +81,23 @@ static int parse_uint(const struct config_row *row, const char *v)
 	return 0;
 }
 
+/* A number in [row->lo, row->hi] into an unsigned or a size_t field. */
+static int parse_bounded(const struct config_row *row, const char *v)
+{
+	char *end;
+	unsigned long x;
+
+	errno = 0;
+	x = strtoul(v, &end, 10);
+	if (errno || end == v || *end || v[0] == '-' || x < row->lo || x > row->hi)
+		return -1;
+	if (row->size == sizeof(size_t))
+		*(size_t *)field(row) = (size_t)x;
+	else
+		*(unsigned *)field(row) = (unsigned)x;
+	return 0;
+}
+
 static const struct config_row rows[] = {
 	{ "SHIFT_ENABLE", "1",
 	  "0 turns SHIFT into a pure pass-through to the real libibverbs",
@@ -97,6 +117,16 @@ static const struct config_row rows[] = {
 	{ "SHIFT_KV_NAMESPACE", "default",
 	  "job id; every KV key carries it",
 	  parse_string, FIELD(kv_namespace) },
+	{ "SHIFT_KV_TIMEOUT_MS", "300",
+	  "total deadline of one KV command in ms (reconnect, write and the whole reply; "
+	  "10..10000): a store that does not answer, or answers slowly, fails the command "
+	  "after this long and its connection is dropped",
+	  parse_bounded, FIELD_RANGE(kv_timeout_ms, 10, 10000) },
+	{ "SHIFT_KV_MAX_REPLY", "65536",
+	  "largest value a KV reply may carry, in bytes (1024..1048576; SHIFT's records are "
+	  "a few hundred bytes): a larger one is refused unread, its connection dropped, "
+	  "with one log line",
+	  parse_bounded, FIELD_RANGE(kv_max_reply, 1024, 1048576) },
 	{ "SHIFT_PROBE_MS", "250",
 	  "period of the recovery probe on a failed default path, in ms (doubling per failed "
 	  "probe up to 8x); 0 = no failback: a failed-over QP stays on its backup",

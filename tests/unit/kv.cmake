@@ -7,3 +7,9 @@ shift_unit_test(test_kv
 shift_unit_test(test_kv_redis
   SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_kv_redis.c
   LIBS shift_kv)
+# test_kv_deadline: the Redis backend's total per-command deadline and reply
+# size limit against a fake server thread (silent, slow AUTH, one byte per
+# 100 ms, a 10 MiB value); needs no redis-server.
+shift_unit_test(test_kv_deadline
+  SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_kv_deadline.c
+  LIBS shift_kv)
