@@ -149,18 +149,21 @@ bool fo_srq_defer(struct shift_dqp *d, const struct ibv_wc *wc)
 	return true;
 }
 
-/* The messages on d's SRQ that wait for receives, up to d's last one;
- * *held: a completion of d already waits behind them. */
-static unsigned waiting_to(const struct shift_dqp *d, bool *held)
+/* The messages on d's SRQ that wait for receives, up to d's last item in
+ * its line (a message, or a completion held behind them); *mine: d has one
+ * there; *ending: one of d's ending completions already waits there. */
+static unsigned waiting_to(const struct shift_dqp *d, bool *mine, bool *ending)
 {
 	unsigned n = 0, to = 0;
 
-	*held = false;
+	*mine = *ending = false;
 	for (const struct slot *x = d->dsrq->fo_pending_head; x; x = x->next) {
 		n += x->state == SLOT_PENDING;
-		if (x->d == d && x->state == SLOT_PENDING)
-			to = n;
-		*held |= x->d == d && x->state == SLOT_READY;
+		if (x->d != d)
+			continue;
+		to = n;
+		*mine = true;
+		*ending |= x->state == SLOT_READY && x->c;
 	}
 	return to;
 }
@@ -168,27 +171,34 @@ static unsigned waiting_to(const struct shift_dqp *d, bool *held)
 /*
  * A completion of d as its connection ends (the application's error, its
  * flushes): messages that arrived on d's backup QP before it may still wait
- * for receives (fo_srq_deliver): it follows them, as plain's CQ would have
- * their completions first. Those with a receive now are handed out now;
- * the rest are waited for only if the receives will come (SHIFT takes them
- * out of the default SRQ, which holds enough live ones; while moved, a
- * waiting message has none): a completion the application waits for must
- * not depend on receives it may never post.
+ * for receives (fo_srq_deliver), and so may d's receive completions of the
+ * default path held behind them (fo_srq_defer; those its reset default QP
+ * took before its receives were back join the line now): it follows them,
+ * as plain's CQ would have their completions first. Those with a receive
+ * now are handed out now; the rest are waited for only if the receives
+ * will come (SHIFT takes them out of the default SRQ, which holds enough
+ * live ones; while moved, a waiting message has none): a completion the
+ * application waits for must not depend on receives it may never post.
+ * Once one waits, the later ones follow it.
  */
 void fo_emit_after_srq(struct shift_dqp *d, struct out *o, const struct ibv_wc *wc)
 {
 	struct shift_dsrq *q = d->dsrq;
-	bool held = false;
-	unsigned need = q ? waiting_to(d, &held) : 0;
+	bool mine = false, ending = false;
+	unsigned need = 0;
+	struct bounce *b = d->fo_bounce;
 	struct slot *x;
 
-	if (need && !held) {
-		fo_srq_deliver(q, o); /* (those with a receive now: now) */
-		need = waiting_to(d, &held);
+	if (q) {
+		if (b && b->held_head)
+			fo_srq_release(d); /* (received before this completion) */
+		(void)waiting_to(d, &mine, &ending);
+		if (mine && !ending)
+			fo_srq_deliver(q, o); /* (those with a receive now: now) */
+		need = waiting_to(d, &mine, &ending);
 	}
-	/* (once one waits, the later ones follow it) */
-	if ((!held && (!need || shift_dsrq_moved(q) ||
-		       __atomic_load_n(&q->live, __ATOMIC_RELAXED) < need)) ||
+	if ((!ending && (!mine || shift_dsrq_moved(q) ||
+			 __atomic_load_n(&q->live, __ATOMIC_RELAXED) < need)) ||
 	    !(x = calloc(1, sizeof(*x)))) {
 		fo_emit(o, wc);
 		return;
