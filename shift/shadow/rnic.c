@@ -30,6 +30,7 @@
 #include "shift/base/lower.h"
 #include "shift/dp/ctx.h"
 #include "kv/kv.h"
+#include "providers/provider.h"
 
 #include <errno.h>
 #include <stdio.h>
@@ -356,8 +357,11 @@ void shift_rnic_stop(struct shift_rnic *r)
 		shift_kv_delete_own(r->kv);
 		shift_kv_close(r->kv);
 	}
-	if (r->bk_ctx)
+	if (r->bk_ctx) {
+		/* (a context opened later at this address is another device) */
+		shift_provider_forget(r->bk_ctx);
 		shift_lower->close_device(r->bk_ctx);
+	}
 	pthread_cond_destroy(&r->kick);
 	pthread_mutex_destroy(&r->lock);
 	pthread_mutex_destroy(&r->busy);
