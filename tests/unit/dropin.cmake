@@ -38,3 +38,16 @@ add_test(NAME dropin_local_scope
           $<TARGET_FILE:scope_mod_a> $<TARGET_FILE:scope_mod_b> $<TARGET_FILE:scope_mod_c>)
 set_tests_properties(dropin_local_scope PROPERTIES LABELS unit TIMEOUT 60
   ENVIRONMENT "LD_LIBRARY_PATH=${CMAKE_LIBRARY_OUTPUT_DIRECTORY};SHIFT_LOG_LEVEL=error")
+
+# The real library missing or unusable: an error exit, never a signal; and
+# the run-time search (tests/dropin/noreal.sh).
+add_executable(noreal_prog ${CMAKE_SOURCE_DIR}/tests/dropin/noreal_prog.c)
+target_link_libraries(noreal_prog PRIVATE ${_scope_verbs})
+set_target_properties(noreal_prog PROPERTIES SKIP_BUILD_RPATH TRUE)
+add_dependencies(noreal_prog ibverbs ibverbs_nodefault)
+add_library(noverbs MODULE ${CMAKE_SOURCE_DIR}/tests/dropin/noverbs.c)
+add_test(NAME dropin_noreal
+  COMMAND ${CMAKE_SOURCE_DIR}/tests/dropin/noreal.sh ${CMAKE_LIBRARY_OUTPUT_DIRECTORY}
+          $<TARGET_FILE_DIR:ibverbs_nodefault> $<TARGET_FILE:noreal_prog>
+          $<TARGET_FILE:noverbs>)
+set_tests_properties(dropin_noreal PROPERTIES LABELS unit TIMEOUT 60)

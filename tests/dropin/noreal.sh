@@ -1,0 +1,49 @@
+#!/bin/sh
+# The real libibverbs missing or unusable: a verbs program under the drop-in
+# gets an error from ibv_get_device_list (errno ELIBACC) and one error line,
+# never a signal; and a drop-in whose build-time path is gone still finds the
+# real library by searching the system library directories.
+# Usage: noreal.sh DROPIN_DIR NODEFAULT_DIR PROG NOVERBS_LIB
+set -u
+dropin=$1 nodefault=$2 prog=$3 noverbs=$4
+tmp=$(mktemp -d) || exit 2
+trap 'rm -rf "$tmp"' EXIT
+echo "not a library" > "$tmp/libibverbs.so.1"
+fail=0
+
+# expect_error LABEL VALUE REASON: exit 1 (not a signal), the reason, one line
+expect_error() {
+	SHIFT_REAL_LIBIBVERBS=$2 LD_LIBRARY_PATH=$dropin "$prog" >"$tmp/out" 2>"$tmp/err"
+	rc=$?
+	lines=$(grep -c "cannot load the real libibverbs" "$tmp/err")
+	if [ "$rc" -ne 1 ] || [ "$lines" -ne 1 ] || ! grep -q -- "$3" "$tmp/err" ||
+	   ! grep -q "errno $(printf '%d' 79)" "$tmp/err"; then
+		echo "FAIL: $1: exit $rc (want 1), $lines error lines (want 1), reason '$3':"
+		cat "$tmp/err"
+		fail=1
+	else
+		echo "ok: $1: exit 1: $(grep 'cannot load' "$tmp/err")"
+	fi
+}
+
+expect_error "missing file" /nonexistent/libibverbs.so.1 "no such file"
+expect_error "not an ELF file" "$tmp/libibverbs.so.1" "not an ELF file"
+expect_error "no verbs in it" "$noverbs" "not a libibverbs"
+expect_error "relative path" libibverbs.so.1 "must be an absolute path"
+
+# the build-time path of this drop-in does not exist: the search finds the
+# real library, and the program sees what it sees without SHIFT
+"$prog" >"$tmp/plain" 2>&1
+plain=$?
+SHIFT_LOG_LEVEL=info LD_LIBRARY_PATH=$nodefault "$prog" >"$tmp/out" 2>"$tmp/err"
+rc=$?
+grep -v '^shift:' "$tmp/err" >>"$tmp/out"
+if [ "$rc" -ne "$plain" ] || ! cmp -s "$tmp/plain" "$tmp/out" ||
+   ! grep -q "SHIFT enabled over /.*libibverbs.so" "$tmp/err"; then
+	echo "FAIL: search without the build-time path: exit $rc (plain $plain):"
+	cat "$tmp/plain" "$tmp/out" "$tmp/err"
+	fail=1
+else
+	echo "ok: search: $(grep -o 'SHIFT enabled over .*' "$tmp/err")"
+fi
+exit $fail
