@@ -51,3 +51,14 @@ add_test(NAME dropin_noreal
           $<TARGET_FILE_DIR:ibverbs_nodefault> $<TARGET_FILE:noreal_prog>
           $<TARGET_FILE:noverbs>)
 set_tests_properties(dropin_noreal PROPERTIES LABELS unit TIMEOUT 60)
+
+# arm64: cross build and loader tests under qemu-user (tests/dropin/arm64.sh;
+# skipped, exit 77, only without the cross toolchain). Not from a cross
+# build itself.
+if(NOT CMAKE_CROSSCOMPILING)
+  add_test(NAME dropin_arm64
+    COMMAND ${CMAKE_SOURCE_DIR}/tests/dropin/arm64.sh ${CMAKE_SOURCE_DIR}
+            ${CMAKE_BINARY_DIR}/arm64)
+  set_tests_properties(dropin_arm64 PROPERTIES LABELS unit TIMEOUT 900
+    SKIP_RETURN_CODE 77)
+endif()
