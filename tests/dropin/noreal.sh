@@ -3,9 +3,14 @@
 # gets an error from ibv_get_device_list (errno ELIBACC) and one error line,
 # never a signal; and a drop-in whose build-time path is gone still finds the
 # real library by searching the system library directories.
-# Usage: noreal.sh DROPIN_DIR NODEFAULT_DIR PROG NOVERBS_LIB
+# The system-wide package's <libdir>/shift/real/libibverbs.so.1 comes before
+# the build-time path and the search (PKG_DIR's drop-in has PKG_LIBDIR as its
+# libdir; OTHER_LIB, a libibverbs that is not the system's, stands there);
+# and SHIFT_REAL_LIBIBVERBS naming the drop-in itself is refused, then the
+# search runs.
+# Usage: noreal.sh DROPIN_DIR NODEFAULT_DIR PROG NOVERBS_LIB [PKG_DIR PKG_LIBDIR OTHER_LIB]
 set -u
-dropin=$1 nodefault=$2 prog=$3 noverbs=$4
+dropin=$1 nodefault=$2 prog=$3 noverbs=$4 pkg=${5:-} pkglib=${6:-} other=${7:-}
 tmp=$(mktemp -d) || exit 2
 trap 'rm -rf "$tmp"' EXIT
 echo "not a library" > "$tmp/libibverbs.so.1"
@@ -45,5 +50,34 @@ if [ "$rc" -ne "$plain" ] || ! cmp -s "$tmp/plain" "$tmp/out" ||
 	fail=1
 else
 	echo "ok: search: $(grep -o 'SHIFT enabled over .*' "$tmp/err")"
+fi
+# SHIFT_REAL_LIBIBVERBS at the drop-in itself: one error line, then the search
+SHIFT_REAL_LIBIBVERBS=$dropin/libibverbs.so.1 SHIFT_LOG_LEVEL=info LD_LIBRARY_PATH=$dropin \
+	"$prog" >"$tmp/out" 2>"$tmp/err"
+rc=$?
+if [ "$rc" -ne "$plain" ] || ! grep -q "is SHIFT itself; searching instead" "$tmp/err" ||
+   ! grep -q "SHIFT enabled over /.*libibverbs.so" "$tmp/err" ||
+   grep "SHIFT enabled over" "$tmp/err" | grep -q "$dropin"; then
+	echo "FAIL: SHIFT_REAL_LIBIBVERBS at the drop-in: exit $rc (plain $plain):"
+	cat "$tmp/err"
+	fail=1
+else
+	echo "ok: itself: $(grep -o 'SHIFT enabled over .*' "$tmp/err")"
+fi
+
+# the package's diverted library is taken first
+if [ -n "$pkg" ]; then
+	mkdir -p "$pkglib/shift/real"
+	ln -sf "$other" "$pkglib/shift/real/libibverbs.so.1"
+	SHIFT_LOG_LEVEL=info LD_LIBRARY_PATH=$pkg "$prog" >"$tmp/out" 2>"$tmp/err"
+	rc=$?
+	if [ "$rc" -ne 0 ] ||
+	   ! grep -q "SHIFT enabled over $pkglib/shift/real/libibverbs.so.1" "$tmp/err"; then
+		echo "FAIL: <libdir>/shift/real not taken first: exit $rc:"
+		cat "$tmp/out" "$tmp/err"
+		fail=1
+	else
+		echo "ok: package path: $(grep -o 'SHIFT enabled over .*' "$tmp/err"): $(cat "$tmp/out")"
+	fi
 fi
 exit $fail
