@@ -91,10 +91,20 @@ endif()
 # loaded object by file or by soname, and "libibverbs.so" is neither);
 # LD_LIBRARY_PATH naming the drop-in's directory as well makes the name
 # find the drop-in's own libibverbs.so (docs/dropin.md).
+# (a sanitizer build's runtime must come first in the preload list)
+set(_san_preload "")
+foreach(_san asan tsan)
+  if(SHIFT_SANITIZE MATCHES "address" AND _san STREQUAL "asan" OR
+     SHIFT_SANITIZE MATCHES "thread" AND _san STREQUAL "tsan")
+    execute_process(COMMAND ${CMAKE_C_COMPILER} -print-file-name=lib${_san}.so
+      OUTPUT_VARIABLE _rt OUTPUT_STRIP_TRAILING_WHITESPACE)
+    set(_san_preload "${_rt}:")
+  endif()
+endforeach()
 add_test(NAME dropin_preload_nccl
   COMMAND nccl_loader libibverbs.so ${CMAKE_LIBRARY_OUTPUT_DIRECTORY}/libibverbs.so)
 set_tests_properties(dropin_preload_nccl PROPERTIES LABELS unit TIMEOUT 60
-  ENVIRONMENT "LD_PRELOAD=${CMAKE_LIBRARY_OUTPUT_DIRECTORY}/libibverbs.so.1;LD_LIBRARY_PATH=${CMAKE_LIBRARY_OUTPUT_DIRECTORY};SHIFT_LOG_LEVEL=error")
+  ENVIRONMENT "LD_PRELOAD=${_san_preload}${CMAKE_LIBRARY_OUTPUT_DIRECTORY}/libibverbs.so.1;LD_LIBRARY_PATH=${CMAKE_LIBRARY_OUTPUT_DIRECTORY};SHIFT_LOG_LEVEL=error")
 
 # (after simverbs: the package path's stand-in for the distro library)
 set(_noreal_pkg)
