@@ -94,7 +94,7 @@ def ident(s):
 
 
 def ver_key(v):
-    m = re.fullmatch(r"IBVERBS_(\d+)\.(\d+)", v)
+    m = re.fullmatch(r"[A-Z][A-Z0-9]*_(\d+)\.(\d+)", v)
     return (int(m.group(1)), int(m.group(2))) if m else (1 << 30, 0)
 
 
@@ -125,7 +125,11 @@ def main():
         sid = ident(s)
         at = "@@" if s["default"] else "@"
         fn = intercepts.get(s["name"])
-        if fn and s["default"]:
+        if fn == "-":
+            # notice only: the front's hook, then the real function
+            mode = "SHIFT_EXPORT_COMPAT"
+            fn = None
+        elif fn and s["default"]:
             mode = "SHIFT_EXPORT_SHIFT"
         elif fn:
             mode = "SHIFT_EXPORT_COMPAT"

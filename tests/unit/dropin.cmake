@@ -117,3 +117,19 @@ add_test(NAME dropin_noreal
           $<TARGET_FILE_DIR:ibverbs_nodefault> $<TARGET_FILE:noreal_prog>
           $<TARGET_FILE:noverbs> ${_noreal_pkg})
 set_tests_properties(dropin_noreal PROPERTIES LABELS unit TIMEOUT 60)
+
+# The libmlx5.so.1 front (libmlx5/): the exported surface equals the real
+# libmlx5's, and object-creating mlx5dv calls say they are not protected.
+if(TARGET mlx5front)
+  add_test(NAME dropin_mlx5_exports
+    COMMAND ${Python3_EXECUTABLE} ${CMAKE_SOURCE_DIR}/tests/dropin/check_exports.py
+            ${SHIFT_REAL_LIBMLX5_PATH} $<TARGET_FILE:mlx5front>)
+  add_executable(mlx5_prog ${CMAKE_SOURCE_DIR}/tests/dropin/mlx5_prog.c)
+  target_link_libraries(mlx5_prog PRIVATE ${SHIFT_REAL_LIBMLX5_PATH} ${_scope_verbs})
+  set_target_properties(mlx5_prog PROPERTIES SKIP_BUILD_RPATH TRUE)
+  add_dependencies(mlx5_prog mlx5front ibverbs)
+  add_test(NAME dropin_mlx5_front
+    COMMAND ${CMAKE_SOURCE_DIR}/tests/dropin/mlx5_front.sh ${CMAKE_LIBRARY_OUTPUT_DIRECTORY}
+            $<TARGET_FILE:mlx5_prog>)
+  set_tests_properties(dropin_mlx5_exports dropin_mlx5_front PROPERTIES LABELS unit TIMEOUT 60)
+endif()
