@@ -37,16 +37,18 @@ static pthread_once_t init_once = PTHREAD_ONCE_INIT;
 static void *real_handle;
 static struct shift_lower real_lower;
 
-/* Where a slot points when the real library lacks its symbol. */
+/* Where a slot points when the real library lacks its symbol: the process
+ * ends as the dynamic linker ends it on a symbol lookup error with plain
+ * libibverbs (exit status 127), not with a signal. */
 static void missing_symbol(void)
 {
-	static const char msg[] = "shift: error: the application called a libibverbs "
-		"symbol the real library does not provide (build and run time "
+	static const char msg[] = "shift: error: symbol lookup error: the application called a "
+		"libibverbs symbol the real library does not provide (build and run time "
 		"rdma-core differ): rebuild SHIFT against this rdma-core\n";
 	ssize_t w = write(STDERR_FILENO, msg, sizeof(msg) - 1);
 
 	(void)w;
-	abort();
+	_exit(127);
 }
 
 static void *real_sym(const char *name, const char *version)

@@ -79,5 +79,16 @@ if [ -n "$pkg" ]; then
 	else
 		echo "ok: package path: $(grep -o 'SHIFT enabled over .*' "$tmp/err"): $(cat "$tmp/out")"
 	fi
+	# a symbol the real library lacks: exit 127 with the message, as the
+	# dynamic linker would end it, not a signal
+	SHIFT_REAL_LIBIBVERBS=$other LD_LIBRARY_PATH=$dropin "$prog" str >"$tmp/out" 2>"$tmp/err"
+	rc=$?
+	if [ "$rc" -ne 127 ] || ! grep -q "symbol lookup error" "$tmp/err"; then
+		echo "FAIL: a symbol missing from the real library: exit $rc (want 127):"
+		cat "$tmp/out" "$tmp/err"
+		fail=1
+	else
+		echo "ok: missing symbol: exit 127: $(cat "$tmp/err")"
+	fi
 fi
 exit $fail
