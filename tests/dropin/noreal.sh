@@ -9,7 +9,9 @@
 # and SHIFT_REAL_LIBIBVERBS naming the drop-in itself is refused, then the
 # search runs.
 # Usage: noreal.sh DROPIN_DIR NODEFAULT_DIR PROG NOVERBS_LIB [PKG_DIR PKG_LIBDIR OTHER_LIB]
+# SHIFT_TEST_EMULATOR (e.g. qemu-aarch64) runs PROG of a cross build.
 set -u
+run=${SHIFT_TEST_EMULATOR:-}
 dropin=$1 nodefault=$2 prog=$3 noverbs=$4 pkg=${5:-} pkglib=${6:-} other=${7:-}
 tmp=$(mktemp -d) || exit 2
 trap 'rm -rf "$tmp"' EXIT
@@ -18,7 +20,7 @@ fail=0
 
 # expect_error LABEL VALUE REASON: exit 1 (not a signal), the reason, one line
 expect_error() {
-	SHIFT_REAL_LIBIBVERBS=$2 LD_LIBRARY_PATH=$dropin "$prog" >"$tmp/out" 2>"$tmp/err"
+	SHIFT_REAL_LIBIBVERBS=$2 LD_LIBRARY_PATH=$dropin $run "$prog" >"$tmp/out" 2>"$tmp/err"
 	rc=$?
 	lines=$(grep -c "cannot load the real libibverbs" "$tmp/err")
 	if [ "$rc" -ne 1 ] || [ "$lines" -ne 1 ] || ! grep -q -- "$3" "$tmp/err" ||
@@ -38,9 +40,9 @@ expect_error "relative path" libibverbs.so.1 "must be an absolute path"
 
 # the build-time path of this drop-in does not exist: the search finds the
 # real library, and the program sees what it sees without SHIFT
-"$prog" >"$tmp/plain" 2>&1
+$run "$prog" >"$tmp/plain" 2>&1
 plain=$?
-SHIFT_LOG_LEVEL=info LD_LIBRARY_PATH=$nodefault "$prog" >"$tmp/out" 2>"$tmp/err"
+SHIFT_LOG_LEVEL=info LD_LIBRARY_PATH=$nodefault $run "$prog" >"$tmp/out" 2>"$tmp/err"
 rc=$?
 grep -v '^shift:' "$tmp/err" >>"$tmp/out"
 if [ "$rc" -ne "$plain" ] || ! cmp -s "$tmp/plain" "$tmp/out" ||
@@ -53,7 +55,7 @@ else
 fi
 # SHIFT_REAL_LIBIBVERBS at the drop-in itself: one error line, then the search
 SHIFT_REAL_LIBIBVERBS=$dropin/libibverbs.so.1 SHIFT_LOG_LEVEL=info LD_LIBRARY_PATH=$dropin \
-	"$prog" >"$tmp/out" 2>"$tmp/err"
+	$run "$prog" >"$tmp/out" 2>"$tmp/err"
 rc=$?
 if [ "$rc" -ne "$plain" ] || ! grep -q "is SHIFT itself; searching instead" "$tmp/err" ||
    ! grep -q "SHIFT enabled over /.*libibverbs.so" "$tmp/err" ||
@@ -69,7 +71,7 @@ fi
 if [ -n "$pkg" ]; then
 	mkdir -p "$pkglib/shift/real"
 	ln -sf "$other" "$pkglib/shift/real/libibverbs.so.1"
-	SHIFT_LOG_LEVEL=info LD_LIBRARY_PATH=$pkg "$prog" >"$tmp/out" 2>"$tmp/err"
+	SHIFT_LOG_LEVEL=info LD_LIBRARY_PATH=$pkg $run "$prog" >"$tmp/out" 2>"$tmp/err"
 	rc=$?
 	if [ "$rc" -ne 0 ] ||
 	   ! grep -q "SHIFT enabled over $pkglib/shift/real/libibverbs.so.1" "$tmp/err"; then
@@ -81,7 +83,7 @@ if [ -n "$pkg" ]; then
 	fi
 	# a symbol the real library lacks: exit 127 with the message, as the
 	# dynamic linker would end it, not a signal
-	SHIFT_REAL_LIBIBVERBS=$other LD_LIBRARY_PATH=$dropin "$prog" str >"$tmp/out" 2>"$tmp/err"
+	SHIFT_REAL_LIBIBVERBS=$other LD_LIBRARY_PATH=$dropin $run "$prog" str >"$tmp/out" 2>"$tmp/err"
 	rc=$?
 	if [ "$rc" -ne 127 ] || ! grep -q "symbol lookup error" "$tmp/err"; then
 		echo "FAIL: a symbol missing from the real library: exit $rc (want 127):"
