@@ -4,7 +4,9 @@
  *
  * Order: SHIFT_REAL_LIBIBVERBS (an absolute path; no fallback when it is set,
  * except when it names SHIFT itself); then <libdir>/shift/real/libibverbs.so.1,
- * where the system-wide package moves the distro's library; then the path
+ * where the system-wide package moves the distro's library, and the same
+ * under each system library directory below (a drop-in built with another
+ * prefix on a host with the package); then the path
  * found at build time; then libibverbs.so.1 in the multiarch directories,
  * /usr/lib64, /lib64, /usr/lib, /lib. ld.so.cache is not parsed: its format
  * is glibc-private, and every distro puts libibverbs in one of those
@@ -133,13 +135,31 @@ static void *try_search(const char *path, char *out, size_t cap, const char **wh
 	return h;
 }
 
+static const char *const sys_dirs[] = {
+	"/usr/lib/" SHIFT_MULTIARCH, "/lib/" SHIFT_MULTIARCH,
+	"/usr/lib64", "/lib64", "/usr/lib", "/lib",
+};
+
+/* leaf ("libibverbs.so.1" or "shift/real/libibverbs.so.1") in each system
+ * library directory, in order. */
+static void *search_dirs(const char *leaf, char *out, size_t cap, const char **why)
+{
+	char path[SHIFT_REAL_PATH_MAX];
+	void *h = NULL;
+
+	for (size_t i = 0; !h && i < sizeof(sys_dirs) / sizeof(sys_dirs[0]); i++) {
+		size_t l = strlen(sys_dirs[i]);
+
+		if (sys_dirs[i][l - 1] == '/')
+			continue; /* no multiarch triplet compiled in */
+		snprintf(path, sizeof(path), "%s/%s", sys_dirs[i], leaf);
+		h = try_search(path, out, cap, why);
+	}
+	return h;
+}
+
 void *shift_real_open(const char *override, char *out, size_t cap, const char **why)
 {
-	static const char *const dirs[] = {
-		"/usr/lib/" SHIFT_MULTIARCH, "/lib/" SHIFT_MULTIARCH,
-		"/usr/lib64", "/lib64", "/usr/lib", "/lib",
-	};
-	char path[SHIFT_REAL_PATH_MAX];
 	void *h;
 
 	if (override && *override) {
@@ -153,17 +173,15 @@ void *shift_real_open(const char *override, char *out, size_t cap, const char **
 			return h;
 		shift_err("SHIFT_REAL_LIBIBVERBS=%s is SHIFT itself; searching instead", override);
 	}
+	/* the system-wide package's diverted library: this build's libdir,
+	 * then the system's (a drop-in built with another prefix) */
 	h = try_search(SHIFT_LIBDIR "/shift/real/libibverbs.so.1", out, cap, why);
+	if (!h)
+		h = search_dirs("shift/real/libibverbs.so.1", out, cap, why);
 	if (!h && SHIFT_REAL_LIBIBVERBS_DEFAULT[0])
 		h = try_search(SHIFT_REAL_LIBIBVERBS_DEFAULT, out, cap, why);
-	for (size_t i = 0; !h && i < sizeof(dirs) / sizeof(dirs[0]); i++) {
-		size_t l = strlen(dirs[i]);
-
-		if (dirs[i][l - 1] == '/')
-			continue; /* no multiarch triplet compiled in */
-		snprintf(path, sizeof(path), "%s/libibverbs.so.1", dirs[i]);
-		h = try_search(path, out, cap, why);
-	}
+	if (!h)
+		h = search_dirs("libibverbs.so.1", out, cap, why);
 	if (!h) {
 		snprintf(out, cap, "libibverbs.so.1");
 		*why = "not found in SHIFT_REAL_LIBIBVERBS, " SHIFT_LIBDIR
