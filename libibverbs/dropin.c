@@ -23,6 +23,8 @@
 #include "shift/shift.h"
 
 #include <dlfcn.h>
+#include <errno.h>
+#include <infiniband/verbs.h>
 #include <limits.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -30,24 +32,23 @@
 #include <string.h>
 #include <unistd.h>
 
-#ifndef SHIFT_REAL_LIBIBVERBS_DEFAULT
-#error "the build must define SHIFT_REAL_LIBIBVERBS_DEFAULT"
-#endif
 
 static pthread_once_t init_once = PTHREAD_ONCE_INIT;
 static void *real_handle;
 static struct shift_lower real_lower;
 
-/* Where a slot points when the real library lacks its symbol. */
+/* Where a slot points when the real library lacks its symbol: the process
+ * ends as the dynamic linker ends it on a symbol lookup error with plain
+ * libibverbs (exit status 127), not with a signal. */
 static void missing_symbol(void)
 {
-	static const char msg[] = "shift: error: the application called a libibverbs "
-		"symbol the real library does not provide (build and run time "
+	static const char msg[] = "shift: error: symbol lookup error: the application called a "
+		"libibverbs symbol the real library does not provide (build and run time "
 		"rdma-core differ): rebuild SHIFT against this rdma-core\n";
 	ssize_t w = write(STDERR_FILENO, msg, sizeof(msg) - 1);
 
 	(void)w;
-	abort();
+	_exit(127);
 }
 
 static void *real_sym(const char *name, const char *version)
@@ -103,44 +104,68 @@ static void fill_lower(const char *path)
 	shift_lower_set(&real_lower);
 }
 
-/* True if path names this very library (SHIFT_REAL_LIBIBVERBS pointed at
- * the drop-in would make every call jump to itself). */
-static int is_ourselves(void *handle)
+/*
+ * Without a real library: ibv_get_device_list fails with ELIBACC, as a
+ * device list that cannot be read; every verb that needs an object can then
+ * never be reached with a valid one, and is given one that fails the same
+ * way (NULL or 0, errno ELIBACC). The *_str helpers answer "unknown".
+ */
+static struct ibv_device **no_real_get_device_list(int *num)
 {
-	Dl_info ours, theirs;
-	void *probe = dlsym(handle, "ibv_get_device_list");
-	char a[PATH_MAX], b[PATH_MAX];
+	if (num)
+		*num = 0;
+	errno = ELIBACC;
+	return NULL;
+}
 
-	if (!probe || !dladdr((void *)shift_dropin_init, &ours) ||
-	    !dladdr(probe, &theirs) || !ours.dli_fname || !theirs.dli_fname)
-		return 0;
-	if (ours.dli_fbase == theirs.dli_fbase)
-		return 1;
-	if (!realpath(ours.dli_fname, a) || !realpath(theirs.dli_fname, b))
-		return 0;
-	return !strcmp(a, b);
+static long no_real_verb(void)
+{
+	errno = ELIBACC;
+	return 0;
+}
+
+static const char *no_real_str(void)
+{
+	return "unknown";
+}
+
+static void *no_real_slot(const char *name)
+{
+	size_t n = strlen(name);
+
+	if (!strcmp(name, "ibv_get_device_list"))
+		return (void *)no_real_get_device_list;
+	if (n > 4 && !strcmp(name + n - 4, "_str"))
+		return (void *)no_real_str;
+	return (void *)no_real_verb;
+}
+
+static void no_real_library(const char *path, const char *why)
+{
+	shift_err("cannot load the real libibverbs (%s: %s): no RDMA device is usable "
+		  "(ibv_get_device_list fails with ELIBACC); set SHIFT_REAL_LIBIBVERBS to "
+		  "the distro's libibverbs.so.1", path, why);
+	for (unsigned int i = 0; i < shift_exports_count; i++)
+		__atomic_store_n(shift_exports[i].slot, no_real_slot(shift_exports[i].name),
+				 __ATOMIC_RELEASE);
 }
 
 static void dropin_init_once(void)
 {
-	const char *path;
+	static char path[SHIFT_REAL_PATH_MAX];
+	const char *env = getenv("SHIFT_REAL_LIBIBVERBS");
+	const char *why = NULL;
 	unsigned int missing = 0;
 
-	shift_config_load(SHIFT_REAL_LIBIBVERBS_DEFAULT);
-	path = shift_config.real_lib;
-
-	real_handle = dlopen(path, RTLD_NOW | RTLD_LOCAL);
-	if (real_handle && is_ourselves(real_handle)) {
-		shift_err("SHIFT_REAL_LIBIBVERBS=%s is SHIFT itself; using %s", path,
-			  SHIFT_REAL_LIBIBVERBS_DEFAULT);
-		path = SHIFT_REAL_LIBIBVERBS_DEFAULT;
-		real_handle = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+	/* "": the search decides, unless the configuration names a file */
+	shift_config_load("");
+	if (env && *env && strlen(env) >= sizeof(path)) {
+		no_real_library("SHIFT_REAL_LIBIBVERBS", "longer than 511 bytes");
+		return;
 	}
+	real_handle = shift_real_open(shift_config.real_lib, path, sizeof(path), &why);
 	if (!real_handle) {
-		/* Nothing can work without it: say why, once, clearly. */
-		shift_err("cannot load the real libibverbs '%s': %s", path, dlerror());
-		for (unsigned int i = 0; i < shift_exports_count; i++)
-			*shift_exports[i].slot = (void *)missing_symbol;
+		no_real_library(path, why);
 		return;
 	}
 

@@ -33,6 +33,14 @@ extern const struct shift_export shift_exports[];
 extern const unsigned int shift_exports_count;
 extern const struct shift_export_data shift_export_datas[];
 
+/* Room for the real library's path (SHIFT_REAL_LIBIBVERBS is bounded by it). */
+#define SHIFT_REAL_PATH_MAX 512
+
+/* Find and dlopen (RTLD_NOW | RTLD_LOCAL) the real libibverbs (locate.c):
+ * override (SHIFT_REAL_LIBIBVERBS, may be NULL or "") first, then the search
+ * path. The handle and the path in out; NULL and the reason in why. */
+void *shift_real_open(const char *override, char *out, size_t cap, const char **why);
+
 /* Load the real library and fill every slot; idempotent, thread-safe. */
 void shift_dropin_init(void);
 

@@ -11,7 +11,9 @@ and writes, into OUTDIR:
                public nodes chained in order, the private ones standalone.
   exports.txt  the expected "name@[@]version type" list, for the ABI test.
 Nothing is hand-listed here: a new rdma-core only needs a rebuild.
-Usage: gen_exports.py REAL_LIB INTERCEPT_LIST OUTDIR
+Usage: gen_exports.py REAL_LIB INTERCEPT_LIST OUTDIR [ARCH [NM]]
+ARCH is x86_64 (default) or aarch64; NM the nm that reads REAL_LIB (a cross
+build's own).
 """
 import re
 import subprocess
@@ -19,8 +21,8 @@ import sys
 from collections import defaultdict
 
 
-def read_symbols(real):
-    out = subprocess.run(["nm", "-D", "-S", "--with-symbol-versions", "--defined-only", real],
+def read_symbols(real, nm="nm"):
+    out = subprocess.run([nm, "-D", "-S", "--with-symbol-versions", "--defined-only", real],
                          capture_output=True, text=True, check=True).stdout
     syms = []
     for line in out.splitlines():
@@ -57,18 +59,53 @@ def read_intercepts(path):
     return table
 
 
+# Per-architecture assembly. Every trampoline jumps through its slot; the
+# compat hook and the lazy stub first call a C function keeping every
+# integer argument register (verbs take no floating-point arguments).
+X86_64 = dict(
+    jump=lambda slot: [f"\tjmp *{slot}(%rip)"],
+    call=lambda fn, arg: (["\tpush %rdi", "\tpush %rsi", "\tpush %rdx", "\tpush %rcx",
+                           "\tpush %r8", "\tpush %r9", "\tpush %rax"] +
+                          ([f"\tmov ${arg}, %edi"] if arg is not None else []) +
+                          [f"\tcall {fn}",
+                           "\tpop %rax", "\tpop %r9", "\tpop %r8", "\tpop %rcx",
+                           "\tpop %rdx", "\tpop %rsi", "\tpop %rdi"]),
+    quad=".quad", func="@function", obj="@object", progbits="@progbits")
+# AAPCS64: arguments in x0-x7, the indirect result address in x8; x16 is
+# the intra-procedure-call scratch register a veneer may use anyway.
+AARCH64 = dict(
+    jump=lambda slot: [f"\tadrp x16, {slot}", f"\tldr x16, [x16, :lo12:{slot}]",
+                       "\tbr x16"],
+    call=lambda fn, arg: (["\tstp x29, x30, [sp, #-96]!", "\tmov x29, sp",
+                           "\tstp x0, x1, [sp, #16]", "\tstp x2, x3, [sp, #32]",
+                           "\tstp x4, x5, [sp, #48]", "\tstp x6, x7, [sp, #64]",
+                           "\tstr x8, [sp, #80]"] +
+                          ([f"\tmov w0, #{arg}"] if arg is not None else []) +
+                          [f"\tbl {fn}",
+                           "\tldr x8, [sp, #80]", "\tldp x6, x7, [sp, #64]",
+                           "\tldp x4, x5, [sp, #48]", "\tldp x2, x3, [sp, #32]",
+                           "\tldp x0, x1, [sp, #16]", "\tldp x29, x30, [sp], #96"]),
+    quad=".xword", func="%function", obj="%object", progbits="%progbits")
+ARCHES = {"x86_64": X86_64, "amd64": X86_64, "aarch64": AARCH64, "arm64": AARCH64}
+
+
 def ident(s):
     return f"{s['name']}__{s['ver'].replace('.', '_')}"
 
 
 def ver_key(v):
-    m = re.fullmatch(r"IBVERBS_(\d+)\.(\d+)", v)
+    m = re.fullmatch(r"[A-Z][A-Z0-9]*_(\d+)\.(\d+)", v)
     return (int(m.group(1)), int(m.group(2))) if m else (1 << 30, 0)
 
 
 def main():
     real, intercept_path, outdir = sys.argv[1:4]
-    syms = read_symbols(real)
+    arch_name = sys.argv[4] if len(sys.argv) > 4 and sys.argv[4] else "x86_64"
+    nm = sys.argv[5] if len(sys.argv) > 5 and sys.argv[5] else "nm"
+    if arch_name not in ARCHES:
+        sys.exit(f"gen_exports: no trampolines for architecture {arch_name!r}")
+    A = ARCHES[arch_name]
+    syms = read_symbols(real, nm)
     intercepts = read_intercepts(intercept_path)
     names = {s["name"] for s in syms}
     for name in intercepts:
@@ -88,7 +125,11 @@ def main():
         sid = ident(s)
         at = "@@" if s["default"] else "@"
         fn = intercepts.get(s["name"])
-        if fn and s["default"]:
+        if fn == "-":
+            # notice only: the front's hook, then the real function
+            mode = "SHIFT_EXPORT_COMPAT"
+            fn = None
+        elif fn and s["default"]:
             mode = "SHIFT_EXPORT_SHIFT"
         elif fn:
             mode = "SHIFT_EXPORT_COMPAT"
@@ -97,35 +138,25 @@ def main():
             fn = None
         asm += [
             f"\t.globl shift_tr_{sid}",
-            f"\t.type shift_tr_{sid},@function",
-            f"\t.p2align 4",
+            f"\t.type shift_tr_{sid},{A['func']}",
+            "\t.p2align 4",
             f"shift_tr_{sid}:",
         ]
         if mode == "SHIFT_EXPORT_COMPAT":
             # tell SHIFT, keeping every argument register, then forward
-            asm += ["\tpush %rdi", "\tpush %rsi", "\tpush %rdx", "\tpush %rcx",
-                    "\tpush %r8", "\tpush %r9", "\tpush %rax",
-                    f"\tmov ${i}, %edi", "\tcall shift_compat_enter",
-                    "\tpop %rax", "\tpop %r9", "\tpop %r8", "\tpop %rcx",
-                    "\tpop %rdx", "\tpop %rsi", "\tpop %rdi"]
-        asm += [
-            f"\tjmp *shift_pt_{sid}(%rip)",
+            asm += A["call"]("shift_compat_enter", i)
+        asm += A["jump"](f"shift_pt_{sid}") + [
             f"\t.size shift_tr_{sid}, .-shift_tr_{sid}",
             f"\t.symver shift_tr_{sid}, {s['name']}{at}{s['ver']}",
             # reached only if called before the constructor ran
             f"shift_lz_{sid}:",
-            "\tpush %rdi", "\tpush %rsi", "\tpush %rdx", "\tpush %rcx",
-            "\tpush %r8", "\tpush %r9", "\tpush %rax",
-            "\tcall shift_dropin_init",
-            "\tpop %rax", "\tpop %r9", "\tpop %r8", "\tpop %rcx",
-            "\tpop %rdx", "\tpop %rsi", "\tpop %rdi",
-            f"\tjmp *shift_pt_{sid}(%rip)",
+        ] + A["call"]("shift_dropin_init", None) + A["jump"](f"shift_pt_{sid}") + [
             "\t.pushsection .data",
             "\t.p2align 3",
             f"\t.globl shift_pt_{sid}",
             f"\t.hidden shift_pt_{sid}",
             f"shift_pt_{sid}:",
-            f"\t.quad shift_lz_{sid}",
+            f"\t{A['quad']} shift_lz_{sid}",
             "\t.popsection",
         ]
         c.append(f"extern void *shift_pt_{sid};")
@@ -139,14 +170,14 @@ def main():
             "\t.pushsection .bss",
             "\t.p2align 3",
             f"\t.globl {s['name']}",
-            f"\t.type {s['name']},@object",
+            f"\t.type {s['name']},{A['obj']}",
             f"\t.size {s['name']}, {size}",
             f"{s['name']}:",
             f"\t.zero {size}",
             "\t.popsection",
         ]
         c.append(f"extern char {s['name']}[];")
-    asm.append('\t.section .note.GNU-stack,"",@progbits')
+    asm.append(f'\t.section .note.GNU-stack,"",{A["progbits"]}')
 
     c += ["", "const struct shift_export shift_exports[] = {"] + rows + ["};",
           "const unsigned int shift_exports_count = sizeof(shift_exports) / sizeof(shift_exports[0]);",

@@ -115,7 +115,7 @@ static inline void cqx_lock(struct shift_cqx *x)
 {
 	while (shift_unlikely(__atomic_exchange_n(&x->lock, 1, __ATOMIC_ACQUIRE)))
 		while (__atomic_load_n(&x->lock, __ATOMIC_RELAXED))
-			__builtin_ia32_pause();
+			shift_cpu_relax();
 }
 
 static inline void cqx_unlock(struct shift_cqx *x)

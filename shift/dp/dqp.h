@@ -46,6 +46,7 @@
 #include <stdint.h>
 #include <infiniband/verbs.h>
 
+#include "shift/base/cpu.h"
 #include "shift/base/log.h"
 #include "shift/dp/state.h"
 
@@ -443,7 +444,7 @@ static inline void shift_dqp_lock(struct shift_dqp *d)
 {
 	while (shift_unlikely(!shift_dqp_trylock(d)))
 		while (__atomic_load_n(&d->post_lock, __ATOMIC_RELAXED))
-			__builtin_ia32_pause();
+			shift_cpu_relax();
 }
 
 static inline void shift_dqp_unlock(struct shift_dqp *d)

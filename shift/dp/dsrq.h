@@ -37,6 +37,8 @@
 #include <stdint.h>
 #include <infiniband/verbs.h>
 
+#include "shift/base/cpu.h"
+
 /* Receives SHIFT keeps on each backup QP of a QP on an SRQ, for what
  * arrives there once failed over (fo/srq.c) */
 #define SHIFT_SRQ_BOUNCE 16
@@ -108,7 +110,7 @@ static inline void shift_dsrq_lock(struct shift_dsrq *q)
 {
 	while (__atomic_exchange_n(&q->lock, 1, __ATOMIC_ACQUIRE))
 		while (__atomic_load_n(&q->lock, __ATOMIC_RELAXED))
-			__builtin_ia32_pause();
+			shift_cpu_relax();
 }
 
 static inline void shift_dsrq_unlock(struct shift_dsrq *q)

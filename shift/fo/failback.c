@@ -48,6 +48,8 @@ bool fo_bk_port_active(struct shift_ctx *s, struct shift_dqp *d)
 	struct ibv_port_attr pa;
 	uint8_t port = d->shadow && d->shadow->attr.port_num ? d->shadow->attr.port_num : 1;
 
+	if (s->rnic)
+		port = shift_rnic_bk_port(s->rnic, port);
 	memset(&pa, 0, sizeof(pa));
 	return s->rnic && s->rnic->bk_ctx && !shift_lower->query_port(s->rnic->bk_ctx, port, &pa) &&
 	       pa.state == IBV_PORT_ACTIVE;

@@ -97,19 +97,20 @@ int shift_qp_reset(struct ibv_qp *qp)
 	return shift_lower->modify_qp(qp, &a, IBV_QP_STATE);
 }
 
-/* The backup QP's port: the app's port if the backup device has it. */
-static uint8_t bk_port(struct shift_qp *q)
+/* The backup QP's port: the one mapped to the app's port (backup.c). */
+static uint8_t bk_port(const struct shift_rnic *r, const struct shift_qp *q)
 {
-	return q->attr.port_num ? q->attr.port_num : 1;
+	return shift_rnic_bk_port(r, q->attr.port_num ? q->attr.port_num : 1);
 }
 
 /* The address of the peer's backup QP, seen from mine. */
-static struct ibv_ah_attr bk_ah(struct shift_qp *q, const struct ibv_qp_attr *app)
+static struct ibv_ah_attr bk_ah(const struct shift_rnic *r, struct shift_qp *q,
+				 const struct ibv_qp_attr *app)
 {
 	struct ibv_ah_attr ah = app->ah_attr;
 
 	ah.grh.dgid = q->peer_bk.gid;
-	ah.port_num = bk_port(q);
+	ah.port_num = bk_port(r, q);
 	ah.dlid = 0;
 	return ah;
 }
@@ -196,7 +197,7 @@ static bool replay_qp_init(struct shift_rnic *r, struct shift_qp *q,
 	if (q->bk_state == IBV_QPS_RESET &&
 	    (app_mask & (IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS)) ==
 		    (IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS)) {
-		int rc = shift_qp_to_init(q->bk, app, bk_port(q));
+		int rc = shift_qp_to_init(q->bk, app, bk_port(r, q));
 
 		if (rc) {
 			qp_fail(r, q, "backup QP to INIT failed", rc);
@@ -218,17 +219,18 @@ static bool replay_qp_describe(struct shift_rnic *r, struct shift_qp *q,
 		qp_fail(r, q, "the path has no GRH (InfiniBand LID routing is not supported)", 0);
 		return false;
 	}
-	uint8_t port = app->ah_attr.port_num ? app->ah_attr.port_num : bk_port(q);
+	uint8_t port = app->ah_attr.port_num ? app->ah_attr.port_num :
+		       q->attr.port_num ? q->attr.port_num : 1;
 	int rc = shift_lower->query_gid(r->sctx->ibctx, port, app->ah_attr.grh.sgid_index,
 					&q->my_key.gid);
 	if (!rc)
-		rc = shift_lower->query_gid(r->bk_ctx, bk_port(q), app->ah_attr.grh.sgid_index,
+		rc = shift_lower->query_gid(r->bk_ctx, bk_port(r, q), app->ah_attr.grh.sgid_index,
 					    &q->my_bk.gid);
 	if (rc) {
 		qp_fail(r, q, "cannot read the GIDs", rc > 0 ? rc : EIO);
 		return false;
 	}
-	rc = shift_lower->query_port(r->bk_ctx, bk_port(q), &pa);
+	rc = shift_lower->query_port(r->bk_ctx, bk_port(r, q), &pa);
 	if (rc) {
 		qp_fail(r, q, "cannot query the backup port", rc > 0 ? rc : EIO);
 		return false;
@@ -312,7 +314,7 @@ static bool replay_qp_rtr(struct shift_rnic *r, struct shift_qp *q,
 			  const struct ibv_qp_attr *app, int app_mask)
 {
 	if (q->peer_known && q->bk_state == IBV_QPS_INIT) {
-		struct ibv_ah_attr ah = bk_ah(q, app);
+		struct ibv_ah_attr ah = bk_ah(r, q, app);
 
 		int rc = shift_qp_to_rtr(q->bk, app, app_mask, &ah, bk_mtu(q), q->peer_bk.qpn,
 					 q->peer_bk.psn);
@@ -412,12 +414,12 @@ int shift_shadow_rearm(struct shift_rnic *r, struct shift_qp *q, unsigned gen)
 	pthread_mutex_unlock(&r->lock);
 	if (!q->bk || q->bk_state != IBV_QPS_RTS)
 		return -1;
-	struct ibv_ah_attr ah = bk_ah(q, &app);
+	struct ibv_ah_attr ah = bk_ah(r, q, &app);
 
 	if (shift_qp_reset(q->bk))
 		return -1;
 	q->bk_state = IBV_QPS_RESET;
-	if (shift_qp_to_init(q->bk, &app, bk_port(q)))
+	if (shift_qp_to_init(q->bk, &app, bk_port(r, q)))
 		return -1;
 	q->bk_state = IBV_QPS_INIT;
 	if (ibv_post_recv(q->bk, &rwr, &bad))

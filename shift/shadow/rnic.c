@@ -78,6 +78,77 @@ static void rnic_unprotected(struct shift_rnic *r, const char *why)
 	shift_warn("%s: running unprotected: %s", r->name, why);
 }
 
+/* Every port of ctx (link layer, ACTIVE) into c. */
+static void backup_describe(struct ibv_context *ctx, struct shift_backup_cand *c)
+{
+	struct ibv_device_attr da;
+	int n = 1;
+
+	if (!shift_lower->query_device(ctx, &da) && da.phys_port_cnt > 0)
+		n = da.phys_port_cnt;
+	if (n > SHIFT_BACKUP_MAX_PORTS)
+		n = SHIFT_BACKUP_MAX_PORTS;
+	for (int p = 0; p < n; p++) {
+		struct ibv_port_attr pa;
+
+		if (shift_lower->query_port(ctx, (uint8_t)(p + 1), &pa))
+			continue;
+		c->port[p].link_layer = pa.link_layer;
+		c->port[p].active = pa.state == IBV_PORT_ACTIVE;
+	}
+	c->nports = n;
+}
+
+/* The candidates for backup_pick: name, NUMA node and ports of each
+ * device (with an explicit map, only the default and its mapped backup are
+ * opened). */
+static void backup_cands(struct shift_rnic *r, struct ibv_device **list, int n,
+			 struct shift_backup_cand *c)
+{
+	char want[64] = "";
+
+	if (shift_config.backup[0] &&
+	    shift_backup_parse_map(shift_config.backup, r->name, want, sizeof(want)))
+		want[0] = '\0';
+	for (int i = 0; i < n; i++) {
+		const char *name = shift_lower->get_device_name(list[i]);
+		struct ibv_context *ctx;
+
+		snprintf(c[i].name, sizeof(c[i].name), "%s", name ? name : "");
+		c[i].numa = shift_backup_numa(list[i]->ibdev_path);
+		if (!strcmp(c[i].name, r->name)) {
+			backup_describe(r->sctx->ibctx, &c[i]);
+			continue;
+		}
+		if (shift_config.backup[0] && strcmp(c[i].name, want))
+			continue; /* explicit map: no need to probe every device */
+		ctx = shift_lower->open_device(list[i]);
+		if (!ctx)
+			continue;
+		backup_describe(ctx, &c[i]);
+		shift_lower->close_device(ctx);
+	}
+}
+
+/* r->bk_port[p]: the backup's port for the default's port p. */
+static void backup_ports(struct shift_rnic *r, const struct shift_backup_cand *c, int n)
+{
+	const struct shift_backup_cand *me = NULL, *bk = NULL;
+
+	for (int i = 0; i < n; i++) {
+		if (!strcmp(c[i].name, r->name))
+			me = &c[i];
+		else if (!strcmp(c[i].name, r->bk_name))
+			bk = &c[i];
+	}
+	for (int p = 1; p <= SHIFT_BACKUP_MAX_PORTS; p++) {
+		r->bk_port[p] = me && bk ? shift_backup_port(me, bk, (uint8_t)p) : (uint8_t)p;
+		if (me && bk && p <= me->nports && r->bk_port[p] != p)
+			shift_info("%s: port %d backs up to %s port %u", r->name, p, r->bk_name,
+				   r->bk_port[p]);
+	}
+}
+
 static void backup_open(struct shift_rnic *r)
 {
 	struct ibv_device **list;
@@ -97,30 +168,11 @@ static void backup_open(struct shift_rnic *r)
 		rnic_unprotected(r, "out of memory");
 		return;
 	}
-	for (int i = 0; i < n; i++) {
-		const char *name = shift_lower->get_device_name(list[i]);
-		struct ibv_port_attr pa;
-
-		snprintf(c[i].name, sizeof(c[i].name), "%s", name ? name : "");
-		if (!strcmp(c[i].name, r->name)) {
-			if (!shift_lower->query_port(r->sctx->ibctx, 1, &pa))
-				c[i].link_layer = pa.link_layer;
-			c[i].active = true;
-			continue;
-		}
-		if (shift_config.backup[0])
-			continue; /* explicit map: no need to probe every device */
-		struct ibv_context *ctx = shift_lower->open_device(list[i]);
-		if (!ctx)
-			continue;
-		if (!shift_lower->query_port(ctx, 1, &pa)) {
-			c[i].link_layer = pa.link_layer;
-			c[i].active = pa.state == IBV_PORT_ACTIVE;
-		}
-		shift_lower->close_device(ctx);
-	}
+	backup_cands(r, list, n, c);
 	rc = shift_backup_pick(c, n, r->name, shift_config.backup, r->bk_name,
 			       sizeof(r->bk_name));
+	if (!rc)
+		backup_ports(r, c, n);
 	free(c);
 	if (rc) {
 		r->bk_name[0] = '\0';

@@ -21,6 +21,7 @@
 #include <stdint.h>
 #include <infiniband/verbs.h>
 
+#include "shift/shadow/backup.h"
 #include "shift/shadow/exchange.h"
 
 struct shift_ctx;
@@ -132,6 +133,8 @@ struct shift_rnic {
 	char bk_name[64];         /* backup device name, "" if none */
 	struct ibv_context *bk_ctx;
 	int bk_max_cqe;           /* the backup NIC's largest CQ (0: unknown) */
+	uint8_t bk_port[SHIFT_BACKUP_MAX_PORTS + 1]; /* default port -> backup port
+				   (backup.c; set once before bk_ctx is used) */
 
 	pthread_t thread;
 	bool thread_started;
@@ -159,5 +162,11 @@ struct shift_rnic {
 	bool unprotected;         /* (L) whole RNIC runs unprotected */
 	const char *why;          /* (L) */
 };
+
+/* The backup NIC's port for the default's port p (shift_backup_port). */
+static inline uint8_t shift_rnic_bk_port(const struct shift_rnic *r, uint8_t p)
+{
+	return p >= 1 && p <= SHIFT_BACKUP_MAX_PORTS && r->bk_port[p] ? r->bk_port[p] : p;
+}
 
 #endif /* SHIFT_SHADOW_TYPES_H */

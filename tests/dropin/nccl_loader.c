@@ -4,6 +4,8 @@
  * must resolve, and resolve inside the SHIFT library (dladdr says which
  * object holds the address).
  * Usage: nccl_loader <path of the drop-in's libibverbs.so>
+ *        nccl_loader <name to dlopen> <path of the drop-in>   (NCCL's own
+ *        dlopen("libibverbs.so") under LD_PRELOAD: must reach the drop-in)
  */
 #include <dlfcn.h>
 #include <limits.h>
@@ -48,8 +50,8 @@ int main(int argc, char **argv)
 	char want[PATH_MAX], got[PATH_MAX];
 	int bad = 0;
 
-	if (argc != 2) {
-		fprintf(stderr, "usage: %s <drop-in libibverbs.so>\n", argv[0]);
+	if (argc != 2 && argc != 3) {
+		fprintf(stderr, "usage: %s <drop-in libibverbs.so> | <name> <drop-in>\n", argv[0]);
 		return 2;
 	}
 	void *h = dlopen(argv[1], RTLD_NOW);
@@ -57,7 +59,7 @@ int main(int argc, char **argv)
 		fprintf(stderr, "dlopen %s: %s\n", argv[1], dlerror());
 		return 1;
 	}
-	if (!realpath(argv[1], want)) {
+	if (!realpath(argv[argc - 1], want)) {
 		perror("realpath");
 		return 1;
 	}

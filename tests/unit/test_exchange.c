@@ -79,10 +79,14 @@ static void test_mr(void **state)
 static void test_backup_pick(void **state)
 {
 	struct shift_backup_cand c[] = {
-		{ "rxe1", IBV_LINK_LAYER_ETHERNET, true },
-		{ "rxe0", IBV_LINK_LAYER_ETHERNET, true },
-		{ "mlx5_0", IBV_LINK_LAYER_INFINIBAND, true },
-		{ "rxe2", IBV_LINK_LAYER_ETHERNET, false },
+		{ .name = "rxe1", .numa = -1, .nports = 1,
+		  .port = { { IBV_LINK_LAYER_ETHERNET, true } } },
+		{ .name = "rxe0", .numa = -1, .nports = 1,
+		  .port = { { IBV_LINK_LAYER_ETHERNET, true } } },
+		{ .name = "mlx5_0", .numa = -1, .nports = 1,
+		  .port = { { IBV_LINK_LAYER_INFINIBAND, true } } },
+		{ .name = "rxe2", .numa = -1, .nports = 1,
+		  .port = { { IBV_LINK_LAYER_ETHERNET, false } } },
 	};
 	char out[64];
 	(void)state;
