@@ -192,8 +192,8 @@ int shift_kv_open(const char *url, const char *ns,
 	strcpy(h->ns, ns); /* length checked above */
 	h->prefix_len = (size_t)snprintf(h->prefix, sizeof(h->prefix),
 					 "shift:%s:", ns);
-	h->be = h->url.scheme == SHIFT_KV_SCHEME_REDIS ? &kv_backend_redis
-						       : &kv_backend_mem;
+	h->be = h->url.scheme == SHIFT_KV_SCHEME_MEM ? &kv_backend_mem
+						     : &kv_backend_redis;
 	if (pthread_mutex_init(&h->lock, NULL)) {
 		free(h);
 		return kv_err(-ENOMEM, "kv: mutex init failed");

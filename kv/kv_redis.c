@@ -40,6 +40,7 @@
 #include "kv/kv.h"
 #include "kv/kv_backend.h"
 #include "kv/kv_redis_io.h"
+#include "kv/kv_redis_sentinel.h"
 #include "shift/base/log.h"
 
 struct kv_redis {
@@ -50,6 +51,10 @@ struct kv_redis {
 	uint64_t big_quiet;    /* refusals not logged since that line */
 	char last_err[160];    /* why the last connection attempt/context died */
 	char where[300];       /* "redis://[user@]host:port/db" without password */
+	/* redis-sentinel:// only: the sentinel to ask first, and the primary
+	 * they named last (port 0: none yet) */
+	int sent_next;
+	struct shift_kv_addr primary;
 };
 
 /* The keys a command reads, to name the one whose reply was refused. */
@@ -199,6 +204,13 @@ static int kv_redis_reply_err(struct kv_redis *r, redisReply *rep,
 {
 	int rc = -EPROTO;
 
+	/* a write to a server that became a replica (its primary failed
+	 * over): drop the context, the next command finds the new primary */
+	if (rep->type == REDIS_REPLY_ERROR && !strncmp(rep->str, "READONLY", 8)) {
+		kv_redis_drop(r);
+		rc = -ENOTCONN;
+	}
+
 	if (rep->type == REDIS_REPLY_ERROR &&
 	    (!strncmp(rep->str, "NOAUTH", 6) || !strncmp(rep->str, "WRONGPASS", 9) ||
 	     !strncmp(rep->str, "NOPERM", 6)))
@@ -221,6 +233,46 @@ static int kv_redis_setup_failed(shift_kv *h, struct kv_redis *r, int rc)
 	return rc;
 }
 
+/* redis-sentinel://: set r->primary from the sentinels; a primary other
+ * than the last one is logged (once per change). */
+static int kv_redis_ask_sentinels(shift_kv *h, struct kv_redis *r,
+				  uint64_t deadline)
+{
+	struct shift_kv_addr a;
+	char why[400];
+
+	if (kv_sentinel_primary(h, &r->sent_next, deadline, &a, why, sizeof(why))) {
+		char w[160];
+
+		snprintf(w, sizeof(w), "no sentinel named the primary of '%s'",
+			 h->url.master);
+		kv_redis_fail(h, r, w);
+		return kv_err(-ENOTCONN, "%s: %s (%.300s)", r->where, w, why);
+	}
+	if (r->primary.port && (a.port != r->primary.port ||
+				strcmp(a.host, r->primary.host)))
+		shift_info("kv: %s: the primary of '%s' is now %s:%d (was %s:%d)",
+			   r->where, h->url.master, a.host, a.port,
+			   r->primary.host, r->primary.port);
+	r->primary = a;
+	return 0;
+}
+
+/* redis-sentinel://: the server the sentinels named must say it is the
+ * primary (during a failover a sentinel may still name the old one). */
+static int kv_redis_check_primary(shift_kv *h, struct kv_redis *r,
+				  uint64_t deadline)
+{
+	char why[200], w[480];
+	int rc = kv_sentinel_check_role(r->c, deadline, why, sizeof(why));
+
+	if (!rc)
+		return 0;
+	snprintf(w, sizeof(w), "%.256s:%d %.200s", r->primary.host, r->primary.port, why);
+	kv_redis_fail(h, r, w);
+	return kv_err(-ENOTCONN, "%s: %s", r->where, w);
+}
+
 /* Make sure r->c is a connected, authenticated context on the right db,
  * all before the deadline. */
 static int kv_redis_connect(shift_kv *h, struct kv_redis *r, uint64_t deadline)
@@ -240,7 +292,19 @@ static int kv_redis_connect(shift_kv *h, struct kv_redis *r, uint64_t deadline)
 		return kv_err(-ENOTCONN, "%s: no time left to connect", r->where);
 	if (left < to)
 		to = left;
-	r->c = redisConnectWithTimeout(h->url.host, h->url.port, kv_tv(to));
+	const char *host = h->url.host;
+	int port = h->url.port;
+
+	if (h->url.scheme == SHIFT_KV_SCHEME_SENTINEL) {
+		rc = kv_redis_ask_sentinels(h, r, deadline);
+		if (rc)
+			return rc;
+		host = r->primary.host;
+		port = r->primary.port;
+		left = kv_ms_left(deadline);
+		to = left < to ? left : to;
+	}
+	r->c = redisConnectWithTimeout(host, port, kv_tv(to > 0 ? to : 1));
 	if (!r->c || r->c->err || kv_rio_nonblock(r->c)) {
 		char why[160];
 
@@ -287,6 +351,8 @@ static int kv_redis_connect(shift_kv *h, struct kv_redis *r, uint64_t deadline)
 		}
 		freeReplyObject(rep);
 	}
+	if (h->url.scheme == SHIFT_KV_SCHEME_SENTINEL)
+		return kv_redis_check_primary(h, r, deadline);
 	return 0;
 }
 
@@ -299,6 +365,25 @@ static void kv_redis_ok(struct kv_redis *r)
 
 /* ---- backend operations ---- */
 
+/* "redis-sentinel://[user@]s1:p1,s2:p2/master/db" (no password). */
+static void kv_redis_sentinel_where(const shift_kv *h, struct kv_redis *r)
+{
+	size_t cap = sizeof(r->where), n;
+
+	n = (size_t)snprintf(r->where, cap, "redis-sentinel://%s%s", h->url.user,
+			     h->url.user[0] ? "@" : "");
+	for (int i = 0; i < h->url.nsentinels && n < cap; i++) {
+		const struct shift_kv_addr *a = &h->url.sentinel[i];
+		bool v6 = strchr(a->host, ':') != NULL;
+		int w = snprintf(r->where + n, cap - n, "%s%s%s%s:%d", i ? "," : "",
+				 v6 ? "[" : "", a->host, v6 ? "]" : "", a->port);
+
+		n += w > 0 ? (size_t)w : 0;
+	}
+	if (n < cap)
+		snprintf(r->where + n, cap - n, "/%s/%d", h->url.master, h->url.db);
+}
+
 static int kv_redis_open(shift_kv *h)
 {
 	struct kv_redis *r = calloc(1, sizeof(*r));
@@ -307,10 +392,15 @@ static int kv_redis_open(shift_kv *h)
 
 	if (!r)
 		return kv_err(-ENOMEM, "kv redis: out of memory");
-	fmt = strchr(h->url.host, ':') ? "redis://%s%s[%s]:%d/%d"
-				       : "redis://%s%s%s:%d/%d";
-	snprintf(r->where, sizeof(r->where), fmt, h->url.user,
-		 h->url.user[0] ? "@" : "", h->url.host, h->url.port, h->url.db);
+	if (h->url.scheme == SHIFT_KV_SCHEME_SENTINEL) {
+		kv_redis_sentinel_where(h, r);
+	} else {
+		fmt = strchr(h->url.host, ':') ? "redis://%s%s[%s]:%d/%d"
+					       : "redis://%s%s%s:%d/%d";
+		snprintf(r->where, sizeof(r->where), fmt, h->url.user,
+			 h->url.user[0] ? "@" : "", h->url.host, h->url.port,
+			 h->url.db);
+	}
 	snprintf(r->last_err, sizeof(r->last_err), "not connected yet");
 	h->priv = r;
 	if (h->opts.lazy_connect)

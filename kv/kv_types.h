@@ -16,6 +16,8 @@
 #define SHIFT_KV_URL_MAX 1024
 #define SHIFT_KV_MEM_NAME_MAX 64  /* mem://NAME: 1..64 of [A-Za-z0-9_.-] */
 #define SHIFT_KV_MGET_MAX 256     /* most keys one shift_kv_mget() takes */
+#define SHIFT_KV_SENTINELS_MAX 8  /* redis-sentinel://: most sentinel addresses */
+#define SHIFT_KV_MASTER_MAX 64    /* redis-sentinel://: master name, [A-Za-z0-9_.-] */
 
 typedef struct shift_kv shift_kv;
 
@@ -36,7 +38,19 @@ struct shift_kv_options {
 	size_t max_reply;
 };
 
-enum shift_kv_scheme { SHIFT_KV_SCHEME_REDIS = 1, SHIFT_KV_SCHEME_MEM = 2 };
+enum shift_kv_scheme {
+	SHIFT_KV_SCHEME_REDIS = 1,
+	SHIFT_KV_SCHEME_MEM = 2,
+	/* Redis behind Sentinel: the primary is asked of the sentinels at
+	 * every (re)connect (kv_redis_sentinel.c) */
+	SHIFT_KV_SCHEME_SENTINEL = 3,
+};
+
+/* One sentinel's address. */
+struct shift_kv_addr {
+	char host[256]; /* hostname or IP (IPv6 without brackets) */
+	int port;
+};
 
 /* A parsed URL.  user/password are empty when absent; password is never
  * printed by this library. */
@@ -48,6 +62,11 @@ struct shift_kv_url {
 	int port;         /* redis: 1..65535 (6379 when omitted) */
 	int db;           /* redis: 0..65535 (0 when omitted) */
 	char name[SHIFT_KV_MEM_NAME_MAX + 1]; /* mem: store name */
+	/* sentinel: the sentinels, in the URL's order, and the master name
+	 * they monitor; host/port above are unused */
+	int nsentinels;
+	struct shift_kv_addr sentinel[SHIFT_KV_SENTINELS_MAX];
+	char master[SHIFT_KV_MASTER_MAX + 1];
 };
 
 #endif /* SHIFT_KV_TYPES_H */

@@ -2,6 +2,9 @@
  * kv/kv_url.c - strict parsing of kv store URLs and namespaces.
  *
  *   redis://[user:password@]host[:port][/db]   (also redis://:password@...)
+ *   redis-sentinel://[user:password@]s1[:port][,s2[:port]...]/MASTER[/db]
+ *       (sentinel port 26379 when omitted; at most SHIFT_KV_SENTINELS_MAX;
+ *       the credentials are the primary's)
  *   mem://NAME
  *
  * Anything not matching exactly (unknown scheme, stray characters, query
@@ -197,37 +200,110 @@ static int kv_parse_name_host(const char *hp, const char *hend,
 	return 0;
 }
 
+/* "host", "host:port", "[IPv6]" or "[IPv6]:port" in hp..hend into u->host
+ * and *port (defport when the port is omitted). */
+static int kv_parse_addr(const char *hp, const char *hend,
+			 struct shift_kv_url *u, int defport, int *port)
+{
+	const char *pp = NULL;
+	int rc;
+
+	if (hp < hend && *hp == '[')
+		rc = kv_parse_ipv6_host(hp, hend, u, &pp);
+	else
+		rc = kv_parse_name_host(hp, hend, u, &pp);
+	if (rc)
+		return rc;
+	*port = defport;
+	if (pp && kv_parse_uint(pp, (size_t)(hend - pp), 1, 65535, port))
+		return kv_err(-EINVAL, "kv URL: port must be 1..65535");
+	return 0;
+}
+
+/* "/db" (s..end, s at the '/', or s == end): the database number. */
+static int kv_parse_db(const char *s, const char *end, struct shift_kv_url *u)
+{
+	u->db = 0;
+	if (s < end && s + 1 < end &&
+	    kv_parse_uint(s + 1, (size_t)(end - s - 1), 0, 65535, &u->db))
+		return kv_err(-EINVAL, "kv URL: database must be a number 0..65535");
+	return 0;
+}
+
 /* The part of a redis URL after "redis://": [userinfo@]host[:port][/db]. */
 static int kv_parse_redis(const char *p, struct shift_kv_url *u)
 {
 	const char *end = p + strlen(p);
-	const char *hp, *slash, *hend, *port = NULL;
+	const char *hp, *slash, *hend;
 	int rc;
 
 	rc = kv_parse_userinfo(p, end, u, &hp);
 	if (rc)
 		return rc;
-
 	slash = strchr(hp, '/');
 	hend = slash ? slash : end;
-	if (hp < hend && *hp == '[')
-		rc = kv_parse_ipv6_host(hp, hend, u, &port);
-	else
-		rc = kv_parse_name_host(hp, hend, u, &port);
+	rc = kv_parse_addr(hp, hend, u, 6379, &u->port);
 	if (rc)
 		return rc;
+	return kv_parse_db(slash ? slash : end, end, u);
+}
 
-	u->port = 6379;
-	if (port && kv_parse_uint(port, (size_t)(hend - port), 1, 65535,
-				  &u->port))
-		return kv_err(-EINVAL, "kv URL: port must be 1..65535");
+/* The sentinels "h1[:p1],h2[:p2],..." in hp..hend into u->sentinel. */
+static int kv_parse_sentinels(const char *hp, const char *hend,
+			      struct shift_kv_url *u)
+{
+	while (hp <= hend) {
+		const char *comma = memchr(hp, ',', (size_t)(hend - hp));
+		const char *ae = comma ? comma : hend;
+		struct shift_kv_addr *a;
+		int rc;
 
-	u->db = 0;
-	if (slash && slash[1] &&
-	    kv_parse_uint(slash + 1, (size_t)(end - slash - 1), 0, 65535,
-			  &u->db))
-		return kv_err(-EINVAL, "kv URL: database must be a number 0..65535");
+		if (u->nsentinels == SHIFT_KV_SENTINELS_MAX)
+			return kv_err(-EINVAL, "kv URL: more than %d sentinels",
+				      SHIFT_KV_SENTINELS_MAX);
+		a = &u->sentinel[u->nsentinels];
+		rc = kv_parse_addr(hp, ae, u, 26379, &a->port);
+		if (rc)
+			return rc;
+		memcpy(a->host, u->host, sizeof(a->host));
+		u->nsentinels++;
+		if (!comma)
+			break;
+		hp = comma + 1;
+	}
+	u->host[0] = '\0';
+	u->port = 0;
 	return 0;
+}
+
+/* After "redis-sentinel://": [userinfo@]s1[:p1][,s2[:p2]...]/master[/db].
+ * The credentials are the primary's (sentinels without a password). */
+static int kv_parse_sentinel(const char *p, struct shift_kv_url *u)
+{
+	const char *end = p + strlen(p);
+	const char *hp, *slash, *mend;
+	int rc;
+
+	rc = kv_parse_userinfo(p, end, u, &hp);
+	if (rc)
+		return rc;
+	slash = strchr(hp, '/');
+	if (!slash)
+		return kv_err(-EINVAL,
+			      "kv URL: redis-sentinel:// needs /MASTER after the sentinels");
+	rc = kv_parse_sentinels(hp, slash, u);
+	if (rc)
+		return rc;
+	mend = strchr(slash + 1, '/');
+	if (!mend)
+		mend = end;
+	if (kv_check_name(slash + 1, (size_t)(mend - slash - 1), SHIFT_KV_MASTER_MAX))
+		return kv_err(-EINVAL,
+			      "kv URL: sentinel master name needs 1..%d of [A-Za-z0-9_.-]",
+			      SHIFT_KV_MASTER_MAX);
+	memcpy(u->master, slash + 1, (size_t)(mend - slash - 1));
+	u->master[mend - slash - 1] = '\0';
+	return kv_parse_db(mend, end, u);
 }
 
 int shift_kv_url_parse(const char *url, struct shift_kv_url *out)
@@ -248,6 +324,9 @@ int shift_kv_url_parse(const char *url, struct shift_kv_url *out)
 	if (!strncmp(url, "redis://", 8)) {
 		u.scheme = SHIFT_KV_SCHEME_REDIS;
 		rc = kv_parse_redis(url + 8, &u);
+	} else if (!strncmp(url, "redis-sentinel://", 17)) {
+		u.scheme = SHIFT_KV_SCHEME_SENTINEL;
+		rc = kv_parse_sentinel(url + 17, &u);
 	} else if (!strncmp(url, "mem://", 6)) {
 		u.scheme = SHIFT_KV_SCHEME_MEM;
 		rc = kv_check_name(url + 6, len - 6, SHIFT_KV_MEM_NAME_MAX);
@@ -259,7 +338,7 @@ int shift_kv_url_parse(const char *url, struct shift_kv_url *out)
 			memcpy(u.name, url + 6, len - 6 + 1);
 	} else {
 		rc = kv_err(-EINVAL,
-			    "kv URL must start with redis:// or mem://");
+			    "kv URL must start with redis://, redis-sentinel:// or mem://");
 	}
 	if (rc)
 		return rc;

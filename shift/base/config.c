@@ -112,7 +112,7 @@ static const struct config_row rows[] = {
 	  "backup NIC map, e.g. rxe0:rxe1,rxe1:rxe0 (default: next active device with the same link layer)",
 	  parse_string, FIELD(backup) },
 	{ "SHIFT_KV_URL", "redis://127.0.0.1:6379",
-	  "where backup attributes are exchanged: redis://[user:password@]host:port[/db] or mem://NAME",
+	  "where backup attributes are exchanged: redis://[user:password@]host:port[/db], redis-sentinel://[user:password@]s1[:port][,s2...]/MASTER[/db] or mem://NAME",
 	  parse_string, FIELD(kv_url) },
 	{ "SHIFT_KV_NAMESPACE", "default",
 	  "job id; every KV key carries it",

@@ -13,3 +13,9 @@ shift_unit_test(test_kv_redis
 shift_unit_test(test_kv_deadline
   SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_kv_deadline.c
   LIBS shift_kv)
+# test_kv_sentinel: redis-sentinel:// against a real primary, replica and
+# sentinel the test starts; the primary is killed and the handle follows the
+# promotion (about 2 s).
+shift_unit_test(test_kv_sentinel
+  SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_kv_sentinel.c ${CMAKE_CURRENT_LIST_DIR}/redis_proc.c
+  LIBS shift_kv)

@@ -110,6 +110,46 @@ static void test_url_good(void **state)
 	assert_string_equal(u.name, "unit_test-1.a");
 }
 
+/* redis-sentinel://: sentinels in order with default port 26379, the
+ * master name, db and the primary's credentials. */
+static void test_url_sentinel(void **state)
+{
+	static const char *bad[] = {
+		"redis-sentinel://h", "redis-sentinel://h/", "redis-sentinel:///m",
+		"redis-sentinel://h,/m", "redis-sentinel://,h/m", "redis-sentinel://h:0/m",
+		"redis-sentinel://h/m!", "redis-sentinel://h/m/x", "redis-sentinel://h/m/1/2",
+		"redis-sentinel://a,b,c,d,e,f,g,h,i/m", "redis-sentinel://h h/m",
+		"redis-sentinel://[::1/m",
+	};
+	struct shift_kv_url u;
+
+	(void)state;
+	assert_int_equal(shift_kv_url_parse("redis-sentinel://u:p%40w@s1,10.0.0.2:5000,"
+					    "[fe80::1]:7/mymaster/3", &u), 0);
+	assert_int_equal(u.scheme, SHIFT_KV_SCHEME_SENTINEL);
+	assert_int_equal(u.nsentinels, 3);
+	assert_string_equal(u.sentinel[0].host, "s1");
+	assert_int_equal(u.sentinel[0].port, 26379);
+	assert_string_equal(u.sentinel[1].host, "10.0.0.2");
+	assert_int_equal(u.sentinel[1].port, 5000);
+	assert_string_equal(u.sentinel[2].host, "fe80::1");
+	assert_int_equal(u.sentinel[2].port, 7);
+	assert_string_equal(u.master, "mymaster");
+	assert_int_equal(u.db, 3);
+	assert_string_equal(u.user, "u");
+	assert_string_equal(u.password, "p@w");
+	assert_int_equal(shift_kv_url_parse("redis-sentinel://a,b,c,d,e,f,g,h/m", &u), 0);
+	assert_int_equal(u.nsentinels, SHIFT_KV_SENTINELS_MAX);
+	assert_int_equal(u.db, 0);
+	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+		int rc = shift_kv_url_parse(bad[i], &u);
+
+		if (rc != -EINVAL)
+			fail_msg("URL '%s' accepted (rc %d)", bad[i], rc);
+		assert_true(strlen(shift_kv_last_error()) > 5);
+	}
+}
+
 static void test_url_bad(void **state)
 {
 	static const char *bad[] = {
@@ -625,6 +665,7 @@ int main(void)
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_url_good),
 		cmocka_unit_test(test_url_bad),
+		cmocka_unit_test(test_url_sentinel),
 		cmocka_unit_test(test_namespace),
 		cmocka_unit_test(test_mem_basic),
 		cmocka_unit_test(test_mem_mget),
