@@ -169,14 +169,29 @@ void shift_dp_fork_child(void (*before)(struct shift_ctx *s));
  * one again: sets s->slow and the context's ops.poll_cq. */
 void shift_ctx_set_slow(struct shift_ctx *s, bool slow);
 
+/*
+ * Lock-free walks of the per-context QPN chains: shift_ctx_add_dqp and
+ * shift_ctx_remove_dqp publish bucket heads and chain links with release
+ * stores under shift_ctx_lock, so every reader that does not hold that lock
+ * (the data path, the background thread) loads them with acquire.
+ */
+static inline struct shift_dqp *shift_dqp_first(struct shift_ctx *s, unsigned i)
+{
+	return __atomic_load_n(&s->dqp[i], __ATOMIC_ACQUIRE);
+}
+
+static inline struct shift_dqp *shift_dqp_next(const struct shift_dqp *d)
+{
+	return __atomic_load_n(&d->next_in_bucket, __ATOMIC_ACQUIRE);
+}
+
 /* The data-path state of an application QP, or NULL (unprotected). */
 static inline struct shift_dqp *shift_dqp_by_qpn(struct shift_ctx *s, uint32_t qpn)
 {
-	struct shift_dqp *d = __atomic_load_n(&s->dqp[qpn & (SHIFT_DQP_BUCKETS - 1)],
-					      __ATOMIC_ACQUIRE);
+	struct shift_dqp *d = shift_dqp_first(s, qpn & (SHIFT_DQP_BUCKETS - 1));
 
 	while (shift_unlikely(d && d->qpn != qpn))
-		d = d->next_in_bucket;
+		d = shift_dqp_next(d);
 	return d;
 }
 

@@ -46,8 +46,8 @@ static void watch_ports(struct shift_ctx *s, uint64_t now_ms)
 	if (limit < shift_config.bg_grace_ms)
 		limit = shift_config.bg_grace_ms;
 	for (int i = 0; i < SHIFT_DQP_BUCKETS; i++) {
-		for (struct shift_dqp *d = __atomic_load_n(&s->dqp[i], __ATOMIC_ACQUIRE); d;
-		     d = d->next_in_bucket) {
+		for (struct shift_dqp *d = shift_dqp_first(s, i); d;
+		     d = shift_dqp_next(d)) {
 			/* (every QP's port is looked at for port_was_down; only
 			 * Default-state QPs fail over here) */
 			bool dflt = d->send_state == SHIFT_SEND_DEFAULT;
@@ -257,8 +257,8 @@ static void fast_again(struct shift_ctx *s, struct shift_cq *head)
 			pthread_mutex_unlock(&c->dp_lock);
 		}
 		for (int i = 0; quiet && i < SHIFT_DQP_BUCKETS; i++)
-			for (struct shift_dqp *d = __atomic_load_n(&s->dqp[i], __ATOMIC_ACQUIRE); d;
-			     d = d->next_in_bucket)
+			for (struct shift_dqp *d = shift_dqp_first(s, i); d;
+			     d = shift_dqp_next(d))
 				if (d->ctrl_pending)
 					quiet = false;
 		if (quiet)
@@ -298,8 +298,8 @@ static void background(struct shift_ctx *s)
 	watch_ports(s, now);
 	fo_poke_read(s, now);
 	for (int i = 0; i < SHIFT_DQP_BUCKETS; i++) {
-		for (struct shift_dqp *d = __atomic_load_n(&s->dqp[i], __ATOMIC_ACQUIRE); d;
-		     d = d->next_in_bucket) {
+		for (struct shift_dqp *d = shift_dqp_first(s, i); d;
+		     d = shift_dqp_next(d)) {
 			if (!d->scq)
 				continue;
 			answer_peer(s, d, now);

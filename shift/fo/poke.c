@@ -58,8 +58,8 @@ void fo_poke_read(struct shift_ctx *s, uint64_t now)
 	s->poke_at = now + shift_config.poke_ms;
 	/* the GIDs: those of the protected QPs (few per context) */
 	for (int i = 0; i < SHIFT_DQP_BUCKETS; i++) {
-		for (struct shift_dqp *d = __atomic_load_n(&s->dqp[i], __ATOMIC_ACQUIRE); d;
-		     d = d->next_in_bucket) {
+		for (struct shift_dqp *d = shift_dqp_first(s, i); d;
+		     d = shift_dqp_next(d)) {
 			if (!d->scq || !d->shadow || poke_slot(s, &d->shadow->my_key.gid) >= 0 ||
 			    s->npoke == SHIFT_POKE_GIDS)
 				continue;
@@ -97,8 +97,8 @@ void fo_poke_read(struct shift_ctx *s, uint64_t now)
 	size_t n = 0;
 
 	for (int i = 0; i < SHIFT_DQP_BUCKETS; i++) {
-		for (struct shift_dqp *d = __atomic_load_n(&s->dqp[i], __ATOMIC_ACQUIRE); d;
-		     d = d->next_in_bucket) {
+		for (struct shift_dqp *d = shift_dqp_first(s, i); d;
+		     d = shift_dqp_next(d)) {
 			int k;
 
 			if (!d->scq || !d->shadow || d->send_state != SHIFT_SEND_DEFAULT ||

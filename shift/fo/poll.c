@@ -69,7 +69,7 @@ static void ctrl_received(struct shift_ctx *s, struct shift_dqp *d, struct ibv_w
 	if (!d) {
 		/* the peer failed over first: find my QP by its backup */
 		for (int i = 0; i < SHIFT_DQP_BUCKETS && !d; i++)
-			for (struct shift_dqp *x = s->dqp[i]; x; x = x->next_in_bucket)
+			for (struct shift_dqp *x = shift_dqp_first(s, i); x; x = shift_dqp_next(x))
 				if (x->shadow && x->shadow->bk && x->shadow->bk->qp_num == wc->qp_num)
 					d = x;
 	}
@@ -310,7 +310,7 @@ int shift_poll_slow(struct shift_ctx *s, struct ibv_cq *cq, int num_entries,
 	fo_srq_deliver_all(s, &o);
 	/* peers' handshake messages noticed by the background thread */
 	for (int i = 0; i < SHIFT_DQP_BUCKETS; i++)
-		for (struct shift_dqp *d = s->dqp[i]; d; d = d->next_in_bucket)
+		for (struct shift_dqp *d = shift_dqp_first(s, i); d; d = shift_dqp_next(d))
 			if (d->ctrl_pending && (d->scq == c || d->rcq == c))
 				fo_on_ctrl(s, d, &o);
 	while (o.n < o.max && c->kept_tail != c->kept_head)

@@ -74,7 +74,7 @@ bool fo_srq_can_move(struct shift_ctx *s, struct shift_dqp *d)
 	if (shift_dsrq_unprotected(q))
 		return false;
 	for (int i = 0; i < SHIFT_DQP_BUCKETS; i++) {
-		for (struct shift_dqp *x = s->dqp[i]; x; x = x->next_in_bucket) {
+		for (struct shift_dqp *x = shift_dqp_first(s, i); x; x = shift_dqp_next(x)) {
 			if (x == d || x->dsrq != q)
 				continue;
 			if (x->send_state == SHIFT_SEND_UNPROTECTED) {
@@ -111,7 +111,7 @@ void fo_srq_move(struct shift_ctx *s, struct shift_dqp *d)
 	__atomic_store_n(&q->moved, true, __ATOMIC_RELEASE);
 	shift_dsrq_unlock(q);
 	for (int i = 0; i < SHIFT_DQP_BUCKETS; i++) {
-		for (struct shift_dqp *x = s->dqp[i]; x; x = x->next_in_bucket) {
+		for (struct shift_dqp *x = shift_dqp_first(s, i); x; x = shift_dqp_next(x)) {
 			if (x != d && x->dsrq == q && x->send_state == SHIFT_SEND_UNPROTECTED &&
 			    x->failovers && !reads_nothing(x->qp)) {
 				/* (its connection failed: its default QP, reset for

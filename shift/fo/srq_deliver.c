@@ -284,7 +284,7 @@ void fo_srq_deliver_all(struct shift_ctx *s, struct out *o)
 	 * whose receives came back another way, its connection failed, lets
 	 * what it held go) */
 	for (int i = 0; i < SHIFT_DQP_BUCKETS; i++) {
-		for (struct shift_dqp *d = s->dqp[i]; d; d = d->next_in_bucket) {
+		for (struct shift_dqp *d = shift_dqp_first(s, i); d; d = shift_dqp_next(d)) {
 			struct bounce *b = d->fo_bounce;
 
 			if (b && b->held_head && d->recv_state == SHIFT_RECV_DEFAULT)
