@@ -6,3 +6,5 @@ add_test(NAME pkg_shift_run
 set_tests_properties(pkg_shift_run PROPERTIES LABELS unit TIMEOUT 60)
 add_test(NAME pkg_deb COMMAND ${CMAKE_SOURCE_DIR}/tests/pkg/deb.sh ${CMAKE_SOURCE_DIR})
 set_tests_properties(pkg_deb PROPERTIES LABELS pkg TIMEOUT 900)
+add_test(NAME pkg_rpm COMMAND ${CMAKE_SOURCE_DIR}/tests/pkg/rpm.sh ${CMAKE_SOURCE_DIR})
+set_tests_properties(pkg_rpm PROPERTIES LABELS pkg TIMEOUT 900)
