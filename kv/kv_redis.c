@@ -86,8 +86,9 @@ static void kv_redis_fail(shift_kv *h, struct kv_redis *r, const char *why)
 {
 	uint64_t now = kv_now_ns();
 
+	/* cut to the buffer on purpose: the precision says so to the compiler */
 	if (why)
-		snprintf(r->last_err, sizeof(r->last_err), "%s", why);
+		snprintf(r->last_err, sizeof(r->last_err), "%.*s", (int)sizeof(r->last_err) - 1, why);
 	kv_redis_drop(r);
 	if (r->backoff_ms == 0) {
 		/* it was working: one immediate retry is fine */

@@ -18,6 +18,7 @@
  */
 #include "libibverbs/dropin.h"
 #include "shift/base/config.h"
+#include "shift/base/version.h"
 #include "shift/base/log.h"
 #include "shift/base/lower.h"
 #include "shift/shift.h"
@@ -196,7 +197,7 @@ static void dropin_init_once(void)
 			   missing, path);
 
 	fill_lower(path);
-	shift_info("SHIFT %s over %s", shift_config.enable ? "enabled" : "disabled (pass-through)",
+	shift_info("SHIFT " SHIFT_VERSION " %s over %s", shift_config.enable ? "enabled" : "disabled (pass-through)",
 		   path);
 }
 

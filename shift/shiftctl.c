@@ -1,11 +1,15 @@
 /*
  * shiftctl: look at SHIFT from outside the application.
+ *   shiftctl --version       SHIFT's version
+ *   shiftctl check           KV store reachable, backup NICs present
  *   shiftctl config          every SHIFT_* knob, its value here and its doc
  *   shiftctl status [DIR]    per process, each default QP and its backup QP
  *                            (from the status files SHIFT's threads write in
  *                            $SHIFT_STATUS_DIR, default /tmp/shift)
  */
 #include "shift/base/config.h"
+#include "shift/base/version.h"
+#include "shift/check.h"
 
 #include <dirent.h>
 #include <signal.h>
@@ -20,7 +24,7 @@ static int errno_is_esrch(void) { return errno == ESRCH; }
 
 static int usage(void)
 {
-	fprintf(stderr, "usage: shiftctl config | status [DIR]\n");
+	fprintf(stderr, "usage: shiftctl --version | check | config | status [DIR]\n");
 	return 2;
 }
 
@@ -88,11 +92,17 @@ int main(int argc, char **argv)
 {
 	if (argc < 2)
 		return usage();
+	if (!strcmp(argv[1], "--version")) {
+		printf("shiftctl (SHIFT) %s\n", SHIFT_VERSION);
+		return 0;
+	}
 	shift_config_load(NULL);
 	if (!strcmp(argv[1], "config")) {
 		shift_config_print(stdout);
 		return 0;
 	}
+	if (!strcmp(argv[1], "check"))
+		return shiftctl_check();
 	if (!strcmp(argv[1], "status"))
 		return status(argc > 2 ? argv[2] : shift_config.status_dir);
 	return usage();

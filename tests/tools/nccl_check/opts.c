@@ -157,7 +157,7 @@ int nc_opts_parse(struct nc_opts *o, int argc, char **argv, char *err,
 		.timeout = 14, .inject_at = UINT64_MAX,
 	};
 	int inject_at_set = 0;
-	unsigned long v;
+	unsigned long v = 0;
 	int c, li;
 
 	optind = 0; /* full reset of getopt state */
