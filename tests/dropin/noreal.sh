@@ -46,25 +46,25 @@ SHIFT_LOG_LEVEL=info LD_LIBRARY_PATH=$nodefault $run "$prog" >"$tmp/out" 2>"$tmp
 rc=$?
 grep -v '^shift:' "$tmp/err" >>"$tmp/out"
 if [ "$rc" -ne "$plain" ] || ! cmp -s "$tmp/plain" "$tmp/out" ||
-   ! grep -q "SHIFT enabled over /.*libibverbs.so" "$tmp/err"; then
+   ! grep -q "SHIFT [0-9.]* *enabled over /.*libibverbs.so" "$tmp/err"; then
 	echo "FAIL: search without the build-time path: exit $rc (plain $plain):"
 	cat "$tmp/plain" "$tmp/out" "$tmp/err"
 	fail=1
 else
-	echo "ok: search: $(grep -o 'SHIFT enabled over .*' "$tmp/err")"
+	echo "ok: search: $(grep -o 'SHIFT [0-9.]* *enabled over .*' "$tmp/err")"
 fi
 # SHIFT_REAL_LIBIBVERBS at the drop-in itself: one error line, then the search
 SHIFT_REAL_LIBIBVERBS=$dropin/libibverbs.so.1 SHIFT_LOG_LEVEL=info LD_LIBRARY_PATH=$dropin \
 	$run "$prog" >"$tmp/out" 2>"$tmp/err"
 rc=$?
 if [ "$rc" -ne "$plain" ] || ! grep -q "is SHIFT itself; searching instead" "$tmp/err" ||
-   ! grep -q "SHIFT enabled over /.*libibverbs.so" "$tmp/err" ||
-   grep "SHIFT enabled over" "$tmp/err" | grep -q "$dropin"; then
+   ! grep -q "SHIFT [0-9.]* *enabled over /.*libibverbs.so" "$tmp/err" ||
+   grep "SHIFT [0-9.]* *enabled over" "$tmp/err" | grep -q "$dropin"; then
 	echo "FAIL: SHIFT_REAL_LIBIBVERBS at the drop-in: exit $rc (plain $plain):"
 	cat "$tmp/err"
 	fail=1
 else
-	echo "ok: itself: $(grep -o 'SHIFT enabled over .*' "$tmp/err")"
+	echo "ok: itself: $(grep -o 'SHIFT [0-9.]* *enabled over .*' "$tmp/err")"
 fi
 
 # the package's diverted library is taken first
@@ -74,12 +74,12 @@ if [ -n "$pkg" ]; then
 	SHIFT_LOG_LEVEL=info LD_LIBRARY_PATH=$pkg $run "$prog" >"$tmp/out" 2>"$tmp/err"
 	rc=$?
 	if [ "$rc" -ne 0 ] ||
-	   ! grep -q "SHIFT enabled over $pkglib/shift/real/libibverbs.so.1" "$tmp/err"; then
+	   ! grep -q "SHIFT [0-9.]* *enabled over $pkglib/shift/real/libibverbs.so.1" "$tmp/err"; then
 		echo "FAIL: <libdir>/shift/real not taken first: exit $rc:"
 		cat "$tmp/out" "$tmp/err"
 		fail=1
 	else
-		echo "ok: package path: $(grep -o 'SHIFT enabled over .*' "$tmp/err"): $(cat "$tmp/out")"
+		echo "ok: package path: $(grep -o 'SHIFT [0-9.]* *enabled over .*' "$tmp/err"): $(cat "$tmp/out")"
 	fi
 	# a symbol the real library lacks: exit 127 with the message, as the
 	# dynamic linker would end it, not a signal
