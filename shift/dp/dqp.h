@@ -513,15 +513,18 @@ static inline bool shift_dqp_rq_free(struct shift_dqp *d)
 	return d->rq_head < __atomic_load_n(&d->rq_tail, __ATOMIC_RELAXED) + d->rq_size;
 }
 
-/* Mirror a one-SGE receive WR at rq_head (post_lock held, shift_dqp_rq_room()). */
-static inline void shift_dqp_record_recv_one(struct shift_dqp *d, const struct ibv_recv_wr *wr)
+/* Mirror a receive WR of n (0 or 1, a constant at the call) SGEs at
+ * rq_head (post_lock held, shift_dqp_rq_room()). */
+static inline __attribute__((always_inline)) void
+shift_dqp_record_recv_one(struct shift_dqp *d, const struct ibv_recv_wr *wr, unsigned n)
 {
 	uint64_t h = d->rq_head;
 	struct shift_rwqe *e = shift_dqp_rwqe(d, h);
 
 	e->wr_id = wr->wr_id;
-	e->num_sge = 1;
-	e->sge[0] = wr->sg_list[0];
+	e->num_sge = n;
+	if (n)
+		e->sge[0] = wr->sg_list[0];
 	d->rq_head = h + 1;
 }
 

@@ -195,6 +195,30 @@ __attribute__((hot)) int shift_dp_post_send(struct ibv_qp *qp, struct ibv_send_w
 	return shift_post_send(qp, wr, bad_wr);
 }
 
+/* One receive WR of n (0 or 1, a constant at the call) SGEs, Default state:
+ * mirror it inline under post_lock, else the general path. */
+static inline __attribute__((always_inline)) int
+post_recv_fast(struct shift_dqp *d, struct ibv_qp *qp, struct ibv_recv_wr *wr,
+	       struct ibv_recv_wr **bad_wr, unsigned n)
+{
+	shift_dqp_lock(d);
+	/* (rq_room fails unless both states are Default) */
+	if (shift_likely(shift_dqp_rq_room(d))) {
+		int rc;
+
+		shift_dqp_record_recv_one(d, wr, n);
+		rc = d->prov_post_recv(qp, wr, bad_wr);
+		if (shift_unlikely(rc))
+			return post_recv_refused(d, rc);
+		/* (rc is 0 here: returned as is, not made again) */
+		__asm__("" : "+r"(rc));
+		shift_dqp_unlock(d);
+		return rc;
+	}
+	shift_dqp_unlock(d);
+	return shift_post_recv(qp, wr, bad_wr);
+}
+
 __attribute__((hot)) int shift_dp_post_recv(struct ibv_qp *qp, struct ibv_recv_wr *wr,
 						     struct ibv_recv_wr **bad_wr)
 {
@@ -206,22 +230,12 @@ __attribute__((hot)) int shift_dp_post_recv(struct ibv_qp *qp, struct ibv_recv_w
 			return unprotected_post_recv(qp, wr, bad_wr);
 		d = __atomic_load_n(&d->next_by_qp, __ATOMIC_ACQUIRE);
 	}
-	if (shift_likely(!wr->next && wr->num_sge == 1)) {
-		shift_dqp_lock(d);
-		/* (rq_room fails unless both states are Default) */
-		if (shift_likely(shift_dqp_rq_room(d))) {
-			int rc;
-
-			shift_dqp_record_recv_one(d, wr);
-			rc = d->prov_post_recv(qp, wr, bad_wr);
-			if (shift_unlikely(rc))
-				return post_recv_refused(d, rc);
-			/* (rc is 0 here: returned as is, not made again) */
-			__asm__("" : "+r"(rc));
-			shift_dqp_unlock(d);
-			return rc;
-		}
-		shift_dqp_unlock(d);
+	if (shift_likely(!wr->next)) {
+		if (shift_likely(wr->num_sge == 1))
+			return post_recv_fast(d, qp, wr, bad_wr, 1);
+		/* NCCL posts 0-SGE receives (for RDMA write with immediate) */
+		if (wr->num_sge == 0)
+			return post_recv_fast(d, qp, wr, bad_wr, 0);
 	}
 	return shift_post_recv(qp, wr, bad_wr);
 }

@@ -4,8 +4,11 @@
 # RNIC: per ibv_post_send (one SGE), ibv_post_recv (one SGE) and ibv_poll_cq
 # (returning one completion), and for the extended verbs per one-WR
 # ibv_wr_start .. ibv_wr_complete batch (expost) and per ibv_start_poll ..
-# ibv_end_poll session returning one completion (expoll). With --check,
-# fail if a budget is exceeded;
+# ibv_end_poll session returning one completion (expoll). NCCL's shapes
+# (issue #21): recv0 (post_recv with num_sge = 0), chainN (one post_send of
+# N WRs; counts are per WR), inline32 (32-byte inline send; the copy is in
+# plain's count too), pollN (ibv_poll_cq(cq, 4, wc) returning N; per call).
+# With --check, fail if a budget (issue #21's) is exceeded;
 # with --ceiling, fail if a count exceeds its regression ceiling (what main
 # measures, plus 2: the counts are repeatable, so a change that adds work
 # to the Default path shows here, in ctest, not in a timed test).
@@ -16,30 +19,55 @@ check=${2:-}
 n=2000
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-budget_send=40 budget_recv=25 budget_poll=15 budget_expost=125 budget_expoll=80
-ceiling_send=51 ceiling_recv=38 ceiling_poll=17 ceiling_expost=119 ceiling_expoll=78
 status=0
-printf '%-6s %12s %12s %10s %8s %8s\n' verb plain/call shift/call added budget ceiling
-for op in send recv poll expost expoll; do
-	for mode in plain shift; do
-		valgrind --tool=callgrind --collect-atstart=no --callgrind-out-file="$tmp/$op.$mode" \
-			"$bin" --$mode $op $n >/dev/null 2>"$tmp/$op.$mode.log" ||
-			{ cat "$tmp/$op.$mode.log"; exit 1; }
+
+total() {
+	callgrind_annotate "$1" 2>/dev/null | awk '/PROGRAM TOTALS/ {gsub(",","",$1); print $1}'
+}
+
+# measure PATH_FLAG SHAPES: one table section. PATH_FLAG is the bench
+# option selecting the measured path (--shift: the mirror path); a second
+# path (e.g. a native provider path) adds a section with its own shapes.
+# SHAPES: "op:per:budget:ceiling ..." (per = WRs per call, the divisor).
+measure() {
+	path=$1
+	shift
+	printf '%-9s %12s %12s %10s %8s %8s   (%s)\n' shape plain/unit shift/unit added budget ceiling "$path"
+	for spec in "$@"; do
+		IFS=: read -r op per b c <<-SPEC
+		$spec
+		SPEC
+		for mode in plain shift; do
+			flag=--$mode
+			[ $mode = shift ] && flag=$path
+			valgrind --tool=callgrind --collect-atstart=no \
+				--callgrind-out-file="$tmp/$op.$mode" \
+				"$bin" $flag $op $n >/dev/null 2>"$tmp/$op.$mode.log" ||
+				{ cat "$tmp/$op.$mode.log"; exit 1; }
+		done
+		p=$(total "$tmp/$op.plain")
+		s=$(total "$tmp/$op.shift")
+		d=$((n * per))
+		added=$(awk -v p="$p" -v s="$s" -v d=$d 'BEGIN { printf "%.1f", (s - p) / d }')
+		printf '%-9s %12.1f %12.1f %10s %8s %8s\n' $op \
+			"$(awk -v p="$p" -v d=$d 'BEGIN{print p/d}')" \
+			"$(awk -v s="$s" -v d=$d 'BEGIN{print s/d}')" "$added" "$b" "$c"
+		if [ "$check" = --check ] && awk -v a="$added" -v b="$b" 'BEGIN { exit !(a > b) }'; then
+			echo "FAIL: $op adds $added instructions (budget $b)"
+			status=1
+		fi
+		if [ "$check" = --ceiling ] && awk -v a="$added" -v c="$c" 'BEGIN { exit !(a > c) }'; then
+			echo "FAIL: $op adds $added instructions (regression ceiling $c)"
+			status=1
+		fi
 	done
-	p=$(callgrind_annotate "$tmp/$op.plain" 2>/dev/null | awk '/PROGRAM TOTALS/ {gsub(",","",$1); print $1}')
-	s=$(callgrind_annotate "$tmp/$op.shift" 2>/dev/null | awk '/PROGRAM TOTALS/ {gsub(",","",$1); print $1}')
-	eval b=\$budget_$op
-	eval c=\$ceiling_$op
-	added=$(awk -v p="$p" -v s="$s" -v n=$n 'BEGIN { printf "%.1f", (s - p) / n }')
-	printf '%-6s %12.1f %12.1f %10s %8s %8s\n' $op "$(awk -v p="$p" -v n=$n 'BEGIN{print p/n}')" \
-		"$(awk -v s="$s" -v n=$n 'BEGIN{print s/n}')" "$added" "$b" "$c"
-	if [ "$check" = --check ] && awk -v a="$added" -v b="$b" 'BEGIN { exit !(a > b) }'; then
-		echo "FAIL: $op adds $added instructions (budget $b)"
-		status=1
-	fi
-	if [ "$check" = --ceiling ] && awk -v a="$added" -v c="$c" 'BEGIN { exit !(a > c) }'; then
-		echo "FAIL: $op adds $added instructions (regression ceiling $c)"
-		status=1
-	fi
-done
+}
+
+# Mirror path (Default state). Budgets: issue #21 (poll: 15 per call plus
+# 5 per extra completion); ceilings: main's counts plus 2.
+measure --shift \
+	send:1:40:51 recv:1:28:38 poll:1:15:17 expost:1:125:119 expoll:1:80:78 \
+	recv0:1:28:38 chain2:2:40:93 chain4:4:40:75 \
+	chain8:8:40:65 inline32:1:40:176 \
+	poll2:1:20:80 poll4:1:30:114
 exit $status

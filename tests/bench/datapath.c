@@ -13,7 +13,13 @@
  * expoll one ibv_start_poll .. ibv_end_poll session returning one
  * completion (with its QP number read), on an ibv_create_qp_ex QP and an
  * ibv_create_cq_ex CQ.
- * Usage: shift-bench-datapath --plain|--shift send|recv|poll|expost|expoll [ITERATIONS]
+ * NCCL's shapes: recv0 is a post_recv with num_sge = 0, chainN (N = 2, 4,
+ * 8) one post_send of a chain of N one-SGE WRs (the script divides by N),
+ * inline32 a 32-byte IBV_SEND_INLINE send, pollN (N = 2, 4) one
+ * ibv_poll_cq(cq, 4, wc) call returning N completions.
+ * Usage: shift-bench-datapath --plain|--shift
+ *        send|recv|poll|expost|expoll|recv0|chain2|chain4|chain8|inline32|poll2|poll4
+ *        [ITERATIONS]
  */
 #include <stdbool.h>
 #include <stdio.h>
@@ -38,10 +44,80 @@ int (ibv_query_port)(struct ibv_context *c, uint8_t p, struct _compat_ibv_port_a
 
 #define ACCESS (IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ)
 
+static void drain(struct sim_world *w, struct ibv_cq *cq)
+{
+	struct ibv_wc wc;
+
+	sim_world_run_until_idle(w);
+	while (ibv_poll_cq(cq, 1, &wc) > 0)
+		;
+}
+
+/* One iteration of an NCCL shape (see the header); returns 1 on success. */
+static int nccl_shape(const char *op, long i, struct sim_world *w, struct sim_ep *a,
+		      struct sim_ep *b, struct ibv_send_wr *tmpl)
+{
+	struct ibv_send_wr wrs[8], *bad;
+	struct ibv_recv_wr *rbad;
+	struct ibv_wc wc[4];
+	int rc, n = 1;
+
+	if (!strcmp(op, "recv0")) {
+		struct ibv_recv_wr r = { .wr_id = (uint64_t)i, .num_sge = 0 };
+
+		CALLGRIND_TOGGLE_COLLECT;
+		rc = ibv_post_recv(b->qp, &r, &rbad);
+		CALLGRIND_TOGGLE_COLLECT;
+		if (i % 32 == 31)
+			for (int k = 0; k < 32; k++) {
+				struct ibv_send_wr s = { .opcode = IBV_WR_SEND,
+							 .send_flags = IBV_SEND_SIGNALED };
+
+				ibv_post_send(a->qp, &s, &bad);
+				drain(w, a->cq);
+				drain(w, b->cq);
+			}
+		return rc == 0;
+	}
+	if (!strncmp(op, "chain", 5) || !strcmp(op, "inline32")) {
+		char payload[32] = { 0 };
+		struct ibv_sge isge = { .addr = (uintptr_t)payload, .length = 32 };
+
+		n = op[0] == 'c' ? atoi(op + 5) : 1;
+		if (n < 1 || n > 8)
+			return 0;
+		for (int k = 0; k < n; k++) {
+			wrs[k] = *tmpl;
+			wrs[k].wr_id = (uint64_t)i * 8 + (uint64_t)k;
+			wrs[k].next = k + 1 < n ? &wrs[k + 1] : NULL;
+		}
+		if (op[0] == 'i') {
+			wrs[0].sg_list = &isge;
+			wrs[0].send_flags |= IBV_SEND_INLINE;
+		}
+		CALLGRIND_TOGGLE_COLLECT;
+		rc = ibv_post_send(a->qp, wrs, &bad);
+		CALLGRIND_TOGGLE_COLLECT;
+		drain(w, a->cq);
+		return rc == 0;
+	}
+	if (!strcmp(op, "poll2") || !strcmp(op, "poll4")) {
+		n = op[4] - '0';
+		for (int k = 0; k < n; k++)
+			ibv_post_send(a->qp, tmpl, &bad);
+		sim_world_run_until_idle(w);
+		CALLGRIND_TOGGLE_COLLECT;
+		rc = ibv_poll_cq(a->cq, 4, wc);
+		CALLGRIND_TOGGLE_COLLECT;
+		return rc == n && wc[0].status == IBV_WC_SUCCESS;
+	}
+	return 0;
+}
+
 int main(int argc, char **argv)
 {
 	if (argc < 3) {
-		fprintf(stderr, "usage: %s --plain|--shift send|recv|poll|expost|expoll [ITERATIONS]\n",
+		fprintf(stderr, "usage: %s --plain|--shift send|recv|poll|expost|expoll|recv0|chainN|inline32|pollN [ITERATIONS]\n",
 			argv[0]);
 		return 2;
 	}
@@ -52,7 +128,8 @@ int main(int argc, char **argv)
 	struct sim_host *h0 = sim_host_create(w, 2), *h1 = sim_host_create(w, 2);
 	const struct shift_lower *va = sim_lower(h0), *vb = sim_lower(h1);
 	struct ibv_qp_cap cap = { .max_send_wr = 64, .max_recv_wr = 64,
-				  .max_send_sge = 1, .max_recv_sge = 1 };
+				  .max_send_sge = 1, .max_recv_sge = 1,
+				  .max_inline_data = strcmp(op, "inline32") ? 0 : 32 };
 	struct sim_ep a, b;
 	struct sim_ep_info ia, ib;
 
@@ -125,6 +202,9 @@ int main(int argc, char **argv)
 						;
 				}
 			}
+		} else if (strcmp(op, "poll") && strcmp(op, "expoll") &&
+			   strncmp(op, "ex", 2)) {
+			ok += nccl_shape(op, i, w, &a, &b, &wr);
 		} else if (!strcmp(op, "expost")) {
 			struct ibv_qp_ex *q = a.qpx;
 

@@ -339,7 +339,7 @@ static void test_receive_overflow(void **state)
 	for (unsigned i = 0; i < d->rq_size; i++) {
 		assert_true(shift_dqp_rq_room(d));
 		rwr.wr_id = i;
-		shift_dqp_record_recv_one(d, &rwr);
+		shift_dqp_record_recv_one(d, &rwr, 1);
 	}
 	assert_false(shift_dqp_rq_room(d));
 	assert_int_equal(shift_dqp_record_recv(d, &rwr), -1);
