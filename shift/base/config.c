@@ -68,6 +68,15 @@ static int parse_string(const struct config_row *row, const char *v)
 	return 0;
 }
 
+/* A job id: letters, digits and . _ : - only (it is part of every key). */
+static int parse_namespace(const struct config_row *row, const char *v)
+{
+	if (!*v || strspn(v, "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
+			     "0123456789._:-") != strlen(v))
+		return -1;
+	return parse_string(row, v);
+}
+
 static int parse_uint(const struct config_row *row, const char *v)
 {
 	char *end;
@@ -115,8 +124,8 @@ static const struct config_row rows[] = {
 	  "where backup attributes are exchanged: redis://[user:password@]host:port[/db] or mem://NAME",
 	  parse_string, FIELD(kv_url) },
 	{ "SHIFT_KV_NAMESPACE", "default",
-	  "job id; every KV key carries it",
-	  parse_string, FIELD(kv_namespace) },
+	  "job id; every KV key carries it (1..127 of A-Z a-z 0-9 . _ : -)",
+	  parse_namespace, FIELD(kv_namespace) },
 	{ "SHIFT_KV_TIMEOUT_MS", "300",
 	  "total deadline of one KV command in ms (reconnect, write and the whole reply; "
 	  "10..10000): a store that does not answer, or answers slowly, fails the command "
@@ -148,6 +157,52 @@ static const struct config_row rows[] = {
 
 #define NROWS (sizeof(rows) / sizeof(rows[0]))
 
+size_t shift_config_mask(const char *name, const char *v, char *out, size_t size)
+{
+	const char *scheme = strstr(v, "://");
+	const char *at = scheme ? strrchr(scheme + 3, '@') : NULL;
+	const char *colon = at ? memchr(scheme + 3, ':', (size_t)(at - scheme - 3)) : NULL;
+
+	if (!size)
+		return 0;
+	if (strcmp(name, "SHIFT_KV_URL") || !colon)
+		return (size_t)snprintf(out, size, "%s", v);
+	return (size_t)snprintf(out, size, "%.*s:***%s", (int)(colon - v), v, at);
+}
+
+/* Why v is refused for row, or NULL if it is not (before parsing). */
+static const char *config_reject(const struct config_row *row, const char *v)
+{
+	for (const char *c = v; *c; c++)
+		if ((unsigned char)*c < 0x20 || *c == 0x7f)
+			return "contains a control character";
+	if (row->parse == parse_string || row->parse == parse_namespace)
+		if (strlen(v) >= row->size)
+			return "too long";
+	return NULL;
+}
+
+/*
+ * Parse v into row; a bad value is one error line naming the setting, the
+ * origin (env or file:line) and the reason, the value masked. The caller
+ * then disables SHIFT for the process: never a silent fallback.
+ */
+static int config_apply(const struct config_row *row, const char *v, const char *origin)
+{
+	const char *why = config_reject(row, v);
+	char shown[160];
+
+	if (!why && !row->parse(row, v))
+		return 0;
+	if (!why)
+		why = "invalid value";
+	shift_config_mask(row->name, v, shown, sizeof(shown));
+	shift_err("SHIFT disabled for this process (application runs unprotected): "
+		  "%s='%s%s' from %s: %s (%s)", row->name, shown,
+		  strlen(v) >= sizeof(shown) ? "..." : "", origin, why, row->doc);
+	return -1;
+}
+
 int shift_config_load(const char *real_lib_default)
 {
 	int bad = 0;
@@ -166,13 +221,11 @@ int shift_config_load(const char *real_lib_default)
 
 		if (!v || !*v)
 			continue;
-		if (rows[i].parse(&rows[i], v)) {
+		if (config_apply(&rows[i], v, "env"))
 			bad++;
-			/* log level may not be set yet: warn is the default */
-			shift_warn("ignoring %s='%s': invalid value (%s)",
-				   rows[i].name, v, rows[i].doc);
-		}
 	}
+	if (bad)
+		shift_config.enable = false;
 	shift_config.bg_grace_ms = 20;
 	shift_config.episode_wait_ms = 10000;
 	shift_config.bk_restart_ms = 500;
@@ -186,9 +239,12 @@ void shift_config_print(FILE *out)
 {
 	for (size_t i = 0; i < NROWS; i++) {
 		const char *v = getenv(rows[i].name);
+		char shown[600];
 
+		if (v && *v)
+			shift_config_mask(rows[i].name, v, shown, sizeof(shown));
 		fprintf(out, "%-22s = %s%s\n    %s\n", rows[i].name,
-			v && *v ? v : (rows[i].def ? rows[i].def : "(build default)"),
+			v && *v ? shown : (rows[i].def ? rows[i].def : "(build default)"),
 			v && *v ? "" : "  (default)", rows[i].doc);
 	}
 }
