@@ -9,6 +9,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 struct shift_config shift_config;
 
@@ -107,6 +109,32 @@ static int parse_bounded(const struct config_row *row, const char *v)
 	return 0;
 }
 
+/* '' (no status) or an absolute path. */
+static int parse_status_dir(const struct config_row *row, const char *v)
+{
+	if (*v && *v != '/')
+		return -1;
+	return parse_string(row, v);
+}
+
+void shift_status_dir_default(char *out, size_t size)
+{
+	const char *xdg = getenv("XDG_RUNTIME_DIR");
+	unsigned uid = (unsigned)geteuid();
+	struct stat st;
+
+	if (xdg && xdg[0] == '/' && strlen(xdg) + sizeof("/shift") <= size &&
+	    !strpbrk(xdg, "\n\r\t")) {
+		snprintf(out, size, "%s/shift", xdg);
+		return;
+	}
+	if (!stat("/run/shift", &st) && S_ISDIR(st.st_mode) && !access("/run/shift", W_OK | X_OK)) {
+		snprintf(out, size, "/run/shift/%u", uid);
+		return;
+	}
+	snprintf(out, size, "/tmp/shift-%u", uid);
+}
+
 static const struct config_row rows[] = {
 	{ "SHIFT_ENABLE", "1",
 	  "0 turns SHIFT into a pure pass-through to the real libibverbs",
@@ -150,9 +178,11 @@ static const struct config_row rows[] = {
 	  "path, and needs it to follow (one KV read per context); 0 = never (such a "
 	  "connection fails)",
 	  parse_uint, FIELD(poke_ms) },
-	{ "SHIFT_STATUS_DIR", "/tmp/shift",
-	  "where each process writes its per-QP status for shiftctl ('' = none)",
-	  parse_string, FIELD(status_dir) },
+	{ "SHIFT_STATUS_DIR", NULL,
+	  "where each process writes its per-QP status for shiftctl ('' = none; default "
+	  "$XDG_RUNTIME_DIR/shift, else /run/shift/UID, else /tmp/shift-UID; must be owned "
+	  "by the user, mode 0700)",
+	  parse_status_dir, FIELD(status_dir) },
 };
 
 #define NROWS (sizeof(rows) / sizeof(rows[0]))
@@ -176,7 +206,8 @@ static const char *config_reject(const struct config_row *row, const char *v)
 	for (const char *c = v; *c; c++)
 		if ((unsigned char)*c < 0x20 || *c == 0x7f)
 			return "contains a control character";
-	if (row->parse == parse_string || row->parse == parse_namespace)
+	if (row->parse == parse_string || row->parse == parse_namespace ||
+	    row->parse == parse_status_dir)
 		if (strlen(v) >= row->size)
 			return "too long";
 	return NULL;
@@ -213,13 +244,19 @@ int shift_config_load(const char *real_lib_default)
 
 		if (!strcmp(rows[i].name, "SHIFT_REAL_LIBIBVERBS"))
 			def = real_lib_default ? real_lib_default : "libibverbs.so.1";
+		if (rows[i].parse == parse_status_dir) {
+			shift_status_dir_default(shift_config.status_dir,
+						 sizeof(shift_config.status_dir));
+			continue;
+		}
 		if (rows[i].parse(&rows[i], def))
 			bad++; /* a default that does not parse is a bug */
 	}
 	for (size_t i = 0; i < NROWS; i++) {
 		const char *v = getenv(rows[i].name);
 
-		if (!v || !*v)
+		/* set but empty: the default, except where '' means none */
+		if (!v || (!*v && rows[i].parse != parse_status_dir))
 			continue;
 		if (config_apply(&rows[i], v, "env"))
 			bad++;
@@ -239,12 +276,16 @@ void shift_config_print(FILE *out)
 {
 	for (size_t i = 0; i < NROWS; i++) {
 		const char *v = getenv(rows[i].name);
+		bool set = v && (*v || rows[i].parse == parse_status_dir);
 		char shown[600];
 
-		if (v && *v)
+		if (set)
 			shift_config_mask(rows[i].name, v, shown, sizeof(shown));
-		fprintf(out, "%-22s = %s%s\n    %s\n", rows[i].name,
-			v && *v ? shown : (rows[i].def ? rows[i].def : "(build default)"),
-			v && *v ? "" : "  (default)", rows[i].doc);
+		else if (!rows[i].def) /* computed at load: the field holds it */
+			snprintf(shown, sizeof(shown), "%s", (const char *)field(&rows[i]));
+		else
+			snprintf(shown, sizeof(shown), "%s", rows[i].def);
+		fprintf(out, "%-22s = %s%s\n    %s\n", rows[i].name, set && !*v ? "''" : shown,
+			set ? "" : "  (default)", rows[i].doc);
 	}
 }

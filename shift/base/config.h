@@ -57,6 +57,11 @@ int shift_config_load(const char *real_lib_default);
  */
 size_t shift_config_mask(const char *name, const char *v, char *out, size_t size);
 
+/* The per-user status directory when SHIFT_STATUS_DIR is unset:
+ * $XDG_RUNTIME_DIR/shift, else /run/shift/UID (if /run/shift is usable),
+ * else /tmp/shift-UID. */
+void shift_status_dir_default(char *out, size_t size);
+
 /* Print every knob: name, current value, default, doc. */
 void shift_config_print(FILE *out);
 

@@ -149,6 +149,30 @@ static void test_print_masks_password(void **state)
 	test_env_restore();
 }
 
+/* Unset: a per-user directory; '' : no status at all; relative: bad. */
+static void test_status_dir(void **state)
+{
+	char want[300];
+
+	(void)state;
+	test_unsetenv("SHIFT_STATUS_DIR");
+	test_setenv("XDG_RUNTIME_DIR", "/run/user/4242");
+	assert_int_equal(load_captured(false), 0);
+	assert_string_equal(shift_config.status_dir, "/run/user/4242/shift");
+	test_unsetenv("XDG_RUNTIME_DIR");
+	assert_int_equal(load_captured(false), 0);
+	snprintf(want, sizeof(want), "-%u", (unsigned)geteuid());
+	assert_non_null(strstr(shift_config.status_dir, want));
+	test_setenv("SHIFT_STATUS_DIR", "");
+	assert_int_equal(load_captured(true), 0);
+	assert_true(shift_config.enable);
+	assert_string_equal(shift_config.status_dir, "");
+	test_setenv("SHIFT_STATUS_DIR", "relative/dir");
+	assert_int_equal(load_captured(false), 1);
+	assert_false(shift_config.enable);
+	test_env_restore();
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -158,6 +182,7 @@ int main(void)
 		cmocka_unit_test(test_newline_cannot_forge_line),
 		cmocka_unit_test(test_line_stamped),
 		cmocka_unit_test(test_print_masks_password),
+		cmocka_unit_test(test_status_dir),
 	};
 
 	return test_env_run_group_tests(tests);
