@@ -187,6 +187,12 @@ static const struct config_row rows[] = {
 
 #define NROWS (sizeof(rows) / sizeof(rows[0]))
 
+/* Where each knob's value came from ("" = default) and the raw value. */
+static struct {
+	char origin[300];
+	char value[600];
+} set_by[NROWS];
+
 size_t shift_config_mask(const char *name, const char *v, char *out, size_t size)
 {
 	const char *scheme = strstr(v, "://");
@@ -223,8 +229,13 @@ static int config_apply(const struct config_row *row, const char *v, const char 
 	const char *why = config_reject(row, v);
 	char shown[160];
 
-	if (!why && !row->parse(row, v))
+	if (!why && !row->parse(row, v)) {
+		size_t i = (size_t)(row - rows);
+
+		snprintf(set_by[i].origin, sizeof(set_by[i].origin), "%s", origin);
+		snprintf(set_by[i].value, sizeof(set_by[i].value), "%s", v);
 		return 0;
+	}
 	if (!why)
 		why = "invalid value";
 	shift_config_mask(row->name, v, shown, sizeof(shown));
@@ -234,11 +245,28 @@ static int config_apply(const struct config_row *row, const char *v, const char 
 	return -1;
 }
 
+int shift_config_set(const char *key, const char *v, const char *origin)
+{
+	char name[64];
+	size_t n = strlen(key);
+
+	if (n + sizeof("SHIFT_") > sizeof(name))
+		return -2;
+	memcpy(name, "SHIFT_", 6);
+	for (size_t i = 0; i <= n; i++)
+		name[6 + i] = (char)(key[i] >= 'a' && key[i] <= 'z' ? key[i] - 'a' + 'A' : key[i]);
+	for (size_t i = 0; i < NROWS; i++)
+		if (!strcmp(rows[i].name, name))
+			return config_apply(&rows[i], v, origin);
+	return -2;
+}
+
 int shift_config_load(const char *real_lib_default)
 {
 	int bad = 0;
 
 	memset(&shift_config, 0, sizeof(shift_config));
+	memset(set_by, 0, sizeof(set_by));
 	for (size_t i = 0; i < NROWS; i++) {
 		const char *def = rows[i].def;
 
@@ -252,6 +280,7 @@ int shift_config_load(const char *real_lib_default)
 		if (rows[i].parse(&rows[i], def))
 			bad++; /* a default that does not parse is a bug */
 	}
+	bad += shift_config_files_load();
 	for (size_t i = 0; i < NROWS; i++) {
 		const char *v = getenv(rows[i].name);
 
@@ -275,8 +304,8 @@ int shift_config_load(const char *real_lib_default)
 void shift_config_print(FILE *out)
 {
 	for (size_t i = 0; i < NROWS; i++) {
-		const char *v = getenv(rows[i].name);
-		bool set = v && (*v || rows[i].parse == parse_status_dir);
+		const char *v = set_by[i].value;
+		bool set = set_by[i].origin[0] != '\0';
 		char shown[600];
 
 		if (set)
@@ -285,7 +314,7 @@ void shift_config_print(FILE *out)
 			snprintf(shown, sizeof(shown), "%s", (const char *)field(&rows[i]));
 		else
 			snprintf(shown, sizeof(shown), "%s", rows[i].def);
-		fprintf(out, "%-22s = %s%s\n    %s\n", rows[i].name, set && !*v ? "''" : shown,
-			set ? "" : "  (default)", rows[i].doc);
+		fprintf(out, "%-22s = %s  (%s)\n    %s\n", rows[i].name, set && !*v ? "''" : shown,
+			set ? set_by[i].origin : "default", rows[i].doc);
 	}
 }

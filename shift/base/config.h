@@ -62,6 +62,21 @@ size_t shift_config_mask(const char *name, const char *v, char *out, size_t size
  * else /tmp/shift-UID. */
 void shift_status_dir_default(char *out, size_t size);
 
+/*
+ * Set knob key (the env name lowercased without SHIFT_, e.g. "kv_url") to v,
+ * from origin ("env", "FILE:LINE"). 0, -1 for a bad value, -2 for an
+ * unknown key; a bad value is logged here (naming origin).
+ */
+int shift_config_set(const char *key, const char *v, const char *origin);
+
+/*
+ * The config files (config_file.c): /etc/shift/shift.conf, then
+ * ${XDG_CONFIG_HOME:-~/.config}/shift/shift.conf, or only $SHIFT_CONFIG
+ * ('' = none). Lines 'key = value', '#' comments. Returns the number of
+ * bad settings (each logged once with FILE:LINE).
+ */
+int shift_config_files_load(void);
+
 /* Print every knob: name, current value, default, doc. */
 void shift_config_print(FILE *out);
 

@@ -10,7 +10,10 @@ secret=Zq9SecretMarker
 tmp=$(mktemp -d)
 trap 'chmod -R u+rwx "$tmp"; rm -rf "$tmp"' EXIT
 fail() { echo "FAIL: $*"; exit 1; }
-for v in $(env | sed -n 's/^\(SHIFT_[A-Z_]*\)=.*/\1/p'); do unset "$v"; done
+export SHIFT_CONFIG=''
+for v in $(env | sed -n 's/^\(SHIFT_[A-Z_]*\)=.*/\1/p'); do
+	[ "$v" = SHIFT_CONFIG ] || unset "$v"
+done
 
 "$ctl" --help >"$tmp/help" 2>&1 || fail "--help exit $?"
 grep -q "status \[--json\]" "$tmp/help" || fail "--help text"

@@ -14,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 #include <cmocka.h>
 
@@ -173,6 +174,86 @@ static void test_status_dir(void **state)
 	test_env_restore();
 }
 
+static char conf[] = "/tmp/shift-conf-XXXXXX";
+
+/* A config file holding text, mode mode; its path in conf. */
+static void conf_write(const char *text, mode_t mode)
+{
+	int fd = mkstemp(conf);
+	FILE *f;
+
+	assert_true(fd >= 0);
+	f = fdopen(fd, "w");
+	assert_non_null(f);
+	fputs(text, f);
+	fclose(f);
+	assert_int_equal(chmod(conf, mode), 0);
+}
+
+static void conf_drop(void)
+{
+	unlink(conf);
+	strcpy(conf, "/tmp/shift-conf-XXXXXX");
+}
+
+/* key = value lines, comments, blanks; env wins; origin file:line shown. */
+static void test_conf_file(void **state)
+{
+	char origin[128];
+
+	(void)state;
+	conf_write("# SHIFT\n\n  kv_namespace = job-42\nprobe_ms=500\n"
+		   "kv_url = redis://u:" SECRET "@kv:6379\n", 0600);
+	test_setenv("SHIFT_CONFIG", conf);
+	test_setenv("SHIFT_PROBE_MS", "700");
+	assert_int_equal(load_captured(true), 0);
+	assert_true(shift_config.enable);
+	assert_string_equal(shift_config.kv_namespace, "job-42");
+	assert_int_equal(shift_config.probe_ms, 700);
+	snprintf(origin, sizeof(origin), "job-42  (%s:3)", conf);
+	assert_non_null(strstr(out, origin));
+	assert_non_null(strstr(out, "700  (env)"));
+	assert_null(strstr(out, SECRET));
+	conf_drop();
+	test_env_restore();
+}
+
+/* Unknown key, bad value, a group-writable file, a link: disabled, named. */
+static void test_conf_file_bad(void **state)
+{
+	char where[128], link[64];
+
+	(void)state;
+	conf_write("kv_namespace = ok\nno_such_knob = 1\n", 0600);
+	test_setenv("SHIFT_CONFIG", conf);
+	assert_int_equal(load_captured(false), 1);
+	assert_false(shift_config.enable);
+	snprintf(where, sizeof(where), "%s:2: unknown key 'no_such_knob'", conf);
+	assert_non_null(strstr(out, where));
+	conf_drop();
+	conf_write("probe_ms = soon\n", 0600);
+	test_setenv("SHIFT_CONFIG", conf);
+	assert_int_equal(load_captured(false), 1);
+	assert_false(shift_config.enable);
+	conf_drop();
+	conf_write("probe_ms = 5\n", 0620);
+	test_setenv("SHIFT_CONFIG", conf);
+	assert_int_equal(load_captured(false), 1);
+	assert_non_null(strstr(out, "writable by group or others"));
+	assert_int_equal(chmod(conf, 0600), 0);
+	snprintf(link, sizeof(link), "%s.link", conf);
+	assert_int_equal(symlink(conf, link), 0);
+	test_setenv("SHIFT_CONFIG", link);
+	assert_int_equal(load_captured(false), 1);
+	assert_false(shift_config.enable);
+	unlink(link);
+	test_setenv("SHIFT_CONFIG", "");
+	assert_int_equal(load_captured(false), 0);
+	assert_true(shift_config.enable);
+	conf_drop();
+	test_env_restore();
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -183,6 +264,8 @@ int main(void)
 		cmocka_unit_test(test_line_stamped),
 		cmocka_unit_test(test_print_masks_password),
 		cmocka_unit_test(test_status_dir),
+		cmocka_unit_test(test_conf_file),
+		cmocka_unit_test(test_conf_file_bad),
 	};
 
 	return test_env_run_group_tests(tests);
