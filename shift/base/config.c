@@ -70,11 +70,13 @@ static int parse_string(const struct config_row *row, const char *v)
 	return 0;
 }
 
-/* A job id: letters, digits and . _ : - only (it is part of every key). */
+/* A job id as kv accepts it (docs/kv.md): 1..64 of letters, digits, . _ -
+ * (no ':', which would forge another namespace's key prefix). */
 static int parse_namespace(const struct config_row *row, const char *v)
 {
-	if (!*v || strspn(v, "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
-			     "0123456789._:-") != strlen(v))
+	if (!*v || strlen(v) > 64 ||
+	    strspn(v, "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
+		      "0123456789._-") != strlen(v))
 		return -1;
 	return parse_string(row, v);
 }
@@ -152,7 +154,7 @@ static const struct config_row rows[] = {
 	  "where backup attributes are exchanged: redis://[user:password@]host:port[/db] or mem://NAME",
 	  parse_string, FIELD(kv_url) },
 	{ "SHIFT_KV_NAMESPACE", "default",
-	  "job id; every KV key carries it (1..127 of A-Z a-z 0-9 . _ : -)",
+	  "job id; every KV key carries it (1..64 of A-Z a-z 0-9 . _ -)",
 	  parse_namespace, FIELD(kv_namespace) },
 	{ "SHIFT_KV_TIMEOUT_MS", "300",
 	  "total deadline of one KV command in ms (reconnect, write and the whole reply; "

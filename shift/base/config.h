@@ -3,7 +3,7 @@
  * {name, default, doc, parser}, read once at start (shift_config_load()).
  * `shiftctl config` prints the table with each knob's doc and value.
  * A bad value (unparsable, too long, a control character, a namespace
- * outside [A-Za-z0-9._:-]) disables SHIFT for the process (enable = false:
+ * outside [A-Za-z0-9._-] or longer than 64) disables SHIFT for the process (enable = false:
  * pure pass-through) with one error line naming the setting and the reason;
  * never a silent fallback to a default. Secrets are never printed.
  */

@@ -42,5 +42,5 @@ chmod 0777 "$tmp/st"
 grep -q "skipped $tmp/st: writable by group or others" "$tmp/skip" || fail "open dir not skipped"
 grep -q " sim0 " "$tmp/skip" && fail "open dir read"
 
-if grep -l "$secret" "$tmp"/*; then fail "password printed"; fi
+if grep -rl "$secret" "$tmp"; then fail "password printed"; fi
 echo PASS
