@@ -9,6 +9,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 struct shift_config shift_config;
 
@@ -68,6 +70,17 @@ static int parse_string(const struct config_row *row, const char *v)
 	return 0;
 }
 
+/* A job id as kv accepts it (docs/kv.md): 1..64 of letters, digits, . _ -
+ * (no ':', which would forge another namespace's key prefix). */
+static int parse_namespace(const struct config_row *row, const char *v)
+{
+	if (!*v || strlen(v) > 64 ||
+	    strspn(v, "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
+		      "0123456789._-") != strlen(v))
+		return -1;
+	return parse_string(row, v);
+}
+
 static int parse_uint(const struct config_row *row, const char *v)
 {
 	char *end;
@@ -98,6 +111,32 @@ static int parse_bounded(const struct config_row *row, const char *v)
 	return 0;
 }
 
+/* '' (no status) or an absolute path. */
+static int parse_status_dir(const struct config_row *row, const char *v)
+{
+	if (*v && *v != '/')
+		return -1;
+	return parse_string(row, v);
+}
+
+void shift_status_dir_default(char *out, size_t size)
+{
+	const char *xdg = getenv("XDG_RUNTIME_DIR");
+	unsigned uid = (unsigned)geteuid();
+	struct stat st;
+
+	if (xdg && xdg[0] == '/' && strlen(xdg) + sizeof("/shift") <= size &&
+	    !strpbrk(xdg, "\n\r\t")) {
+		snprintf(out, size, "%s/shift", xdg);
+		return;
+	}
+	if (!stat("/run/shift", &st) && S_ISDIR(st.st_mode) && !access("/run/shift", W_OK | X_OK)) {
+		snprintf(out, size, "/run/shift/%u", uid);
+		return;
+	}
+	snprintf(out, size, "/tmp/shift-%u", uid);
+}
+
 static const struct config_row rows[] = {
 	{ "SHIFT_ENABLE", "1",
 	  "0 turns SHIFT into a pure pass-through to the real libibverbs",
@@ -115,8 +154,8 @@ static const struct config_row rows[] = {
 	  "where backup attributes are exchanged: redis://[user:password@]host:port[/db], redis-sentinel://[user:password@]s1[:port][,s2...]/MASTER[/db] or mem://NAME",
 	  parse_string, FIELD(kv_url) },
 	{ "SHIFT_KV_NAMESPACE", "default",
-	  "job id; every KV key carries it",
-	  parse_string, FIELD(kv_namespace) },
+	  "job id; every KV key carries it (1..64 of A-Z a-z 0-9 . _ -)",
+	  parse_namespace, FIELD(kv_namespace) },
 	{ "SHIFT_KV_TIMEOUT_MS", "300",
 	  "total deadline of one KV command in ms (reconnect, write and the whole reply; "
 	  "10..10000): a store that does not answer, or answers slowly, fails the command "
@@ -141,38 +180,120 @@ static const struct config_row rows[] = {
 	  "path, and needs it to follow (one KV read per context); 0 = never (such a "
 	  "connection fails)",
 	  parse_uint, FIELD(poke_ms) },
-	{ "SHIFT_STATUS_DIR", "/tmp/shift",
-	  "where each process writes its per-QP status for shiftctl ('' = none)",
-	  parse_string, FIELD(status_dir) },
+	{ "SHIFT_STATUS_DIR", NULL,
+	  "where each process writes its per-QP status for shiftctl ('' = none; default "
+	  "$XDG_RUNTIME_DIR/shift, else /run/shift/UID, else /tmp/shift-UID; must be owned "
+	  "by the user, mode 0700)",
+	  parse_status_dir, FIELD(status_dir) },
 };
 
 #define NROWS (sizeof(rows) / sizeof(rows[0]))
+
+/* Where each knob's value came from ("" = default) and the raw value. */
+static struct {
+	char origin[300];
+	char value[600];
+} set_by[NROWS];
+
+size_t shift_config_mask(const char *name, const char *v, char *out, size_t size)
+{
+	const char *scheme = strstr(v, "://");
+	const char *at = scheme ? strrchr(scheme + 3, '@') : NULL;
+	const char *colon = at ? memchr(scheme + 3, ':', (size_t)(at - scheme - 3)) : NULL;
+
+	if (!size)
+		return 0;
+	if (strcmp(name, "SHIFT_KV_URL") || !colon)
+		return (size_t)snprintf(out, size, "%s", v);
+	return (size_t)snprintf(out, size, "%.*s:***%s", (int)(colon - v), v, at);
+}
+
+/* Why v is refused for row, or NULL if it is not (before parsing). */
+static const char *config_reject(const struct config_row *row, const char *v)
+{
+	for (const char *c = v; *c; c++)
+		if ((unsigned char)*c < 0x20 || *c == 0x7f)
+			return "contains a control character";
+	if (row->parse == parse_string || row->parse == parse_namespace ||
+	    row->parse == parse_status_dir)
+		if (strlen(v) >= row->size)
+			return "too long";
+	return NULL;
+}
+
+/*
+ * Parse v into row; a bad value is one error line naming the setting, the
+ * origin (env or file:line) and the reason, the value masked. The caller
+ * then disables SHIFT for the process: never a silent fallback.
+ */
+static int config_apply(const struct config_row *row, const char *v, const char *origin)
+{
+	const char *why = config_reject(row, v);
+	char shown[160];
+
+	if (!why && !row->parse(row, v)) {
+		size_t i = (size_t)(row - rows);
+
+		snprintf(set_by[i].origin, sizeof(set_by[i].origin), "%s", origin);
+		snprintf(set_by[i].value, sizeof(set_by[i].value), "%s", v);
+		return 0;
+	}
+	if (!why)
+		why = "invalid value";
+	shift_config_mask(row->name, v, shown, sizeof(shown));
+	shift_err("SHIFT disabled for this process (application runs unprotected): "
+		  "%s='%s%s' from %s: %s (%s)", row->name, shown,
+		  strlen(v) >= sizeof(shown) ? "..." : "", origin, why, row->doc);
+	return -1;
+}
+
+int shift_config_set(const char *key, const char *v, const char *origin)
+{
+	char name[64];
+	size_t n = strlen(key);
+
+	if (n + sizeof("SHIFT_") > sizeof(name))
+		return -2;
+	memcpy(name, "SHIFT_", 6);
+	for (size_t i = 0; i <= n; i++)
+		name[6 + i] = (char)(key[i] >= 'a' && key[i] <= 'z' ? key[i] - 'a' + 'A' : key[i]);
+	for (size_t i = 0; i < NROWS; i++)
+		if (!strcmp(rows[i].name, name))
+			return config_apply(&rows[i], v, origin);
+	return -2;
+}
 
 int shift_config_load(const char *real_lib_default)
 {
 	int bad = 0;
 
 	memset(&shift_config, 0, sizeof(shift_config));
+	memset(set_by, 0, sizeof(set_by));
 	for (size_t i = 0; i < NROWS; i++) {
 		const char *def = rows[i].def;
 
 		if (!strcmp(rows[i].name, "SHIFT_REAL_LIBIBVERBS"))
 			def = real_lib_default ? real_lib_default : "libibverbs.so.1";
+		if (rows[i].parse == parse_status_dir) {
+			shift_status_dir_default(shift_config.status_dir,
+						 sizeof(shift_config.status_dir));
+			continue;
+		}
 		if (rows[i].parse(&rows[i], def))
 			bad++; /* a default that does not parse is a bug */
 	}
+	bad += shift_config_files_load();
 	for (size_t i = 0; i < NROWS; i++) {
 		const char *v = getenv(rows[i].name);
 
-		if (!v || !*v)
+		/* set but empty: the default, except where '' means none */
+		if (!v || (!*v && rows[i].parse != parse_status_dir))
 			continue;
-		if (rows[i].parse(&rows[i], v)) {
+		if (config_apply(&rows[i], v, "env"))
 			bad++;
-			/* log level may not be set yet: warn is the default */
-			shift_warn("ignoring %s='%s': invalid value (%s)",
-				   rows[i].name, v, rows[i].doc);
-		}
 	}
+	if (bad)
+		shift_config.enable = false;
 	shift_config.bg_grace_ms = 20;
 	shift_config.episode_wait_ms = 10000;
 	shift_config.bk_restart_ms = 500;
@@ -185,10 +306,17 @@ int shift_config_load(const char *real_lib_default)
 void shift_config_print(FILE *out)
 {
 	for (size_t i = 0; i < NROWS; i++) {
-		const char *v = getenv(rows[i].name);
+		const char *v = set_by[i].value;
+		bool set = set_by[i].origin[0] != '\0';
+		char shown[600];
 
-		fprintf(out, "%-22s = %s%s\n    %s\n", rows[i].name,
-			v && *v ? v : (rows[i].def ? rows[i].def : "(build default)"),
-			v && *v ? "" : "  (default)", rows[i].doc);
+		if (set)
+			shift_config_mask(rows[i].name, v, shown, sizeof(shown));
+		else if (!rows[i].def) /* computed at load: the field holds it */
+			snprintf(shown, sizeof(shown), "%s", (const char *)field(&rows[i]));
+		else
+			snprintf(shown, sizeof(shown), "%s", rows[i].def);
+		fprintf(out, "%-22s = %s  (%s)\n    %s\n", rows[i].name, set && !*v ? "''" : shown,
+			set ? set_by[i].origin : "default", rows[i].doc);
 	}
 }

@@ -2,7 +2,10 @@
  * Configuration: every SHIFT_* environment variable is one row of a table
  * {name, default, doc, parser}, read once at start (shift_config_load()).
  * `shiftctl config` prints the table with each knob's doc and value.
- * A bad value is never fatal: it is logged once and the default is used.
+ * A bad value (unparsable, too long, a control character, a namespace
+ * outside [A-Za-z0-9._-] or longer than 64) disables SHIFT for the process (enable = false:
+ * pure pass-through) with one error line naming the setting and the reason;
+ * never a silent fallback to a default. Secrets are never printed.
  */
 #ifndef SHIFT_CONFIG_H
 #define SHIFT_CONFIG_H
@@ -47,6 +50,32 @@ extern struct shift_config shift_config;
  * path found at build time. Returns the number of variables rejected.
  */
 int shift_config_load(const char *real_lib_default);
+
+/*
+ * Copy value v of knob name into out (size bytes, NUL-terminated) with any
+ * secret masked: the password of a SHIFT_KV_URL becomes ***.
+ */
+size_t shift_config_mask(const char *name, const char *v, char *out, size_t size);
+
+/* The per-user status directory when SHIFT_STATUS_DIR is unset:
+ * $XDG_RUNTIME_DIR/shift, else /run/shift/UID (if /run/shift is usable),
+ * else /tmp/shift-UID. */
+void shift_status_dir_default(char *out, size_t size);
+
+/*
+ * Set knob key (the env name lowercased without SHIFT_, e.g. "kv_url") to v,
+ * from origin ("env", "FILE:LINE"). 0, -1 for a bad value, -2 for an
+ * unknown key; a bad value is logged here (naming origin).
+ */
+int shift_config_set(const char *key, const char *v, const char *origin);
+
+/*
+ * The config files (config_file.c): /etc/shift/shift.conf, then
+ * ${XDG_CONFIG_HOME:-~/.config}/shift/shift.conf, or only $SHIFT_CONFIG
+ * ('' = none). Lines 'key = value', '#' comments. Returns the number of
+ * bad settings (each logged once with FILE:LINE).
+ */
+int shift_config_files_load(void);
 
 /* Print every knob: name, current value, default, doc. */
 void shift_config_print(FILE *out);

@@ -8,6 +8,8 @@
 #include "shift/base/config.h"
 #include "shift/dp/ctx.h"
 
+#include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -33,19 +35,69 @@ static const char *state_name(enum ibv_qp_state s)
 	return (unsigned)s < sizeof(n) / sizeof(n[0]) ? n[s] : "?";
 }
 
+/*
+ * The status directory as a descriptor, created 0700 if missing; refused
+ * (logged once) unless it is a real directory owned by this user and not
+ * writable by group or others: a directory another user planted could
+ * hold links to files this process may write, or fake status files.
+ */
+static int status_dir_open(const char *dir)
+{
+	static int warned;
+	struct stat st;
+	int fd;
+
+	if (mkdir(dir, 0700) && errno != EEXIST)
+		return -1;
+	fd = open(dir, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+	if (fd < 0 || fstat(fd, &st))
+		goto refuse;
+	if (st.st_uid != geteuid() || (st.st_mode & 022))
+		goto refuse;
+	return fd;
+refuse:
+	if (!__atomic_exchange_n(&warned, 1, __ATOMIC_RELAXED))
+		shift_warn("status directory %s refused (not a directory owned by uid %u, "
+			   "mode 0700): no status for shiftctl", dir, (unsigned)geteuid());
+	if (fd >= 0)
+		close(fd);
+	return -1;
+}
+
+/* A new file name in dfd, never following a link: O_EXCL|O_NOFOLLOW (a
+ * leftover of a killed writer is removed once, not written through). */
+static FILE *status_tmp_open(int dfd, const char *name)
+{
+	int fd = openat(dfd, name, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+
+	if (fd < 0 && errno == EEXIST && !unlinkat(dfd, name, 0))
+		fd = openat(dfd, name, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+	if (fd < 0)
+		return NULL;
+	FILE *f = fdopen(fd, "w");
+	if (!f)
+		close(fd);
+	return f;
+}
+
 void shift_status_write(struct shift_rnic *r)
 {
-	char path[700], tmp[720];
+	char path[128], tmp[140];
 	const char *dir = shift_config.status_dir;
+	int dfd;
 
 	if (!dir[0])
 		return;
-	mkdir(dir, 01777);
-	snprintf(path, sizeof(path), "%s/shift-%d-%s.status", dir, (int)getpid(), r->name);
+	snprintf(path, sizeof(path), "shift-%d-%s.status", (int)getpid(), r->name);
 	snprintf(tmp, sizeof(tmp), "%s.tmp", path);
-	FILE *f = fopen(tmp, "w");
-	if (!f)
+	dfd = status_dir_open(dir);
+	if (dfd < 0)
 		return;
+	FILE *f = status_tmp_open(dfd, tmp);
+	if (!f) {
+		close(dfd);
+		return;
+	}
 	static const char *const send_names[] = { "default", "fallback", "waitsig", "waitdrain",
 						  "unprot" };
 	pthread_mutex_lock(&r->lock);
@@ -72,17 +124,22 @@ void shift_status_write(struct shift_rnic *r)
 			q->why ? q->why : "-");
 	}
 	pthread_mutex_unlock(&r->lock);
-	fclose(f);
-	rename(tmp, path);
+	if (fclose(f) || renameat(dfd, tmp, dfd, path))
+		unlinkat(dfd, tmp, 0);
+	close(dfd);
 }
 
 void shift_status_remove(struct shift_rnic *r)
 {
-	char path[700];
+	char path[128];
+	int dfd;
 
 	if (!shift_config.status_dir[0])
 		return;
-	snprintf(path, sizeof(path), "%s/shift-%d-%s.status", shift_config.status_dir,
-		 (int)getpid(), r->name);
-	unlink(path);
+	dfd = open(shift_config.status_dir, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+	if (dfd < 0)
+		return;
+	snprintf(path, sizeof(path), "shift-%d-%s.status", (int)getpid(), r->name);
+	unlinkat(dfd, path, 0); /* removes a link itself, never its target */
+	close(dfd);
 }

@@ -50,3 +50,4 @@ if(TARGET shift_sim)
   shift_unit_test(test_reentry SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/test_reentry.c
     LIBS shift_core shift_sim)
 endif()
+shift_unit_test(test_config SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/test_config.c LIBS shift_base)

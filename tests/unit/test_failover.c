@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 #include <cmocka.h>
 
@@ -942,6 +943,80 @@ static void test_status_shows_failover(void **state)
 	assert_true(seen);
 }
 
+/* Read path into buf (at most size - 1 bytes); "" if it cannot be opened. */
+static void slurp(const char *path, char *buf, size_t size)
+{
+	FILE *f = fopen(path, "r");
+	size_t n = 0;
+
+	if (f) {
+		n = fread(buf, 1, size - 1, f);
+		fclose(f);
+	}
+	buf[n] = '\0';
+}
+
+/* Links another user planted as the status file and its temp file: the
+ * status is written beside them, their targets stay untouched. */
+static void test_status_symlink_untouched(void **state)
+{
+	char dir[] = "/tmp/shift-status-XXXXXX", vdir[] = "/tmp/shift-victim-XXXXXX";
+	char victim[512], link1[512], link2[600], buf[256];
+	struct shift_rnic *r = shift_rnic_of(a.qp->context);
+	(void)state;
+
+	assert_non_null(r);
+	assert_non_null(mkdtemp(dir));
+	assert_non_null(mkdtemp(vdir));
+	snprintf(victim, sizeof(victim), "%s/victim", vdir);
+	FILE *f = fopen(victim, "w");
+	assert_non_null(f);
+	fputs("precious\n", f);
+	fclose(f);
+	snprintf(link1, sizeof(link1), "%s/shift-%d-sim0_0.status", dir, (int)getpid());
+	snprintf(link2, sizeof(link2), "%s.tmp", link1);
+	assert_int_equal(symlink(victim, link1), 0);
+	assert_int_equal(symlink(victim, link2), 0);
+	snprintf(shift_config.status_dir, sizeof(shift_config.status_dir), "%s", dir);
+	shift_status_write(r);
+	shift_config.status_dir[0] = '\0';
+	slurp(victim, buf, sizeof(buf));
+	assert_string_equal(buf, "precious\n");
+	slurp(link1, buf, sizeof(buf)); /* now the real status file */
+	assert_non_null(strstr(buf, "sim0_0"));
+	unlink(link1);
+	unlink(link2);
+	unlink(victim);
+	rmdir(dir);
+	rmdir(vdir);
+}
+
+/* A status directory owned by another user, or writable by others, is
+ * refused: nothing written in it. */
+static void test_status_foreign_dir_refused(void **state)
+{
+	char dir[] = "/tmp/shift-status-XXXXXX", path[512];
+	struct shift_rnic *r = shift_rnic_of(a.qp->context);
+	(void)state;
+
+	assert_non_null(r);
+	assert_non_null(mkdtemp(dir));
+	snprintf(path, sizeof(path), "%s/shift-%d-sim0_0.status", dir, (int)getpid());
+	assert_int_equal(chmod(dir, 0777), 0);
+	snprintf(shift_config.status_dir, sizeof(shift_config.status_dir), "%s", dir);
+	shift_status_write(r);
+	assert_int_equal(access(path, F_OK), -1);
+	if (geteuid() == 0) {
+		assert_int_equal(chmod(dir, 0700), 0);
+		assert_int_equal(chown(dir, 4242, 4242), 0);
+		shift_status_write(r);
+		assert_int_equal(access(path, F_OK), -1);
+	}
+	shift_config.status_dir[0] = '\0';
+	unlink(path);
+	rmdir(dir);
+}
+
 /* A QP destroyed while failed over: later background passes must not
  * touch its freed state (ASan catches a use after free here). */
 static void test_destroy_failed_over_qp(void **state)
@@ -1338,6 +1413,8 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_without_poke_one_sided_double_fault_fails, setup,
 						teardown),
 		cmocka_unit_test_setup_teardown(test_status_shows_failover, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_status_symlink_untouched, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_status_foreign_dir_refused, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_drain_takes_rest_of_batch_first, setup, teardown2),
 		cmocka_unit_test_setup_teardown(test_peer_records_read_in_batches, setup, teardown2),
 		cmocka_unit_test_setup_teardown(test_send_queue_of_one, setup, teardown2),

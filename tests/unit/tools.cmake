@@ -6,3 +6,9 @@ shift_unit_test(tools_check
   SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/test_check.c ${_nc}/check.c)
 shift_unit_test(tools_check_opts
   SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/test_check_opts.c ${_nc}/opts.c)
+
+# shiftctl's outputs: --help, config masking and bad values, status --json,
+# untrusted status directories skipped (tests/shiftctl/shiftctl_test.sh).
+add_test(NAME shiftctl_outputs
+  COMMAND ${CMAKE_SOURCE_DIR}/tests/shiftctl/shiftctl_test.sh $<TARGET_FILE:shiftctl>)
+set_tests_properties(shiftctl_outputs PROPERTIES LABELS unit TIMEOUT 30)

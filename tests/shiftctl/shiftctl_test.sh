@@ -1,0 +1,46 @@
+#!/bin/sh
+# shiftctl as a user meets it (issue #20 item 3, #22 item 8): --help; config
+# masks the KV password and exits 1 on a bad value naming it; status --json
+# is valid JSON whatever a status file holds; a group/world-writable status
+# directory is skipped with the reason. Every output is grepped for the
+# marker password. Usage: shiftctl_test.sh SHIFTCTL
+set -u
+ctl=$1
+secret=Zq9SecretMarker
+tmp=$(mktemp -d)
+trap 'chmod -R u+rwx "$tmp"; rm -rf "$tmp"' EXIT
+fail() { echo "FAIL: $*"; exit 1; }
+export SHIFT_CONFIG=''
+for v in $(env | sed -n 's/^\(SHIFT_[A-Z_]*\)=.*/\1/p'); do
+	[ "$v" = SHIFT_CONFIG ] || unset "$v"
+done
+
+"$ctl" --help >"$tmp/help" 2>&1 || fail "--help exit $?"
+grep -q "status \[--json\]" "$tmp/help" || fail "--help text"
+
+SHIFT_KV_URL="redis://job:$secret@kv.example:6379/1" "$ctl" config >"$tmp/cfg" 2>&1 ||
+	fail "config of good values exit $?"
+grep -q 'redis://job:\*\*\*@kv.example:6379/1' "$tmp/cfg" || fail "masked URL not shown"
+
+SHIFT_KV_URL="redis://job:$secret@kv.example:6379/1" SHIFT_KV_NAMESPACE='a b' \
+	"$ctl" config >"$tmp/bad" 2>&1 && fail "bad namespace accepted"
+grep -q "SHIFT_KV_NAMESPACE='a b' from env" "$tmp/bad" || fail "bad value not named"
+
+long=$(printf 'x%.0s' $(seq 1 600))
+SHIFT_KV_URL="redis://job:$secret@$long:6379" "$ctl" config >"$tmp/long" 2>&1 &&
+	fail "600-byte URL accepted"
+grep -q "SHIFT_KV_URL.*too long" "$tmp/long" || fail "long URL reason"
+
+mkdir -m 0700 "$tmp/st"
+printf '%s sim0 7 RTS ready sim1 9 RTS 11 default default 0 0 0 0 0 a "quoted"\\\ttab\n' $$ >"$tmp/st/shift-$$-sim0.status"
+"$ctl" status --json "$tmp/st" >"$tmp/json" 2>&1 || fail "status --json exit $?"
+python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); assert d[0]["qpn"]==7, d; assert d[0]["note"].startswith("a \"quoted\""), d' \
+	"$tmp/json" || fail "status --json not valid JSON: $(cat "$tmp/json")"
+
+chmod 0777 "$tmp/st"
+"$ctl" status "$tmp/st" >"$tmp/skip" 2>&1
+grep -q "skipped $tmp/st: writable by group or others" "$tmp/skip" || fail "open dir not skipped"
+grep -q " sim0 " "$tmp/skip" && fail "open dir read"
+
+if grep -rl "$secret" "$tmp"; then fail "password printed"; fi
+echo PASS
