@@ -28,15 +28,17 @@ static int check_kv(void)
 		rc = shift_kv_get(h, "shiftctl-check", &val, &len);
 	free(val);
 	shift_kv_close(h);
+	char url[1200];
+
+	/* the password never reaches the report */
+	shift_config_mask("SHIFT_KV_URL", shift_config.kv_url, url, sizeof(url));
 	/* an absent key is a store that answered */
 	if (rc == 0 || rc == -ENOENT) {
-		printf("ok    KV store %s reachable (namespace %s)\n",
-		       shift_config.kv_url[0] ? shift_config.kv_url : "(default)",
+		printf("ok    KV store %s reachable (namespace %s)\n", url[0] ? url : "(default)",
 		       shift_config.kv_namespace[0] ? shift_config.kv_namespace : "(default)");
 		return 0;
 	}
-	printf("FAIL  KV store %s: %s\n", shift_config.kv_url[0] ? shift_config.kv_url : "(default)",
-	       shift_kv_strerror(rc));
+	printf("FAIL  KV store %s: %s\n", url[0] ? url : "(default)", shift_kv_strerror(rc));
 	return 1;
 }
 

@@ -51,16 +51,23 @@ err missing-value "$run" -n
 
 # the check: a fake KV (redis-server on a free port), then a dead one
 port=$((20000 + $$ % 20000))
-redis-server --port $port --save '' --appendonly no --daemonize no >/dev/null 2>&1 &
+pw=pw-marker-$$
+redis-server --port $port --requirepass "$pw" --save '' --appendonly no --daemonize no >/dev/null 2>&1 &
 rpid=$!
 i=0
-while ! redis-cli -p $port ping >/dev/null 2>&1 && [ $i -lt 50 ]; do sleep 0.1; i=$((i + 1)); done
-out=$(env -i PATH="$PATH" HOME=/nonexistent SLURM_JOB_ID=1 "$run" -k redis://127.0.0.1:$port -- echo started 2>&1)
+while ! redis-cli --no-auth-warning -a "$pw" -p $port ping >/dev/null 2>&1 && [ $i -lt 50 ]; do
+	sleep 0.1; i=$((i + 1)); done
+out=$(env -i PATH="$PATH" HOME=/nonexistent SLURM_JOB_ID=1 "$run" -k "redis://:$pw@127.0.0.1:$port" \
+	-- echo started 2>&1)
 echo "$out" | grep -q '^ok  *KV store' || fail "check with live KV: $out"
 echo "$out" | tail -1 | grep -qx started || fail "command not started after a passing check: $out"
+# the password never appears in the report
+echo "$out" | grep -q "$pw" && fail "the check printed the KV password: $out"
 kill $rpid; wait $rpid 2>/dev/null
-out=$(env -i PATH="$PATH" HOME=/nonexistent SLURM_JOB_ID=1 "$run" -k redis://127.0.0.1:$port -- echo started 2>&1)
+out=$(env -i PATH="$PATH" HOME=/nonexistent SLURM_JOB_ID=1 "$run" -k "redis://:$pw@127.0.0.1:$port" \
+	-- echo started 2>&1)
 rc=$?
+echo "$out" | grep -q "$pw" && fail "the failed check printed the KV password: $out"
 [ $rc -eq 1 ] || fail "check with dead KV: exit $rc, want 1"
 echo "$out" | grep -q 'FAIL  KV store' || fail "check with dead KV: no FAIL line: $out"
 echo "$out" | grep -q started && fail "command started after a failed check"
