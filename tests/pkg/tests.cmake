@@ -8,3 +8,10 @@ add_test(NAME pkg_deb COMMAND ${CMAKE_SOURCE_DIR}/tests/pkg/deb.sh ${CMAKE_SOURC
 set_tests_properties(pkg_deb PROPERTIES LABELS pkg TIMEOUT 900)
 add_test(NAME pkg_rpm COMMAND ${CMAKE_SOURCE_DIR}/tests/pkg/rpm.sh ${CMAKE_SOURCE_DIR})
 set_tests_properties(pkg_rpm PROPERTIES LABELS pkg TIMEOUT 900)
+# The packages installed on the QEMU testbed (as root, like e2e_testbed):
+# shift-system makes an unmodified ib_write_bw survive a NIC failure, its
+# removal restores the distro library, shift-run protects with shift alone
+# (about 4 minutes).
+add_test(NAME pkg_testbed
+  COMMAND ${CMAKE_SOURCE_DIR}/tests/pkg/testbed_install.sh ${CMAKE_SOURCE_DIR} ${CMAKE_BINARY_DIR})
+set_tests_properties(pkg_testbed PROPERTIES LABELS "pkg;e2e" TIMEOUT 1200)
