@@ -273,7 +273,7 @@ int main(int argc, char **argv)
 		printf("shiftctl (SHIFT) %s\n", SHIFT_VERSION);
 		return 0;
 	}
-	int bad = shift_config_load(NULL);
+	int bad = shift_config_load("");
 	if (!strcmp(argv[1], "config")) {
 		shift_config_print(stdout);
 		return bad ? 1 : 0;

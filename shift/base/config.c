@@ -145,10 +145,12 @@ static const struct config_row rows[] = {
 	  "error, warn, info or debug; lines go to stderr prefixed 'shift:'",
 	  parse_level, FIELD(log_level) },
 	{ "SHIFT_REAL_LIBIBVERBS", NULL,
-	  "path of the distro's libibverbs.so.1 that SHIFT wraps (default: found at build time)",
+	  "absolute path of the distro's libibverbs.so.1 that SHIFT wraps (default: searched at run time: "
+	  "<libdir>/shift/real, the build-time path, the system library directories; docs/dropin.md)",
 	  parse_string, FIELD(real_lib) },
 	{ "SHIFT_BACKUP", "",
-	  "backup NIC map, e.g. rxe0:rxe1,rxe1:rxe0 (default: next active device with the same link layer)",
+	  "backup NIC map, e.g. rxe0:rxe1,rxe1:rxe0 (default: an active device with the same link layer, "
+	  "same NUMA node first, in natural name order, port p to port p)",
 	  parse_string, FIELD(backup) },
 	{ "SHIFT_KV_URL", "redis://127.0.0.1:6379",
 	  "where backup attributes are exchanged: redis://[user:password@]host:port[/db], redis-sentinel://[user:password@]s1[:port][,s2...]/MASTER[/db] or mem://NAME",
