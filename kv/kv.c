@@ -159,6 +159,7 @@ static int kv_opts(const struct shift_kv_options *in, struct shift_kv_options *o
 	KV_DEF(retry_min_ms, SHIFT_KV_DEFAULT_RETRY_MIN_MS);
 	KV_DEF(retry_max_ms, SHIFT_KV_DEFAULT_RETRY_MAX_MS);
 	KV_DEF(poll_max_ms, SHIFT_KV_DEFAULT_POLL_MAX_MS);
+	KV_DEF(secret_file, shift_config.kv_secret_file);
 #undef KV_DEF
 	if (o->retry_min_ms > o->retry_max_ms)
 		return kv_err(-EINVAL, "kv: retry_min_ms > retry_max_ms");
@@ -185,6 +186,11 @@ int shift_kv_open(const char *url, const char *ns,
 	rc = shift_kv_url_parse(url, &h->url);
 	if (!rc)
 		rc = kv_opts(opts, &h->opts);
+	if (rc) {
+		free(h);
+		return rc;
+	}
+	rc = kv_auth_load(h, h->opts.secret_file);
 	if (rc) {
 		free(h);
 		return rc;
@@ -223,6 +229,7 @@ void shift_kv_close(shift_kv *h)
 	pthread_mutex_destroy(&h->lock);
 	/* the URL holds the password: do not leave it in freed memory */
 	explicit_bzero(&h->url, sizeof(h->url));
+	explicit_bzero(h->secret, sizeof(h->secret));
 	free(h);
 }
 
@@ -250,6 +257,14 @@ int shift_kv_put(shift_kv *h, const char *key, const void *val, size_t len,
 	if (ttl_ms > (uint64_t)1 << 40)
 		return kv_err(-EINVAL, "kv put: ttl_ms %llu out of range",
 			      (unsigned long long)ttl_ms);
+	void *sealed = NULL;
+
+	if (h->secret_len) {
+		rc = kv_auth_seal(h, fk, (size_t)klen, val, len, &sealed, &len);
+		if (rc)
+			return rc;
+		val = sealed;
+	}
 	pthread_mutex_lock(&h->lock);
 	h->commands++;
 	rc = h->be->put(h, fk, (size_t)klen, val ? val : "", len, ttl_ms,
@@ -259,6 +274,7 @@ int shift_kv_put(shift_kv *h, const char *key, const void *val, size_t len,
 	if (rc == 0 && !kv_map_upsert(&h->own, fk, (size_t)klen))
 		rc = kv_err(-ENOMEM, "kv put: out of memory tracking own key");
 	pthread_mutex_unlock(&h->lock);
+	free(sealed);
 	return rc;
 }
 
@@ -278,7 +294,7 @@ int shift_kv_get(shift_kv *h, const char *key, void **val, size_t *len)
 	h->commands++;
 	rc = h->be->get(h, fk, (size_t)klen, val, len, kv_op_deadline(h));
 	pthread_mutex_unlock(&h->lock);
-	return rc;
+	return rc ? rc : kv_auth_open(h, fk, (size_t)klen, val, len);
 }
 
 int shift_kv_mget(shift_kv *h, const char *const *keys, size_t n, void **vals,
@@ -317,6 +333,9 @@ int shift_kv_mget(shift_kv *h, const char *const *keys, size_t n, void **vals,
 	h->commands++;
 	rc = h->be->mget(h, k, kl, n, vals, lens, kv_op_deadline(h));
 	pthread_mutex_unlock(&h->lock);
+	/* a value that does not open reads as absent */
+	for (size_t i = 0; !rc && i < n; i++)
+		(void)kv_auth_open(h, k[i], kl[i], &vals[i], &lens[i]);
 	free(fk);
 	if (rc)
 		for (size_t i = 0; i < n; i++) {
@@ -337,6 +356,16 @@ uint64_t shift_kv_commands(shift_kv *h)
 	n = h->commands;
 	pthread_mutex_unlock(&h->lock);
 	return n;
+}
+
+bool shift_kv_authenticated(const shift_kv *h)
+{
+	return h && h->secret_len;
+}
+
+uint64_t shift_kv_auth_failures(const shift_kv *h)
+{
+	return h ? __atomic_load_n(&h->auth_failures, __ATOMIC_RELAXED) : 0;
 }
 
 uint64_t shift_kv_oversize_replies(shift_kv *h)
@@ -415,6 +444,8 @@ static int kv_poll_wait(shift_kv *h, const char *fk, size_t klen, void **val,
 		h->commands++;
 		rc = h->be->get(h, fk, klen, val, len, d);
 		pthread_mutex_unlock(&h->lock);
+		if (!rc)
+			rc = kv_auth_open(h, fk, klen, val, len);
 		if (rc != -ENOENT)
 			return rc;
 		left = kv_ms_left(deadline);
@@ -447,6 +478,12 @@ int shift_kv_wait(shift_kv *h, const char *key, int timeout_ms, void **val,
 	deadline = kv_now_ns() + (uint64_t)timeout_ms * 1000000ull;
 	if (h->be->wait) {
 		int rc = h->be->wait(h, fk, (size_t)klen, val, len, deadline);
+
+		/* a value that does not open is as good as absent: wait on for
+		 * a real one, polling, until the same deadline */
+		if (!rc && kv_auth_open(h, fk, (size_t)klen, val, len) == -ENOENT)
+			return kv_poll_wait(h, fk, (size_t)klen, val, len, deadline,
+					    timeout_ms);
 
 		if (rc == -ETIMEDOUT)
 			kv_err(rc, "kv wait: '%s' did not appear within %d ms",

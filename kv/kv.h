@@ -104,6 +104,12 @@ uint64_t shift_kv_commands(shift_kv *h);
  * line a second). */
 uint64_t shift_kv_oversize_replies(shift_kv *h);
 
+/* Does h seal and check its records (a secret file was given)? */
+bool shift_kv_authenticated(const shift_kv *h);
+/* Values h read that failed authentication and were ignored (each one
+ * read as absent; the first is logged). */
+uint64_t shift_kv_auth_failures(const shift_kv *h);
+
 /* Fetch key into buf (capacity cap).  *len receives the value length; if it
  * exceeds cap nothing is copied and -EMSGSIZE is returned. */
 int shift_kv_get_buf(shift_kv *h, const char *key, void *buf, size_t cap,

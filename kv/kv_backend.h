@@ -23,6 +23,9 @@
 
 /* ---- handle and backend table ---- */
 
+#define KV_SECRET_MIN 16   /* bytes of a per-job secret (kv_auth.c) */
+#define KV_SECRET_MAX 4096
+
 struct kv_backend {
 	const char *name;
 	/* Called once from shift_kv_open() before the handle is shared; may
@@ -61,7 +64,25 @@ struct shift_kv {
 	void *priv;        /* backend state */
 	uint64_t commands; /* backend commands issued; guarded by lock */
 	uint64_t oversize; /* replies refused over max_reply; guarded by lock */
+	/* authenticated records (kv_auth.c): the per-job secret, 0 bytes =
+	 * none; values that failed to open (relaxed atomic) */
+	unsigned char secret[KV_SECRET_MAX];
+	size_t secret_len;
+	uint64_t auth_failures;
 };
+
+/* ---- authenticated records (kv_auth.c) ---- */
+
+/* Read the secret file at path into h (nothing for NULL or ""); 0 or a
+ * negative errno with the reason as the last error. */
+int kv_auth_load(shift_kv *h, const char *path);
+/* The sealed form of value v under full key fk (malloc'd, NUL after it). */
+int kv_auth_seal(const shift_kv *h, const char *fk, size_t klen, const void *v,
+		 size_t vlen, void **out, size_t *outlen);
+/* Open a value read under fk in place (*v, *vlen become the payload).
+ * Without a secret: 0, unchanged. One that does not open: freed, *v NULL,
+ * counted, logged once per handle, -ENOENT (it reads as absent). */
+int kv_auth_open(shift_kv *h, const char *fk, size_t klen, void **v, size_t *vlen);
 
 extern const struct kv_backend kv_backend_redis;
 extern const struct kv_backend kv_backend_mem;

@@ -36,6 +36,9 @@ struct shift_kv_options {
 	 * larger one is refused before its body is read (SHIFT_KV_MAX_REPLY;
 	 * at most SHIFT_KV_VALUE_MAX) */
 	size_t max_reply;
+	/* per-job secret file: records are sealed and checked with
+	 * HMAC-SHA256 (kv_auth.c); NULL = SHIFT_KV_SECRET_FILE, "" = none */
+	const char *secret_file;
 };
 
 enum shift_kv_scheme {

@@ -168,6 +168,11 @@ static const struct config_row rows[] = {
 	  "a few hundred bytes): a larger one is refused unread, its connection dropped, "
 	  "with one log line",
 	  parse_bounded, FIELD_RANGE(kv_max_reply, 1024, 1048576) },
+	{ "SHIFT_KV_SECRET_FILE", "",
+	  "file holding the job's secret (16..4096 bytes, mode 0600/0400, owned by you or "
+	  "root): every KV record is sealed with HMAC-SHA256 under it and a record that "
+	  "does not verify is ignored; '' = records are not authenticated (docs/security.md)",
+	  parse_string, FIELD(kv_secret_file) },
 	{ "SHIFT_PROBE_MS", "250",
 	  "period of the recovery probe on a failed default path, in ms (doubling per failed "
 	  "probe up to 8x); 0 = no failback: a failed-over QP stays on its backup",

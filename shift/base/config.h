@@ -23,6 +23,7 @@ struct shift_config {
 	char kv_namespace[128];   /* SHIFT_KV_NAMESPACE */
 	unsigned kv_timeout_ms;   /* SHIFT_KV_TIMEOUT_MS */
 	size_t kv_max_reply;      /* SHIFT_KV_MAX_REPLY */
+	char kv_secret_file[512]; /* SHIFT_KV_SECRET_FILE */
 	unsigned probe_ms;        /* SHIFT_PROBE_MS */
 	unsigned port_down_ms;    /* SHIFT_PORT_DOWN_MS */
 	unsigned poke_ms;         /* SHIFT_POKE_MS */

@@ -208,9 +208,16 @@ static void kv_connect(struct shift_rnic *r)
 
 	if (rc) {
 		r->kv = NULL;
-		rnic_unprotected(r, "the KV store URL or namespace is invalid");
+		rnic_unprotected(r, "the KV store URL, namespace or secret file is unusable");
 		shift_warn("%s: %s", r->name, shift_kv_last_error());
+		return;
 	}
+	/* said once per process: without a secret, whoever can write the
+	 * job's keys steers where a failover sends data (docs/security.md) */
+	static bool said;
+	if (!shift_kv_authenticated(r->kv) && !__atomic_exchange_n(&said, true, __ATOMIC_RELAXED))
+		shift_info("KV records are not authenticated (no SHIFT_KV_SECRET_FILE): SHIFT "
+			   "trusts every writer of namespace '%s'", shift_config.kv_namespace);
 }
 
 /* Wait on r's kick for ms (r->lock held). */

@@ -19,3 +19,9 @@ shift_unit_test(test_kv_deadline
 shift_unit_test(test_kv_sentinel
   SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_kv_sentinel.c ${CMAKE_CURRENT_LIST_DIR}/redis_proc.c
   LIBS shift_kv)
+# test_kv_auth: authenticated records (HMAC-SHA256 under a per-job secret
+# file) on the in-memory backend: forged, altered, moved and other-job
+# records read as absent and are counted; the secret file is checked.
+shift_unit_test(test_kv_auth
+  SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_kv_auth.c
+  LIBS shift_kv)
