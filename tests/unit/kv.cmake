@@ -5,7 +5,7 @@ shift_unit_test(test_kv
   SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_kv.c
   LIBS shift_kv)
 shift_unit_test(test_kv_redis
-  SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_kv_redis.c
+  SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_kv_redis.c ${CMAKE_CURRENT_LIST_DIR}/redis_proc.c
   LIBS shift_kv)
 # test_kv_deadline: the Redis backend's total per-command deadline and reply
 # size limit against a fake server thread (silent, slow AUTH, one byte per

@@ -35,6 +35,7 @@
 #include <hiredis/hiredis.h>
 
 #include "kv/kv.h"
+#include "redis_proc.h"
 
 #define PASSWORD "shift-test-pw"
 
@@ -42,144 +43,55 @@ static pid_t srv_pid = -1;
 static int srv_port;
 static char srv_path[512];
 
+/* The server process helpers are tests/unit/redis_proc.c's. */
 static uint64_t now_ms(void)
 {
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
+	return rp_now_ms();
 }
 
 static void sleep_ms(int ms)
 {
-	struct timespec ts = { ms / 1000, (long)(ms % 1000) * 1000000L };
-
-	nanosleep(&ts, NULL);
+	rp_sleep_ms(ms);
 }
 
 /* Find the redis-server binary; 0 on success. */
 static int find_redis_server(void)
 {
-	const char *env = getenv("SHIFT_REDIS_SERVER");
-	const char *path = getenv("PATH");
+	const char *p = rp_server_path();
 
-	if (env && *env) {
-		snprintf(srv_path, sizeof(srv_path), "%s", env);
-		return access(srv_path, X_OK);
-	}
-	if (!path)
-		path = "/usr/local/bin:/usr/bin:/bin";
-	while (*path) {
-		const char *c = strchr(path, ':');
-		size_t n = c ? (size_t)(c - path) : strlen(path);
-
-		snprintf(srv_path, sizeof(srv_path), "%.*s/redis-server", (int)n,
-			 path);
-		if (n && access(srv_path, X_OK) == 0)
-			return 0;
-		path += n + (c ? 1 : 0);
-	}
-	return -1;
+	if (!p)
+		return -1;
+	snprintf(srv_path, sizeof(srv_path), "%s", p);
+	return 0;
 }
 
-/* A loopback TCP port nobody listens on right now. */
 static int free_port(void)
 {
-	struct sockaddr_in a = { .sin_family = AF_INET };
-	socklen_t len = sizeof(a);
-	int fd = socket(AF_INET, SOCK_STREAM, 0), port;
-
-	a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-	if (fd < 0 || bind(fd, (struct sockaddr *)&a, sizeof(a)) ||
-	    getsockname(fd, (struct sockaddr *)&a, &len)) {
-		if (fd >= 0)
-			close(fd);
-		return -1;
-	}
-	port = ntohs(a.sin_port);
-	close(fd);
-	return port;
+	return rp_free_port();
 }
 
 /* A raw hiredis connection to the test server, authenticated; NULL if it
  * does not answer PING. */
 static redisContext *raw_connect(void)
 {
-	struct timeval tv = { 0, 200000 };
-	redisContext *c = redisConnectWithTimeout("127.0.0.1", srv_port, tv);
-	redisReply *r;
-
-	if (!c || c->err) {
-		if (c)
-			redisFree(c);
-		return NULL;
-	}
-	redisSetTimeout(c, tv);
-	r = redisCommand(c, "AUTH %s", PASSWORD);
-	if (r)
-		freeReplyObject(r);
-	r = redisCommand(c, "PING");
-	if (!r || r->type != REDIS_REPLY_STATUS || strcmp(r->str, "PONG")) {
-		if (r)
-			freeReplyObject(r);
-		redisFree(c);
-		return NULL;
-	}
-	freeReplyObject(r);
-	return c;
+	return rp_connect(srv_port, PASSWORD);
 }
 
 /* Start redis-server on srv_port and wait (up to 10 s) until it answers. */
 static int start_server(void)
 {
 	char port[16];
-	uint64_t t0 = now_ms();
 
 	snprintf(port, sizeof(port), "%d", srv_port);
-	srv_pid = fork();
-	if (srv_pid < 0)
-		return -1;
-	if (srv_pid == 0) {
-		int devnull = open("/dev/null", O_RDWR);
-
-		prctl(PR_SET_PDEATHSIG, SIGKILL); /* never outlive the test */
-		if (devnull >= 0) {
-			dup2(devnull, 0);
-			dup2(devnull, 1);
-			dup2(devnull, 2);
-		}
-		execl(srv_path, srv_path, "--port", port, "--bind", "127.0.0.1",
-		      "--requirepass", PASSWORD, "--save", "", "--appendonly",
-		      "no", "--daemonize", "no", (char *)NULL);
-		_exit(127);
-	}
-	while (now_ms() - t0 < 10000) {
-		redisContext *c;
-		int st;
-
-		if (waitpid(srv_pid, &st, WNOHANG) == srv_pid) {
-			fprintf(stderr, "redis-server exited early (status %d)\n", st);
-			srv_pid = -1;
-			return -1;
-		}
-		c = raw_connect();
-		if (c) {
-			redisFree(c);
-			return 0;
-		}
-		sleep_ms(20);
-	}
-	fprintf(stderr, "redis-server did not answer on port %d\n", srv_port);
-	return -1;
+	const char *args[] = { "--port", port, "--bind", "127.0.0.1", "--requirepass", PASSWORD,
+			       "--save", "", "--appendonly", "no", "--daemonize", "no", NULL };
+	srv_pid = rp_start(srv_port, PASSWORD, args);
+	return srv_pid < 0 ? -1 : 0;
 }
 
 static void kill_server(void)
 {
-	if (srv_pid > 0) {
-		kill(srv_pid, SIGKILL);
-		waitpid(srv_pid, NULL, 0);
-		srv_pid = -1;
-	}
+	rp_kill(&srv_pid);
 }
 
 static int group_setup(void **state)
