@@ -25,3 +25,8 @@ shift_unit_test(test_kv_sentinel
 shift_unit_test(test_kv_auth
   SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_kv_auth.c
   LIBS shift_kv)
+# kv_tls_stunnel: TLS to Redis through a per-host stunnel (redis-server with
+# only a TLS port and client certificates); plaintext, a wrong CA and a
+# missing client certificate refused; the password in no output.
+add_test(NAME kv_tls_stunnel COMMAND ${CMAKE_SOURCE_DIR}/tests/kv/tls_stunnel.sh ${CMAKE_BINARY_DIR}/bin)
+set_tests_properties(kv_tls_stunnel PROPERTIES LABELS unit TIMEOUT 60)
