@@ -15,7 +15,11 @@ set -u
 bin=$(cd "$1" && pwd)
 tmp=$(mktemp -d /tmp/shift-tls.XXXXXX)
 pids=
-cleanup() { for p in $pids; do kill "$p" 2>/dev/null; done; rm -rf "$tmp"; }
+# (terminator runs in a command substitution: its stunnel pids go to files)
+cleanup() {
+	for p in $pids $(cat "$tmp"/*.pid 2>/dev/null); do kill "$p" 2>/dev/null; done
+	rm -rf "$tmp"
+}
 trap cleanup EXIT
 fails=0
 fail() { echo "FAIL: $*"; fails=$((fails + 1)); }
@@ -57,7 +61,7 @@ terminator() {
 		[ -n "${3:-}" ] && printf 'cert = %s.crt\nkey = %s.key\n' "$tmp/$3" "$tmp/$3"
 	} >"$1.conf"
 	stunnel "$1.conf" >"$1.log" 2>&1 &
-	pids="$pids $!"
+	echo $! >"$1.pid"
 	i=0
 	until python3 -c "import socket; socket.create_connection(('127.0.0.1',$p),1)" 2>/dev/null; do
 		i=$((i + 1)); [ $i -lt 50 ] || break; sleep 0.1
