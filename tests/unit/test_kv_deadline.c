@@ -368,11 +368,14 @@ static void test_big_value(void **state)
 	FILE *log;
 
 	(void)state;
-	/* main: the whole 10 MiB is read (rc 0) and the RSS peak grows by
-	 * about two to three times that */
+	/* Before the limit the whole 10 MiB was read (rc 0) and the RSS peak
+	 * grew by two to three times that. Refused from its header, the value
+	 * costs nothing; the bound of half the value leaves room for what the
+	 * sanitizers add per connection thread (ASan's fake stacks: +2.5 MiB
+	 * seen in CI) and still fails whenever the value is read at all. */
 	log = with_stderr_captured(two_big_gets, h);
 	print_message("RSS peak %ld KiB -> %ld KiB\n", rss0, maxrss_kib());
-	assert_true(maxrss_kib() - rss0 < (long)(BIG_LEN >> 10) / 4);
+	assert_true(maxrss_kib() - rss0 < (long)(BIG_LEN >> 10) / 2);
 	for (int i = 0; i < 2; i++) {
 		assert_int_equal(big_rc[i], -EMSGSIZE);
 		assert_true(big_ms[i] <= SLACK_MS);
