@@ -177,6 +177,12 @@ static const struct config_row rows[] = {
 	  "period of the recovery probe on a failed default path, in ms (doubling per failed "
 	  "probe up to 8x); 0 = no failback: a failed-over QP stays on its backup",
 	  parse_uint, FIELD(probe_ms) },
+	{ "SHIFT_KV_WAIT_MS", "3000",
+	  "how long a failover waits for what it needs from the KV store (the peer's backup "
+	  "key of an rkey a WR uses), in ms (100..60000): the background thread reads it; "
+	  "until then the WR and those after it are held, after that it fails as the "
+	  "default path would have failed it",
+	  parse_bounded, FIELD_RANGE(kv_wait_ms, 100, 60000) },
 	{ "SHIFT_PORT_DOWN_MS", "300",
 	  "fail a QP over once its default port has not been ACTIVE for this long, without "
 	  "waiting for an error completion (soft-RoCE never reports one on a cut link); "

@@ -26,6 +26,7 @@ struct shift_config {
 	char kv_secret_file[512]; /* SHIFT_KV_SECRET_FILE */
 	unsigned probe_ms;        /* SHIFT_PROBE_MS */
 	unsigned port_down_ms;    /* SHIFT_PORT_DOWN_MS */
+	unsigned kv_wait_ms;      /* SHIFT_KV_WAIT_MS */
 	unsigned poke_ms;         /* SHIFT_POKE_MS */
 	char status_dir[256];     /* SHIFT_STATUS_DIR */
 

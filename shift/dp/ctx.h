@@ -262,6 +262,9 @@ struct shift_stats {
 	/* peers' failover records read while failed over, and the KV
 	 * commands that read them (batched: fewer commands than records) */
 	unsigned long ep_records_read, ep_read_commands;
+	/* peers' backup rkeys read by the background thread, and lookups
+	 * on the failover paths that found theirs not read yet (fo/kvq.c) */
+	unsigned long rkeys_read, rkeys_waited;
 };
 extern struct shift_stats shift_stats;
 

@@ -66,8 +66,11 @@ struct shift_dqp *shift_dqp_create(struct ibv_qp *qp, const struct ibv_qp_cap *c
 
 	if (!d)
 		return NULL;
+	static uint64_t serials;
+
 	d->qp = qp;
 	d->qpn = qp->qp_num;
+	d->serial = __atomic_add_fetch(&serials, 1, __ATOMIC_RELAXED);
 	snprintf(d->dev, sizeof(d->dev), "%.23s",
 		 qp->context && qp->context->device ? qp->context->device->name : "?");
 	d->own_tag = own_tag(d);
@@ -103,6 +106,7 @@ struct shift_dqp *shift_dqp_create(struct ibv_qp *qp, const struct ibv_qp_cap *c
 		free(d);
 		return NULL;
 	}
+	pthread_mutex_init(&d->rk_lock, NULL);
 	return d;
 }
 
@@ -110,6 +114,8 @@ void shift_dqp_destroy(struct shift_dqp *d)
 {
 	if (!d)
 		return;
+	pthread_mutex_destroy(&d->rk_lock);
+	free(d->rk);
 	free(d->sq);
 	free(d->rq);
 	free(d);

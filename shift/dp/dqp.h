@@ -116,6 +116,15 @@ struct shift_rwqe {
 
 struct shift_fo_stash; /* (shift/fo/fo_int.h) */
 
+/* A peer's backup rkey for one of its application rkeys (fo/kvq.c). */
+struct shift_rkey {
+	uint32_t app, bk;
+	uint8_t st;        /* SHIFT_RK_* */
+	uint64_t at_ms;    /* when its read was issued (known, absent) */
+	uint64_t want_ms;  /* since when it is wanted */
+};
+enum { SHIFT_RK_WANT, SHIFT_RK_KNOWN, SHIFT_RK_ABSENT };
+
 struct shift_dqp {
 	/*
 	 * Hot: what post and poll touch in the Default state, in four cache
@@ -197,9 +206,24 @@ struct shift_dqp {
 	bool ctrl_pending;            /* the peer's arrived, not yet acted on */
 	uint32_t peer_recv_count;     /* ... and the receive counter it carried */
 	uint64_t ctrl_seen_ms;        /* when the background thread saw it */
-	struct { uint32_t app, bk; } rkeys[16]; /* remote key translations */
-	unsigned nrkeys;
-	unsigned long rkeys_ep;       /* ... read in failover number rkeys_ep */
+	/* the peer's backup rkeys, read ahead by the background thread
+	 * (fo/kvq.c): under rk_lock, which nobody holds across I/O */
+	pthread_mutex_t rk_lock;
+	struct shift_rkey *rk;        /* rk_n of rk_cap entries */
+	unsigned rk_n, rk_cap;
+	uint64_t rk_since_ms;         /* read before this (the failover's start): stale */
+	bool rk_want;                 /* an entry waits for its read */
+	/* my episode record, written by the background thread (fo/kvq.c):
+	 * encoded as ep_seq, ep_done written (under rk_lock) */
+	char ep_key[80], ep_val[64];
+	unsigned ep_len;
+	uint64_t ep_seq, ep_done;
+	/* sends held behind one whose peer key is not read yet (fo/kvq.c),
+	 * post_lock: from sq_held_from on; below sq_held_exec only READs are
+	 * sent again, the others replaced (fo_retransmit) */
+	bool sq_held;
+	uint64_t sq_held_from, sq_held_exec;
+	uint64_t serial;              /* unique among all QPs of the process */
 
 	/* failback (shift/fo/failback.c), under the CQs' dp_lock */
 	uint8_t dflt;                 /* SHIFT_DFLT_*: the default QP's condition */

@@ -148,6 +148,7 @@ void shift_failover_background(struct shift_ctx *s)
 	pthread_mutex_lock(&bg_lock);
 	pthread_mutex_lock(&s->slow_lock);
 	background(s);
+	fo_kvq_run(s); /* (drops slow_lock around its KV commands) */
 	pthread_mutex_unlock(&s->slow_lock);
 	pthread_mutex_unlock(&bg_lock);
 }

@@ -138,39 +138,6 @@ struct shift_dqp *fo_dqp_of_bk(struct shift_ctx *s, uint32_t bk_qpn)
 
 /* ---- key translation -------------------------------------------------- */
 
-static int remote_key(struct shift_dqp *d, uint32_t app_rkey, uint32_t *bk)
-{
-	struct shift_rnic *r = shift_rnic_of(d->qp->context);
-	char key[SHIFT_EXCHANGE_KEY_MAX];
-	void *v;
-	size_t len;
-
-	/* the peer may have registered its MRs anew since the last failover
-	 * (ibv_rereg_mr, or dereg and reg): read them again in each one */
-	if (d->rkeys_ep != d->failovers) {
-		d->nrkeys = 0;
-		d->rkeys_ep = d->failovers;
-	}
-	for (unsigned i = 0; i < d->nrkeys && i < 16; i++) {
-		if (d->rkeys[i].app == app_rkey) {
-			*bk = d->rkeys[i].bk;
-			return 0;
-		}
-	}
-	if (!r || !r->kv ||
-	    shift_exchange_mr_key(&d->shadow->peer_key.gid, app_rkey, key, sizeof(key)) < 0 ||
-	    shift_kv_get(r->kv, key, &v, &len))
-		return -1;
-	int rc = shift_exchange_mr_decode(v, len, bk);
-	free(v);
-	if (rc)
-		return -1;
-	d->rkeys[d->nrkeys % 16].app = app_rkey;
-	d->rkeys[d->nrkeys % 16].bk = *bk;
-	d->nrkeys++;
-	return 0;
-}
-
 static int local_keys(struct shift_dqp *d, struct ibv_sge *sge, unsigned n)
 {
 	struct shift_rnic *r = shift_rnic_of(d->qp->context);
@@ -193,29 +160,14 @@ static int local_keys(struct shift_dqp *d, struct ibv_sge *sge, unsigned n)
  */
 static bool reject_remotely(struct shift_dqp *d, uint64_t *raddr, uint32_t *rkey)
 {
-	uint32_t bk, tried[4];
-	unsigned nt = 0;
+	uint32_t bk;
 
-	/* (a key of the peer's the application used before, its backup key
-	 * looked up: the mirror's ring still holds old WRs; a few at most) */
-	for (uint32_t i = 0; !d->nrkeys && nt < 4 && i < d->sq_size; i++) {
-		struct shift_swqe *e = shift_dqp_swqe(d, i);
-		bool seen = e->rkey == *rkey;
-
-		for (unsigned k = 0; k < nt; k++)
-			seen |= tried[k] == e->rkey;
-		if (seen || !(e->opcode == IBV_WR_RDMA_WRITE || e->opcode == IBV_WR_RDMA_WRITE_WITH_IMM ||
-			      e->opcode == IBV_WR_RDMA_READ || shift_wr_is_atomic(e->opcode)))
-			continue;
-		tried[nt++] = e->rkey;
-		(void)remote_key(d, e->rkey, &bk);
-	}
-	if (!d->nrkeys)
+	if (!fo_rk_any(d, &bk))
 		return false;
 	shift_debug("%s QP %u: the peer has no backup key for rkey %u: the WR goes out to be "
 		    "refused, as the default path would", d->dev, d->qpn, *rkey);
 	*raddr = 1ull << 63;
-	*rkey = d->rkeys[0].bk;
+	*rkey = bk;
 	return true;
 }
 
@@ -244,18 +196,28 @@ static int doom(struct shift_dqp *d, uint64_t idx)
 
 /* ---- posting on the backup QP ------------------------------------------ */
 
+/* The peer's backup key for app: 0; 1 it has none (or it could not be read
+ * in time); 2 not read yet (fo/kvq.c). Never KV I/O. */
+static int remote_key(struct shift_dqp *d, uint32_t app, uint32_t *bk)
+{
+	int rc = fo_rk_lookup(d, app, bk);
+
+	return rc < 0 ? 1 : rc > 0 ? 2 : 0;
+}
+
 /*
  * Mirrored send WR idx as it is posted again: for the backup QP (keys
  * translated, wr_id tagged for translation back) or, when failing back, for
  * the default QP exactly as the application posted it; sge has room for
- * its SGEs.
+ * its SGEs. 0; -1 no backup lkey; for the backup, the remote key's
+ * remote_key(): 1 the peer has no backup key for it, 2 not read yet.
  */
 static int build_mirrored(struct shift_dqp *d, uint64_t idx, bool dflt, struct ibv_send_wr *wrp,
 			  struct ibv_sge *sge)
 {
 	struct shift_swqe *e = shift_dqp_swqe(d, idx);
 	struct ibv_send_wr wr;
-	bool unknown = false;
+	int unknown = 0;
 
 	memset(&wr, 0, sizeof(wr));
 	wr.wr_id = dflt ? e->wr_id : SHIFT_WRID_DATA | SHIFT_WRID_GEN(d->bk_gen) | idx;
@@ -284,10 +246,9 @@ static int build_mirrored(struct shift_dqp *d, uint64_t idx, bool dflt, struct i
 		for (unsigned k = 0; k < e->num_sge && !(e->send_flags & IBV_SEND_INLINE); k++)
 			bytes += e->sge[k].length;
 		/* a zero-length write touches no remote memory: its key is not used */
-		if (!bytes || dflt)
-			wr.wr.rdma.rkey = e->rkey;
-		else if ((wr.wr.rdma.rkey = e->rkey, remote_key(d, e->rkey, &wr.wr.rdma.rkey)))
-			unknown = true;
+		wr.wr.rdma.rkey = e->rkey;
+		if (bytes && !dflt)
+			unknown = remote_key(d, e->rkey, &wr.wr.rdma.rkey);
 	}
 	if (shift_wr_is_atomic(e->opcode)) {
 		/* only posted here once failed over: never a retransmission */
@@ -295,11 +256,11 @@ static int build_mirrored(struct shift_dqp *d, uint64_t idx, bool dflt, struct i
 		wr.wr.atomic.compare_add = e->compare_add;
 		wr.wr.atomic.swap = e->swap;
 		wr.wr.atomic.rkey = e->rkey;
-		if (!dflt && remote_key(d, e->rkey, &wr.wr.atomic.rkey))
-			unknown = true;
+		if (!dflt)
+			unknown = remote_key(d, e->rkey, &wr.wr.atomic.rkey);
 	}
 	*wrp = wr;
-	return unknown ? 1 : 0;
+	return unknown;
 }
 
 /* Can the backup QP carry mirrored send WRs [from, to) (only the READs
@@ -317,13 +278,14 @@ bool fo_bk_carries(struct shift_dqp *d, uint64_t from, uint64_t to, bool reads)
 			continue;
 		if (e->opcode == IBV_WR_BIND_MW || e->opcode == IBV_WR_LOCAL_INV ||
 		    e->opcode == IBV_WR_SEND_WITH_INV || e->opcode == IBV_WR_TSO ||
-		    build_mirrored(d, i, false, &wr, sge))
-			return false;
+		    build_mirrored(d, i, false, &wr, sge) % 2)
+			return false; /* (a key not read yet: held, fo_post_bk_send) */
 	}
 	return true;
 }
 
-/* Post mirrored send WR idx again (build_mirrored). */
+/* Post mirrored send WR idx again (build_mirrored): 0, -1 (cannot), or 1
+ * for the backup when its peer key is not read yet (not posted). */
 int fo_post_mirrored(struct shift_dqp *d, uint64_t idx, bool dflt)
 {
 	struct shift_swqe *e = shift_dqp_swqe(d, idx);
@@ -334,6 +296,8 @@ int fo_post_mirrored(struct shift_dqp *d, uint64_t idx, bool dflt)
 
 	if (rc < 0)
 		return -1;
+	if (rc == 2)
+		return 1; /* (the caller holds it) */
 	if (rc) {
 		/* a remote key with no backup key: refused as on the default
 		 * path (a WR posted while failed over; a failover's
@@ -397,7 +361,20 @@ int fo_post_bk_send(struct shift_dqp *d, uint64_t idx)
 {
 	if (d->doomed && idx >= d->doomed)
 		return 0; /* (held: the connection ends at the doomed WR) */
-	return fo_post_mirrored(d, idx, false);
+	if (d->sq_held)
+		return 0; /* (behind a held one: fo_held_release() posts it) */
+	int rc = fo_post_mirrored(d, idx, false);
+
+	if (rc <= 0)
+		return rc;
+	/* its peer key is not read yet: it and all after it wait for the
+	 * background pass (fo/kvq.c), which this wakes */
+	d->sq_held_from = idx;
+	__atomic_store_n(&d->sq_held, true, __ATOMIC_RELEASE);
+	shift_debug("%s QP %u: WR %llu waits for the peer's backup key", d->dev, d->qpn,
+		    (unsigned long long)idx);
+	shift_rnic_wake(shift_rnic_of(d->qp->context));
+	return 0;
 }
 
 int fo_post_bk_recv(struct shift_dqp *d, uint64_t idx)

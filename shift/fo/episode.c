@@ -22,6 +22,7 @@
  * peer's record says so, or the peer's own message proves it.
  */
 
+/* My record: d's episode as of now, in the store soon (fo/kvq.c). */
 void fo_ep_publish(struct shift_ctx *s, struct shift_dqp *d)
 {
 	struct shift_rnic *r = s->rnic;
@@ -40,11 +41,13 @@ void fo_ep_publish(struct shift_ctx *s, struct shift_dqp *d)
 	n = shift_exchange_ep_encode_ex(&ev, val, sizeof(val));
 	d->bkfail_published = d->bk_error;
 	d->published_ep = d->failovers;
-	if (n < 0 || shift_kv_put(r->kv, key, val, (size_t)n, 0))
-		shift_warn("%s QP %u: cannot publish failover %lu in the KV store: the peer may not "
+	if (n < 0) {
+		shift_warn("%s QP %u: cannot encode failover %lu for the KV store: the peer may not "
 			   "follow it", d->dev, d->qpn, d->failovers);
-	else
-		shift_debug("%s QP %u: published %s = %.*s", d->dev, d->qpn, key, n, val);
+		return;
+	}
+	/* (written by the background pass, never on this thread: fo/kvq.c) */
+	fo_kvq_publish(s, d, key, val, (unsigned)n);
 }
 
 /* A peer record read into d. */

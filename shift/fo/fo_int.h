@@ -81,6 +81,15 @@ enum ibv_wc_opcode fo_send_wc_opcode(unsigned opcode);
 int fo_post_bk_placeholder(struct shift_dqp *d, uint64_t idx);
 bool fo_bk_carries(struct shift_dqp *d, uint64_t from, uint64_t to, bool reads);
 int fo_post_bk_send(struct shift_dqp *d, uint64_t idx);
+int fo_post_bk_sends(struct shift_dqp *d, uint64_t from, uint64_t *failed);
+/* the KV store off the application's threads (fo/kvq.c) */
+int fo_rk_lookup(struct shift_dqp *d, uint32_t app, uint32_t *bk);
+bool fo_rk_any(struct shift_dqp *d, uint32_t *bk);
+void fo_rk_failover(struct shift_dqp *d);
+void fo_kvq_publish(struct shift_ctx *s, struct shift_dqp *d, const char *key,
+		    const char *val, unsigned len);
+void fo_kvq_run(struct shift_ctx *s);
+void fo_held_release(struct shift_dqp *d);
 int fo_post_bk_recv(struct shift_dqp *d, uint64_t idx);
 void fo_give_up(struct shift_dqp *d, const char *why);
 void fo_from_default_batch(struct shift_ctx *s, struct ibv_wc *wc, size_t n, struct out *o);

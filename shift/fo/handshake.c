@@ -92,7 +92,8 @@ void fo_retransmit(struct shift_dqp *d, struct out *o)
 
 	shift_dqp_lock(d);
 	d->handshake_done = true;
-	for (; i < end; i++) {
+	d->sq_held_exec = end; /* (if a WR is held for its key: fo_held_release) */
+	for (; i < end && !d->sq_held; i++) {
 		bool again = shift_dqp_swqe(d, i)->opcode == IBV_WR_RDMA_READ;
 
 		if (again ? fo_post_bk_send(d, i) : fo_post_bk_placeholder(d, i)) {
@@ -102,7 +103,7 @@ void fo_retransmit(struct shift_dqp *d, struct out *o)
 		}
 		skipped -= again;
 	}
-	for (; i < d->sq_head; i++) {
+	for (; i < d->sq_head && !d->sq_held; i++) {
 		if (fo_post_bk_send(d, i)) {
 			shift_dqp_unlock(d);
 			fo_give_up_late(d, o, "cannot post a WR on the backup QP");

@@ -50,23 +50,23 @@ bool fo_take_refused(struct shift_dqp *d, int rc, uint64_t sq_from, uint64_t rq_
 
 bool shift_failover_post_refused(struct shift_dqp *d, int rc, uint64_t sq_from, uint64_t rq_from)
 {
-	return d->send_state == SHIFT_SEND_DEFAULT && fo_take_refused(d, rc, sq_from, rq_from);
+	/* (receives back on the default QP while the sends still are on the
+	 * backup: the failover starts again, as for an error completion) */
+	return (d->send_state == SHIFT_SEND_DEFAULT ||
+		(d->need_rearm && d->send_state != SHIFT_SEND_UNPROTECTED)) &&
+	       fo_take_refused(d, rc, sq_from, rq_from);
 }
 
 /* ---- posting while failed over --------------------------------------------- */
 
-int shift_post_send_fallback(struct shift_dqp *d, struct ibv_send_wr *wr,
-			     struct ibv_send_wr **bad_wr)
+/* Post mirrored sends from `from` to sq_head on the backup (post_lock
+ * held): in WaitSignaled the first signaled one is the fence, and what
+ * follows it is held for the default QP; a WR whose peer key is not read
+ * yet holds it and the rest (fo_post_bk_send). 0, or -1 with *failed the
+ * first WR that could not be posted. */
+int fo_post_bk_sends(struct shift_dqp *d, uint64_t from, uint64_t *failed)
 {
-	uint64_t head = d->sq_head;
-
-	if (shift_dqp_record_send(d, wr)) {
-		*bad_wr = wr;
-		return ENOMEM;
-	}
-	if (!d->handshake_done || d->send_state == SHIFT_SEND_WAIT_DRAINED)
-		return 0; /* held: fo_retransmit() or fo_switch_back() posts them */
-	for (uint64_t i = head; i < d->sq_head; i++) {
+	for (uint64_t i = from; i < d->sq_head && !d->sq_held; i++) {
 		struct shift_swqe *e = shift_dqp_swqe(d, i);
 		bool fence = d->send_state == SHIFT_SEND_WAIT_SIGNALED &&
 			     ((e->send_flags & IBV_SEND_SIGNALED) || d->sq_sig_all);
@@ -79,17 +79,39 @@ int shift_post_send_fallback(struct shift_dqp *d, struct ibv_send_wr *wr,
 		if (fo_post_bk_send(d, i)) {
 			if (fence)
 				shift_dqp_set_send_state(d, SHIFT_SEND_WAIT_SIGNALED, "the fence could not be posted");
-			/* report the first WR that did not go out */
-			struct ibv_send_wr *w = wr;
-
-			for (uint64_t k = head; k < i; k++)
-				w = w->next;
-			shift_dqp_unrecord_send(d, wr, w, head);
-			*bad_wr = w;
-			return EIO;
+			*failed = i;
+			return -1;
 		}
+		if (fence && d->sq_held) /* (not posted after all) */
+			shift_dqp_set_send_state(d, SHIFT_SEND_WAIT_SIGNALED, "the fence waits for a key");
 		if (fence)
 			break;
+	}
+	return 0;
+}
+
+int shift_post_send_fallback(struct shift_dqp *d, struct ibv_send_wr *wr,
+			     struct ibv_send_wr **bad_wr)
+{
+	uint64_t head = d->sq_head;
+
+	if (shift_dqp_record_send(d, wr)) {
+		*bad_wr = wr;
+		return ENOMEM;
+	}
+	if (!d->handshake_done || d->send_state == SHIFT_SEND_WAIT_DRAINED || d->sq_held)
+		return 0; /* held: fo_retransmit(), fo_switch_back() or fo_held_release() posts them */
+	uint64_t i;
+
+	if (fo_post_bk_sends(d, head, &i)) {
+		/* report the first WR that did not go out */
+		struct ibv_send_wr *w = wr;
+
+		for (uint64_t k = head; k < i; k++)
+			w = w->next;
+		shift_dqp_unrecord_send(d, wr, w, head);
+		*bad_wr = w;
+		return EIO;
 	}
 	return 0;
 }

@@ -262,10 +262,12 @@ static void stop_default(struct shift_ctx *s, struct shift_dqp *d, bool again)
 	d->handshake_done = false;
 	d->recv_hold = true;
 	d->post_failed = false; /* (its WRs are in the mirror like the others) */
+	d->sq_held = false;     /* (the retransmission posts them) */
 	shift_dqp_set_send_state(d, SHIFT_SEND_FALLBACK, "failover");
 	shift_dqp_set_recv_state(d, SHIFT_RECV_FALLBACK, "failover");
 	shift_dqp_unlock(d);
 	shift_lower->modify_qp(d->qp, &a, IBV_QP_STATE);
+	fo_rk_failover(d); /* (the peer's keys read while the handshake runs) */
 	d->t_error_us = shift_clock_us();
 	d->switch_us = d->fallback_us = 0;
 	d->dflt = SHIFT_DFLT_ERR;
@@ -372,7 +374,9 @@ int fo_start(struct shift_ctx *s, struct shift_dqp *d, struct out *o,
 	}
 	d->failovers++;
 	d->wait_since = shift_clock_ms();
-	if (again && !fo_peer_old_dead(d) && (fo_ep_read(s, d), !fo_peer_old_dead(d))) {
+	if (again && !fo_peer_old_dead(d)) {
+		/* (what the background pass read last says it has not: it
+		 * reads again for this wait, never this thread) */
 		/* the peer's old backup may still send: reset mine only once
 		 * it has stopped it (it follows my record) */
 		shift_dqp_set_ep_wait(d, SHIFT_EP_WAIT_RESET, "the peer's old backup may still send");
@@ -423,8 +427,8 @@ int fo_finish_start(struct shift_ctx *s, struct shift_dqp *d, bool reset)
 	if (d->failovers > 1) {
 		if (!reset) /* (fo_reset_backup() published it) */
 			fo_ep_publish(s, d);
-		if (!fo_peer_armed(d))
-			(void)fo_ep_read(s, d);
+		/* (the peer's record as the background pass read it last; if
+		 * it is not armed, the wait below reads it again there) */
 	}
 	/* one warning per context while anything of it is failed over (a
 	 * failure of its NIC or path moves all its QPs), the rest at info */

@@ -256,6 +256,7 @@ static void *rnic_main(void *arg)
 				break;
 		}
 		r->dirty = false;
+		r->woken = false;
 		pthread_mutex_unlock(&r->lock);
 		pthread_mutex_lock(&r->busy);
 		int left = work || r->bk_ctx ? shift_rnic_pass(r) : 0;
@@ -265,7 +266,7 @@ static void *rnic_main(void *arg)
 		}
 		pthread_mutex_unlock(&r->busy);
 		pthread_mutex_lock(&r->lock);
-		if (r->stop || r->dirty)
+		if (r->stop || r->dirty || r->woken)
 			continue;
 		/* replay pending: soon; a QP failed over (probes, failback): often;
 		 * else the idle period, which also bounds how long a passive
@@ -279,6 +280,17 @@ static void *rnic_main(void *arg)
 	}
 	pthread_mutex_unlock(&r->lock);
 	return NULL;
+}
+
+void shift_rnic_wake(struct shift_rnic *r)
+{
+	if (!r)
+		return;
+	pthread_mutex_lock(&r->lock);
+	r->woken = true;
+	if (r->idle)
+		pthread_cond_signal(&r->kick);
+	pthread_mutex_unlock(&r->lock);
 }
 
 /* Stop r's thread, if it runs, and wait for it. */

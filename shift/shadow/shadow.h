@@ -87,6 +87,11 @@ int shift_qp_to_rts(struct ibv_qp *qp, const struct ibv_qp_attr *app, int app_ma
 int shift_rnic_pass(struct shift_rnic *r);
 /* One pass over every RNIC (tests and the campaign, synchronous mode). */
 void shift_rnic_pass_all(void);
+/* The layer above has background work for r (KV reads or writes a
+ * failover waits for): its thread runs a pass now instead of at its
+ * period. Takes r->lock only (never held across I/O); no-op in
+ * synchronous mode, whose caller runs the passes. */
+void shift_rnic_wake(struct shift_rnic *r);
 /* What each pass runs for the layer above before replaying (failover's
  * background share: noticing peers' handshake messages), on the RNIC's
  * thread; NULL (the default): nothing. Set by the front before the first

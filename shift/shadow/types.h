@@ -147,6 +147,7 @@ struct shift_rnic {
 	bool stop;                /* (L) */
 	bool dirty;               /* (L) something to replay */
 	bool idle;                /* (L) the thread waits for a kick */
+	bool woken;               /* (L) the layer above has work: a pass now */
 
 	struct shift_pd *pds;     /* (L) */
 	struct shift_mr *mrs;     /* (L) */

@@ -1,0 +1,383 @@
+/*
+ * What a failover needs from the KV store, moved off the application's
+ * threads: the peer's backup rkeys and my episode record.
+ *
+ * No verb of the application (post, poll, modify) does KV I/O. A failover
+ * on an application thread only notes what it needs: the backup key of each
+ * peer rkey its WRs use (fo_rk_lookup() marks a key it does not have as
+ * wanted) and my new episode record (fo_kvq_publish() encodes it into the
+ * QP). The background pass of the context collects that under slow_lock,
+ * drops every lock for the KV commands themselves, and takes the results in
+ * under slow_lock again, for the QPs that still exist (fo_kvq_run()).
+ *
+ * A send WR whose peer key is not read yet is held, with every WR after it
+ * (fo_post_bk_send()): the WRs are in the mirror, the post succeeds, and the
+ * background pass posts them on the backup once the key is read
+ * (fo_held_release()). A key read after the failover started is used; one
+ * read before it is stale (the peer may have registered its memory anew)
+ * and read again. A key still unread SHIFT_KV_WAIT_MS after it was first
+ * wanted (the store gone, slow or empty) counts as absent: the WR fails as
+ * a key the peer never published fails on the default path, no wait
+ * without bound.
+ */
+#include "shift/fo/fo_int.h"
+
+#define RK_MAX 4096       /* keys one QP keeps */
+#define KVQ_PUBS 64       /* records one pass writes */
+
+static struct shift_rkey *rk_find(struct shift_dqp *d, uint32_t app)
+{
+	for (unsigned i = 0; i < d->rk_n; i++)
+		if (d->rk[i].app == app)
+			return &d->rk[i];
+	return NULL;
+}
+
+static struct shift_rkey *rk_add(struct shift_dqp *d, uint32_t app)
+{
+	if (d->rk_n == d->rk_cap) {
+		unsigned cap = d->rk_cap ? d->rk_cap * 2 : 8;
+		struct shift_rkey *n;
+
+		if (cap > RK_MAX || !(n = realloc(d->rk, cap * sizeof(*n))))
+			return NULL;
+		d->rk = n;
+		d->rk_cap = cap;
+	}
+	struct shift_rkey *e = &d->rk[d->rk_n++];
+
+	memset(e, 0, sizeof(*e));
+	e->app = app;
+	e->st = SHIFT_RK_WANT;
+	e->want_ms = shift_clock_ms();
+	return e;
+}
+
+int fo_rk_lookup(struct shift_dqp *d, uint32_t app, uint32_t *bk)
+{
+	uint64_t now = shift_clock_ms();
+	struct shift_rkey *e;
+	bool timed_out = false;
+	int rc;
+
+	pthread_mutex_lock(&d->rk_lock);
+	e = rk_find(d, app);
+	if (e && e->st != SHIFT_RK_WANT && e->at_ms >= d->rk_since_ms) {
+		rc = e->st == SHIFT_RK_KNOWN ? 0 : -1;
+		*bk = e->bk;
+	} else if (!e && !(e = rk_add(d, app))) {
+		rc = -1;
+	} else {
+		if (e->st != SHIFT_RK_WANT) { /* (stale: read it again) */
+			e->st = SHIFT_RK_WANT;
+			e->want_ms = now;
+		}
+		rc = now - e->want_ms >= shift_config.kv_wait_ms ? -1 : 1;
+		if (rc > 0) {
+			d->rk_want = true;
+		} else { /* (given up for this failover: said once) */
+			e->st = SHIFT_RK_ABSENT;
+			e->at_ms = now;
+			timed_out = true;
+		}
+	}
+	pthread_mutex_unlock(&d->rk_lock);
+	if (rc < 0 && !e)
+		shift_warn("%s QP %u: more than %u peer keys: rkey %u counts as unknown", d->dev,
+			   d->qpn, RK_MAX, app);
+	else if (timed_out)
+		shift_warn("%s QP %u: the peer's backup key for rkey %u could not be read from the "
+			   "KV store within %u ms (SHIFT_KV_WAIT_MS): its WR fails as on the "
+			   "default path", d->dev, d->qpn, app, shift_config.kv_wait_ms);
+	if (rc > 0)
+		__atomic_fetch_add(&shift_stats.rkeys_waited, 1, __ATOMIC_RELAXED);
+	return rc;
+}
+
+/* Any backup key of the peer's known (for fo/common.c's reject_remotely). */
+bool fo_rk_any(struct shift_dqp *d, uint32_t *bk)
+{
+	bool found = false;
+
+	pthread_mutex_lock(&d->rk_lock);
+	for (unsigned i = 0; i < d->rk_n && !found; i++) {
+		if (d->rk[i].st == SHIFT_RK_KNOWN && d->rk[i].at_ms >= d->rk_since_ms) {
+			*bk = d->rk[i].bk;
+			found = true;
+		}
+	}
+	pthread_mutex_unlock(&d->rk_lock);
+	return found;
+}
+
+/* A failover starts (its CQs locked): keys read before now are stale; the
+ * keys of its outstanding WRs are wanted now, read while the handshake
+ * runs. */
+void fo_rk_failover(struct shift_dqp *d)
+{
+	uint32_t bk;
+
+	pthread_mutex_lock(&d->rk_lock);
+	d->rk_since_ms = shift_clock_ms();
+	pthread_mutex_unlock(&d->rk_lock);
+	shift_dqp_lock(d);
+	shift_dqp_sync_locked(d);
+	for (uint64_t i = d->sq_tail; i < d->sq_head; i++) {
+		struct shift_swqe *e = shift_dqp_swqe(d, i);
+
+		if (e->opcode == IBV_WR_RDMA_WRITE || e->opcode == IBV_WR_RDMA_WRITE_WITH_IMM ||
+		    e->opcode == IBV_WR_RDMA_READ || shift_wr_is_atomic(e->opcode))
+			(void)fo_rk_lookup(d, e->rkey, &bk);
+	}
+	shift_dqp_unlock(d);
+}
+
+/* My episode record (its CQs locked): written by the next background pass,
+ * which this wakes. */
+void fo_kvq_publish(struct shift_ctx *s, struct shift_dqp *d, const char *key,
+		    const char *val, unsigned len)
+{
+	pthread_mutex_lock(&d->rk_lock);
+	snprintf(d->ep_key, sizeof(d->ep_key), "%s", key);
+	memcpy(d->ep_val, val, len < sizeof(d->ep_val) ? len : sizeof(d->ep_val));
+	d->ep_len = len < sizeof(d->ep_val) ? len : sizeof(d->ep_val);
+	d->ep_seq++;
+	pthread_mutex_unlock(&d->rk_lock);
+	shift_rnic_wake(s->rnic);
+}
+
+/* ---- the background's KV commands ------------------------------------------ */
+
+struct kvq_item {
+	struct shift_dqp *d; /* (compared only, until found alive again) */
+	uint64_t serial, seq, at;
+	uint32_t qpn, app;
+	char key[SHIFT_EXCHANGE_KEY_MAX];
+	char val[64];
+	unsigned len;
+	void *v;     /* (a key read: its value, NULL if absent) */
+	size_t vlen;
+	int rc;      /* (the command's result) */
+};
+
+struct kvq {
+	struct kvq_item rk[SHIFT_KV_MGET_MAX];
+	struct kvq_item pub[KVQ_PUBS];
+	size_t nrk, npub;
+	bool more; /* left for the next pass */
+};
+
+static void collect_qp(struct shift_dqp *d, struct kvq *q, uint64_t now)
+{
+	pthread_mutex_lock(&d->rk_lock);
+	if (d->ep_seq != d->ep_done) {
+		if (q->npub < KVQ_PUBS) {
+			struct kvq_item *it = &q->pub[q->npub++];
+
+			memcpy(it->key, d->ep_key, sizeof(it->key));
+			memcpy(it->val, d->ep_val, d->ep_len);
+			it->len = d->ep_len;
+			it->seq = d->ep_seq;
+			it->d = d, it->serial = d->serial, it->qpn = d->qpn;
+		} else {
+			q->more = true;
+		}
+	}
+	if (d->rk_want && d->shadow) {
+		d->rk_want = false;
+		for (unsigned i = 0; i < d->rk_n; i++) {
+			struct shift_rkey *e = &d->rk[i];
+
+			if (e->st != SHIFT_RK_WANT)
+				continue;
+			if (q->nrk == SHIFT_KV_MGET_MAX) {
+				d->rk_want = q->more = true;
+				break;
+			}
+			struct kvq_item *it = &q->rk[q->nrk];
+
+			if (shift_exchange_mr_key(&d->shadow->peer_key.gid, e->app, it->key,
+						  sizeof(it->key)) < 0)
+				continue;
+			it->app = e->app;
+			it->at = now;
+			it->d = d, it->serial = d->serial, it->qpn = d->qpn;
+			it->v = NULL;
+			q->nrk++;
+		}
+	}
+	pthread_mutex_unlock(&d->rk_lock);
+}
+
+/* Under slow_lock: what s's QPs need from the store. */
+static void collect(struct shift_ctx *s, struct kvq *q)
+{
+	uint64_t now = shift_clock_ms();
+
+	for (int i = 0; i < SHIFT_DQP_BUCKETS; i++)
+		for (struct shift_dqp *d = shift_dqp_first(s, i); d; d = shift_dqp_next(d))
+			collect_qp(d, q, now);
+}
+
+/* No lock of SHIFT's held: the commands. The first failure ends this
+ * pass's I/O (a store gone costs one deadline per pass, not one per
+ * command); what was not done is done at the next pass. */
+static void io(shift_kv *kv, struct kvq *q)
+{
+	int rc = 0;
+
+	for (size_t k = 0; k < q->npub; k++) {
+		struct kvq_item *it = &q->pub[k];
+
+		it->rc = rc ? rc : shift_kv_put(kv, it->key, it->val, it->len, 0);
+		rc = it->rc;
+	}
+	for (size_t k = 0; k < q->nrk; k++)
+		q->rk[k].rc = rc ? rc : -EAGAIN;
+	if (rc || !q->nrk)
+		return;
+	const char *keys[SHIFT_KV_MGET_MAX];
+	void *v[SHIFT_KV_MGET_MAX];
+	size_t len[SHIFT_KV_MGET_MAX];
+
+	for (size_t k = 0; k < q->nrk; k++)
+		keys[k] = q->rk[k].key;
+	rc = shift_kv_mget(kv, keys, q->nrk, v, len);
+	for (size_t k = 0; k < q->nrk; k++) {
+		q->rk[k].rc = rc;
+		q->rk[k].v = rc ? NULL : v[k];
+		q->rk[k].vlen = rc ? 0 : len[k];
+	}
+}
+
+/* Under slow_lock: d as collected, if it still exists. */
+static struct shift_dqp *alive(struct shift_ctx *s, const struct kvq_item *it)
+{
+	struct shift_dqp *d = shift_dqp_by_qpn(s, it->qpn);
+
+	return d == it->d && d->serial == it->serial ? d : NULL;
+}
+
+static void apply_rk(struct shift_dqp *d, struct kvq_item *it)
+{
+	uint32_t bk = 0;
+	bool known = it->v && !shift_exchange_mr_decode(it->v, it->vlen, &bk);
+
+	pthread_mutex_lock(&d->rk_lock);
+	struct shift_rkey *e = rk_find(d, it->app);
+
+	if (e && e->st == SHIFT_RK_WANT) {
+		if (it->rc) {
+			d->rk_want = true; /* (again at the next pass) */
+		} else {
+			e->st = known ? SHIFT_RK_KNOWN : SHIFT_RK_ABSENT;
+			e->bk = bk;
+			e->at_ms = it->at;
+		}
+	}
+	pthread_mutex_unlock(&d->rk_lock);
+	shift_debug("%s QP %u: the peer's backup key for rkey %u: %s (%d)", d->dev, d->qpn,
+		    it->app, it->rc ? "not read" : known ? "read" : "none", it->rc);
+	__atomic_fetch_add(&shift_stats.rkeys_read, 1, __ATOMIC_RELAXED);
+}
+
+static void apply(struct shift_ctx *s, struct kvq *q)
+{
+	static uint64_t warned_ms;
+
+	for (size_t k = 0; k < q->npub; k++) {
+		struct kvq_item *it = &q->pub[k];
+		struct shift_dqp *d = alive(s, it);
+
+		if (!d)
+			continue;
+		pthread_mutex_lock(&d->rk_lock);
+		if (!it->rc && d->ep_done < it->seq)
+			d->ep_done = it->seq;
+		pthread_mutex_unlock(&d->rk_lock);
+		if (!it->rc)
+			shift_debug("%s QP %u: published %s = %.*s", d->dev, d->qpn, it->key,
+				    (int)it->len, it->val);
+	}
+	for (size_t k = 0; k < q->nrk; k++) {
+		struct kvq_item *it = &q->rk[k];
+		struct shift_dqp *d = alive(s, it);
+
+		if (d)
+			apply_rk(d, it);
+		free(it->v);
+	}
+	int rc = q->npub ? q->pub[q->npub - 1].rc : q->nrk ? q->rk[0].rc : 0;
+	uint64_t now = shift_clock_ms();
+
+	if (rc && now - warned_ms >= 1000) {
+		warned_ms = now;
+		shift_warn("%s: the KV store cannot be reached (%s): failover records wait "
+			   "(again at the next pass)", s->ibctx->device ? s->ibctx->device->name : "?",
+			   shift_kv_strerror(rc));
+	}
+}
+
+/*
+ * The background pass's KV share for s (bg_lock and slow_lock held; the
+ * latter dropped around the commands), then the sends held for keys.
+ */
+void fo_kvq_run(struct shift_ctx *s)
+{
+	struct shift_rnic *r = s->rnic;
+	struct kvq *q;
+
+	if (!r || !r->kv || !(q = calloc(1, sizeof(*q))))
+		return;
+	collect(s, q);
+	if (q->npub || q->nrk) {
+		pthread_mutex_unlock(&s->slow_lock);
+		io(r->kv, q);
+		pthread_mutex_lock(&s->slow_lock);
+		apply(s, q);
+	}
+	if (q->more)
+		shift_rnic_wake(r);
+	free(q);
+	for (int i = 0; i < s->nfo; i++) {
+		struct shift_dqp *d = s->fo[i];
+
+		if (d && d->scq && __atomic_load_n(&d->sq_held, __ATOMIC_ACQUIRE))
+			fo_held_release(d);
+	}
+}
+
+/* ---- sends held for a key ---------------------------------------------------- */
+
+/* Post held sends from d->sq_held_from on, as far as their keys are read
+ * (or given up on). Background pass; takes its CQs and post_lock. */
+void fo_held_release(struct shift_dqp *d)
+{
+	fo_lock_cqs(d);
+	shift_dqp_lock(d);
+	if (!d->sq_held || d->send_state == SHIFT_SEND_UNPROTECTED) {
+		shift_dqp_unlock(d);
+		fo_unlock_cqs(d);
+		return;
+	}
+	uint64_t i = d->sq_held_from;
+
+	__atomic_store_n(&d->sq_held, false, __ATOMIC_RELEASE);
+	int rc = 0;
+
+	/* (below sq_held_exec: a failover's retransmission, fo_retransmit) */
+	for (; !rc && !d->sq_held && i < d->sq_held_exec && i < d->sq_head; i++)
+		rc = shift_dqp_swqe(d, i)->opcode == IBV_WR_RDMA_READ ?
+			     fo_post_bk_send(d, i) : fo_post_bk_placeholder(d, i);
+	uint64_t failed;
+
+	if (!rc && !d->sq_held && i < d->sq_head)
+		rc = fo_post_bk_sends(d, i, &failed);
+	if (rc)
+		fo_fail_mark(d, "cannot post a WR on the backup QP", FO_BY_STATE, FO_BY_STATE);
+	shift_dqp_unlock(d);
+	struct out o = { .wc = NULL, .n = 0, .max = 0, .c = d->scq };
+
+	fo_fail_pending(d, &o);
+	fo_unlock_cqs(d);
+}

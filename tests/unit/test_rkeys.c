@@ -1,0 +1,176 @@
+/*
+ * The peer's backup rkeys come from the KV store through the background
+ * pass only (issue #19, item 1): a failover on an application thread never
+ * reads them. A WR whose key is not read yet is held, with the WRs after
+ * it, and goes out once the background pass has read it; a key that cannot
+ * be read within SHIFT_KV_WAIT_MS, or that the peer never published, fails
+ * its WR as the default path would have: never a wait without bound.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <cmocka.h>
+
+#include "sim_pair.h"
+#include "shift/dp/ctx.h"
+#include "shift/base/clock.h"
+#include "kv/kv.h"
+
+static struct sim_ep a, b;
+static struct sim_pair pair;
+static char kvname[32];
+static int run;
+
+static uint64_t now_ms(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+}
+
+static void open_pair(void)
+{
+	/* (sim_pair_open names the store "mem://rk<n>", n counting its calls) */
+	sim_pair_open(&pair, &a, &b, "rk", 0);
+	snprintf(kvname, sizeof(kvname), "rk%d", run++);
+	sim_pair_connect(&pair);
+}
+
+/* Step the world, run SHIFT's background passes and poll A (up to max
+ * completions into wa) and B, until A has max, nothing moves for `quiet`
+ * rounds, or ms have passed (wall clock). */
+static int drive(struct ibv_wc *wa, int max_a, int quiet, uint64_t ms)
+{
+	int na = 0, idle = 0;
+	uint64_t end = now_ms() + ms;
+	struct ibv_wc wb;
+
+	while (na < max_a && idle < quiet && now_ms() < end) {
+		int moved = sim_world_step(pair.world) != 0;
+
+		shift_rnic_pass_all();
+		if (na < max_a && sim_pair_poll1("A", &a, wa + na)) {
+			na++;
+			moved++;
+		}
+		moved += sim_pair_poll1("B", &b, &wb);
+		idle = moved ? 0 : idle + 1;
+	}
+	return na;
+}
+
+/* A's default NIC dies; A writes 512 bytes of pattern into B's memory
+ * under rkey. */
+static void write_after_failure(uint32_t rkey, uint8_t pattern)
+{
+	struct ibv_send_wr *bad;
+	struct ibv_sge s = { .addr = (uintptr_t)a.buf + 4096, .length = 512, .lkey = a.mr->lkey };
+	struct ibv_send_wr wr = { .wr_id = 91, .sg_list = &s, .num_sge = 1,
+				  .opcode = IBV_WR_RDMA_WRITE, .send_flags = IBV_SEND_SIGNALED,
+				  .wr.rdma = { .remote_addr = (uintptr_t)b.buf + 4096, .rkey = rkey } };
+
+	memset(a.buf + 4096, pattern, 512);
+	memset(b.buf + 4096, 0, 512);
+	sim_dev_kill(sim_host_dev(pair.host[0], 0), 0);
+	assert_int_equal(ibv_post_send(a.qp, &wr, &bad), 0);
+}
+
+static void assert_written(uint8_t pattern)
+{
+	for (int i = 0; i < 512; i++)
+		assert_int_equal(b.buf[4096 + i], pattern);
+}
+
+/* The store is down while A fails over: the failover runs (its handshake
+ * needs nothing from the store), the write waits for its key, no error
+ * reaches the application; once the store is back, the background pass
+ * reads the key and the write completes. */
+static void test_write_waits_for_its_key(void **state)
+{
+	struct ibv_wc wc[4];
+	unsigned long waited = shift_stats.rkeys_waited;
+	(void)state;
+
+	open_pair();
+	assert_int_equal(shift_kv_mem_set_down(kvname, true), 0);
+	write_after_failure(b.mr->rkey, 0x5a);
+	assert_int_equal(drive(wc, 4, 50, 2000), 0);
+	assert_true(shift_stats.rkeys_waited > waited);
+	assert_int_equal(b.buf[4096], 0); /* (not sent: held) */
+	assert_int_equal(shift_kv_mem_set_down(kvname, false), 0);
+	assert_int_equal(drive(wc, 4, 50, 5000), 1);
+	assert_int_equal(wc[0].wr_id, 91);
+	assert_int_equal(wc[0].status, IBV_WC_SUCCESS);
+	assert_written(0x5a);
+	sim_pair_close(&pair);
+}
+
+/* The store stays down: after SHIFT_KV_WAIT_MS the write fails as one
+ * whose key the peer does not have, not later and not never. */
+static void test_key_unreadable_fails_in_bounded_time(void **state)
+{
+	struct ibv_wc wc[4];
+	unsigned saved = shift_config.kv_wait_ms;
+	(void)state;
+
+	open_pair();
+	shift_config.kv_wait_ms = 200;
+	assert_int_equal(shift_kv_mem_set_down(kvname, true), 0);
+	/* (SHIFT's clock: the simulator's, which its steps advance) */
+	uint64_t t0 = shift_clock_ms();
+
+	write_after_failure(b.mr->rkey, 0x33);
+	sim_pair_expect_errors(1);
+	assert_int_equal(drive(wc, 1, 1000000, 10000), 1);
+	uint64_t took = shift_clock_ms() - t0;
+
+	print_message("the write failed after %llu ms (SHIFT_KV_WAIT_MS 200)\n",
+		      (unsigned long long)took);
+	assert_true(took >= 200 && took < 2000);
+	assert_int_equal(wc[0].wr_id, 91);
+	assert_int_not_equal(wc[0].status, IBV_WC_SUCCESS);
+	assert_int_equal(b.buf[4096], 0);
+	shift_config.kv_wait_ms = saved;
+	assert_int_equal(shift_kv_mem_set_down(kvname, false), 0);
+	sim_pair_close(&pair);
+}
+
+/* A key the peer never published: read as absent by the background pass,
+ * the write is refused as on the default path, at once (not after
+ * SHIFT_KV_WAIT_MS, set to a minute here). */
+static void test_key_never_published_refused_at_once(void **state)
+{
+	struct ibv_wc wc[4];
+	unsigned saved = shift_config.kv_wait_ms;
+	(void)state;
+
+	open_pair();
+	shift_config.kv_wait_ms = 60000;
+	uint64_t t0 = shift_clock_ms();
+
+	write_after_failure(b.mr->rkey + 4242, 0x77);
+	sim_pair_expect_errors(1);
+	assert_int_equal(drive(wc, 1, 1000000, 10000), 1);
+	assert_true(shift_clock_ms() - t0 < 5000);
+	assert_int_equal(wc[0].wr_id, 91);
+	assert_int_not_equal(wc[0].status, IBV_WC_SUCCESS);
+	assert_int_equal(b.buf[4096], 0);
+	shift_config.kv_wait_ms = saved;
+	sim_pair_close(&pair);
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_write_waits_for_its_key),
+		cmocka_unit_test(test_key_unreadable_fails_in_bounded_time),
+		cmocka_unit_test(test_key_never_published_refused_at_once),
+	};
+
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}
