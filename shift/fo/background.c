@@ -147,8 +147,12 @@ void shift_failover_background(struct shift_ctx *s)
 		return;
 	pthread_mutex_lock(&bg_lock);
 	pthread_mutex_lock(&s->slow_lock);
+	/* the KV store's share (fo/kvq.c), which drops slow_lock around its
+	 * commands: the peers' records this pass follows, then what it wrote */
+	shift_clock_tick(); /* (the failback clock: one per pass in synchronous mode) */
+	fo_kvq_run(s, true);
 	background(s);
-	fo_kvq_run(s); /* (drops slow_lock around its KV commands) */
+	fo_kvq_run(s, false);
 	pthread_mutex_unlock(&s->slow_lock);
 	pthread_mutex_unlock(&bg_lock);
 }
@@ -311,10 +315,8 @@ static void background(struct shift_ctx *s)
 	}
 
 	/* failback: probes, switching back, re-arming the backup */
-	shift_clock_tick();
 	uint64_t fbt = shift_clock_ms();
 	int nfo = s->nfo;
-	fo_ep_prefetch(s, nfo, fbt);
 	for (int i = 0; i < nfo && i < s->nfo; i++) {
 		struct shift_dqp *d = s->fo[i];
 

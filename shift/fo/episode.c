@@ -63,34 +63,16 @@ static void ep_take(struct shift_dqp *d, const struct shift_ep_value *ev)
 	d->peer_closed = ev->closed;
 }
 
-/* The peer's record into d->peer_gen and d->peer_started: 0, or -1 (none,
- * or the store cannot be read: d keeps what it knew). */
-int fo_ep_read(struct shift_ctx *s, struct shift_dqp *d)
+/* A peer record as read (v, len) into d (its CQs locked): true if it is
+ * one (well-formed, this version). */
+bool fo_ep_take(struct shift_dqp *d, const void *v, size_t len)
 {
-	struct shift_rnic *r = s->rnic;
-	char key[SHIFT_EXCHANGE_KEY_MAX];
 	struct shift_ep_value ev;
-	void *v;
-	size_t len;
 
-	if (!r || !r->kv || shift_exchange_ep_key(&d->shadow->peer_key, key, sizeof(key)) < 0)
-		return -1;
-	int rc = shift_kv_get(r->kv, key, &v, &len);
-
-	__atomic_fetch_add(&shift_stats.ep_read_commands, 1, __ATOMIC_RELAXED);
-	__atomic_fetch_add(&shift_stats.ep_records_read, 1, __ATOMIC_RELAXED);
-	if (rc) {
-		shift_debug("%s QP %u: no peer record %s (%d)", d->dev, d->qpn, key, rc);
-		return -1;
-	}
-	rc = shift_exchange_ep_decode_ex(v, len, &ev);
-	free(v);
-	if (rc) {
-		shift_debug("%s QP %u: peer record %s malformed", d->dev, d->qpn, key);
-		return -1;
-	}
+	if (!v || shift_exchange_ep_decode_ex(v, len, &ev))
+		return false;
 	ep_take(d, &ev);
-	return 0;
+	return true;
 }
 
 /* Does d read the peer's record at this pass (failback_work)? */
@@ -134,62 +116,15 @@ int fo_ep_mget(struct shift_ctx *s, struct shift_dqp **ds, size_t n, bool *got)
 	return rc;
 }
 
-/*
- * The peer records of every failed-over QP of s that reads it at this pass,
- * in one KV command per SHIFT_KV_MGET_MAX QPs instead of one each (after a
- * NIC failure every QP on it reads its record at each probe period):
- * fo_failback_work() then takes d->kv_pref (1 read, -1 none or unreadable)
- * instead of reading. Background pass, slow_lock held.
- */
-void fo_ep_prefetch(struct shift_ctx *s, int nfo, uint64_t now)
-{
-	struct shift_rnic *r = s->rnic;
-	struct shift_dqp *ds[SHIFT_KV_MGET_MAX];
-	bool got[SHIFT_KV_MGET_MAX];
-	int i = 0;
-
-	bool any = false;
-
-	if (!r || !r->kv)
-		return;
-	for (int k = 0; k < nfo && !any; k++) {
-		struct shift_dqp *d = s->fo[k];
-
-		any = d && fo_ep_due(d, now);
-	}
-	if (!any)
-		return;
-	while (i < nfo) {
-		size_t n = 0;
-
-		for (; i < nfo && n < SHIFT_KV_MGET_MAX; i++) {
-			struct shift_dqp *d = s->fo[i];
-
-			/* due, or due within half its period: read with the
-			 * others (the schedules of QPs that failed over
-			 * together line up after one batch) */
-			if (!d || !d->scq || !d->shadow || d->send_state == SHIFT_SEND_UNPROTECTED ||
-			    !fo_ep_due(d, now + fo_probe_wait(d) / 2))
-				continue;
-			ds[n++] = d;
-		}
-		if (n < 2)
-			continue; /* (one alone reads its own) */
-		int rc = fo_ep_mget(s, ds, n, got);
-
-		for (size_t k = 0; k < n; k++)
-			ds[k]->kv_pref = got[k] ? 1 : -1;
-		shift_debug("%s: %zu peer records in one KV read (%d)", ds[0]->dev, n, rc);
-	}
-}
-
-/* fo_ep_read(), or what fo_ep_prefetch() read for d at this pass. */
-int fo_ep_read_pass(struct shift_ctx *s, struct shift_dqp *d)
+/* What the background pass read of d's peer record before its failback
+ * work (fo/kvq.c): 0 read, -1 none, unreadable or not read at this pass
+ * (d keeps what it knew; a record due now is read at the next pass). */
+int fo_ep_read_pass(struct shift_dqp *d)
 {
 	int8_t p = d->kv_pref;
 
 	d->kv_pref = 0;
-	return p ? (p > 0 ? 0 : -1) : fo_ep_read(s, d);
+	return p > 0 ? 0 : -1;
 }
 
 /* Is the peer's backup reset for my current episode? */

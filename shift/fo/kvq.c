@@ -162,8 +162,9 @@ struct kvq_item {
 
 struct kvq {
 	struct kvq_item rk[SHIFT_KV_MGET_MAX];
+	struct kvq_item ep[SHIFT_KV_MGET_MAX];
 	struct kvq_item pub[KVQ_PUBS];
-	size_t nrk, npub;
+	size_t nrk, nep, npub;
 	bool more; /* left for the next pass */
 };
 
@@ -209,14 +210,77 @@ static void collect_qp(struct shift_dqp *d, struct kvq *q, uint64_t now)
 	pthread_mutex_unlock(&d->rk_lock);
 }
 
+/* The peer records the failback work of this pass reads: those due, or
+ * due within half their period (the schedules of QPs that failed over
+ * together line up after one batch). */
+static bool ep_wanted(const struct shift_dqp *d, uint64_t now, uint64_t at)
+{
+	if (!d || !d->scq || !d->shadow || d->send_state == SHIFT_SEND_UNPROTECTED ||
+	    !fo_ep_due(d, at))
+		return false;
+	/* (no failback work in its grace after the failure: background()) */
+	uint64_t te = d->t_error_us / 1000u;
+
+	return te <= now && now - te >= shift_config.bg_grace_ms;
+}
+
+static void collect_ep(struct shift_ctx *s, struct kvq *q, uint64_t now)
+{
+	bool any = false;
+
+	/* (none due now: none read early either, or a QP alone would read
+	 * at half its period) */
+	for (int i = 0; i < s->nfo && !any; i++)
+		any = ep_wanted(s->fo[i], now, now);
+	for (int i = 0; any && i < s->nfo; i++) {
+		struct shift_dqp *d = s->fo[i];
+
+		if (!d || !ep_wanted(d, now, now + fo_probe_wait(d) / 2))
+			continue;
+		if (q->nep == SHIFT_KV_MGET_MAX) {
+			q->more = true;
+			return;
+		}
+		struct kvq_item *it = &q->ep[q->nep];
+
+		if (shift_exchange_ep_key(&d->shadow->peer_key, it->key, sizeof(it->key)) < 0)
+			continue;
+		it->d = d, it->serial = d->serial, it->qpn = d->qpn;
+		it->v = NULL;
+		q->nep++;
+	}
+}
+
 /* Under slow_lock: what s's QPs need from the store. */
-static void collect(struct shift_ctx *s, struct kvq *q)
+static void collect(struct shift_ctx *s, struct kvq *q, bool reads)
 {
 	uint64_t now = shift_clock_ms();
 
 	for (int i = 0; i < SHIFT_DQP_BUCKETS; i++)
 		for (struct shift_dqp *d = shift_dqp_first(s, i); d; d = shift_dqp_next(d))
 			collect_qp(d, q, now);
+	if (reads)
+		collect_ep(s, q, now);
+}
+
+/* One MGET for items[0..n): each item's value (NULL if absent) and rc. */
+static int mget(shift_kv *kv, struct kvq_item *items, size_t n, int rc)
+{
+	const char *keys[SHIFT_KV_MGET_MAX];
+	void *v[SHIFT_KV_MGET_MAX];
+	size_t len[SHIFT_KV_MGET_MAX];
+
+	if (!rc && n) {
+		for (size_t k = 0; k < n; k++)
+			keys[k] = items[k].key;
+		rc = shift_kv_mget(kv, keys, n, v, len);
+	}
+	for (size_t k = 0; k < n; k++) {
+		items[k].rc = rc;
+		items[k].v = rc ? NULL : v[k];
+		items[k].vlen = rc ? 0 : len[k];
+	}
+	return rc;
 }
 
 /* No lock of SHIFT's held: the commands. The first failure ends this
@@ -232,22 +296,8 @@ static void io(shift_kv *kv, struct kvq *q)
 		it->rc = rc ? rc : shift_kv_put(kv, it->key, it->val, it->len, 0);
 		rc = it->rc;
 	}
-	for (size_t k = 0; k < q->nrk; k++)
-		q->rk[k].rc = rc ? rc : -EAGAIN;
-	if (rc || !q->nrk)
-		return;
-	const char *keys[SHIFT_KV_MGET_MAX];
-	void *v[SHIFT_KV_MGET_MAX];
-	size_t len[SHIFT_KV_MGET_MAX];
-
-	for (size_t k = 0; k < q->nrk; k++)
-		keys[k] = q->rk[k].key;
-	rc = shift_kv_mget(kv, keys, q->nrk, v, len);
-	for (size_t k = 0; k < q->nrk; k++) {
-		q->rk[k].rc = rc;
-		q->rk[k].v = rc ? NULL : v[k];
-		q->rk[k].vlen = rc ? 0 : len[k];
-	}
+	rc = mget(kv, q->ep, q->nep, rc);
+	mget(kv, q->rk, q->nrk, rc);
 }
 
 /* Under slow_lock: d as collected, if it still exists. */
@@ -307,7 +357,26 @@ static void apply(struct shift_ctx *s, struct kvq *q)
 			apply_rk(d, it);
 		free(it->v);
 	}
-	int rc = q->npub ? q->pub[q->npub - 1].rc : q->nrk ? q->rk[0].rc : 0;
+	if (q->nep) {
+		shift_debug("%s: %zu peer records in one KV read (%d)", q->ep[0].d->dev, q->nep,
+			    q->ep[0].rc);
+		__atomic_fetch_add(&shift_stats.ep_read_commands, 1, __ATOMIC_RELAXED);
+		__atomic_fetch_add(&shift_stats.ep_records_read, q->nep, __ATOMIC_RELAXED);
+	}
+	for (size_t k = 0; k < q->nep; k++) {
+		struct kvq_item *it = &q->ep[k];
+		struct shift_dqp *d = alive(s, it);
+
+		if (d) {
+			/* (taken in under its CQs' locks, as the failback work
+			 * and the application's polls read it) */
+			fo_lock_cqs(d);
+			d->kv_pref = !it->rc && fo_ep_take(d, it->v, it->vlen) ? 1 : -1;
+			fo_unlock_cqs(d);
+		}
+		free(it->v);
+	}
+	int rc = q->npub ? q->pub[q->npub - 1].rc : q->nep ? q->ep[0].rc : q->nrk ? q->rk[0].rc : 0;
 	uint64_t now = shift_clock_ms();
 
 	if (rc && now - warned_ms >= 1000) {
@@ -320,17 +389,23 @@ static void apply(struct shift_ctx *s, struct kvq *q)
 
 /*
  * The background pass's KV share for s (bg_lock and slow_lock held; the
- * latter dropped around the commands), then the sends held for keys.
+ * latter dropped around the commands): my records to write, the peer keys
+ * wanted, and with reads (before the pass's failback work) the peer
+ * records it follows (d->kv_pref); then the sends held for keys.
  */
-void fo_kvq_run(struct shift_ctx *s)
+void fo_kvq_run(struct shift_ctx *s, bool reads)
 {
+	/* (one for all: the passes of all contexts take turns, bg_lock) */
+	static struct kvq buf;
 	struct shift_rnic *r = s->rnic;
-	struct kvq *q;
+	struct kvq *q = &buf;
 
-	if (!r || !r->kv || !(q = calloc(1, sizeof(*q))))
+	if (!r || !r->kv)
 		return;
-	collect(s, q);
-	if (q->npub || q->nrk) {
+	q->nrk = q->nep = q->npub = 0;
+	q->more = false;
+	collect(s, q, reads);
+	if (q->npub || q->nrk || q->nep) {
 		pthread_mutex_unlock(&s->slow_lock);
 		io(r->kv, q);
 		pthread_mutex_lock(&s->slow_lock);
@@ -338,7 +413,6 @@ void fo_kvq_run(struct shift_ctx *s)
 	}
 	if (q->more)
 		shift_rnic_wake(r);
-	free(q);
 	for (int i = 0; i < s->nfo; i++) {
 		struct shift_dqp *d = s->fo[i];
 

@@ -36,7 +36,7 @@ static void follow_peer_record(struct shift_ctx *s, struct shift_dqp *d, uint64_
 			      d->bk_error;
 
 		d->kv_at = now + (urgent ? 1 : fo_probe_wait(d));
-		if (fo_ep_read_pass(s, d) == 0) {
+		if (fo_ep_read_pass(d) == 0) {
 			struct out o = { .wc = NULL, .n = 0, .max = 0, .c = d->scq };
 
 			if (d->peer_closed) {
