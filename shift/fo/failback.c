@@ -271,8 +271,10 @@ static void probe_ok(struct shift_dqp *d, const char *how)
 		shift_dqp_sync_locked(d);
 		if (d->sq_tail == d->sq_head) {
 			fo_switch_back(d);
-		} else if (shift_dqp_signaled(d, d->sq_head - 1)) {
-			/* the last outstanding WR is signaled: it is the fence */
+		} else if (shift_dqp_signaled(d, d->sq_head - 1) && !d->sq_held) {
+			/* the last outstanding WR is signaled: it is the fence
+			 * (not one held for its key: never posted, it would
+			 * never drain; fo_held_release() picks the fence then) */
 			d->fence = d->sq_head - 1;
 			shift_dqp_set_send_state(d, SHIFT_SEND_WAIT_DRAINED, "fence posted");
 		} else {
