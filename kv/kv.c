@@ -235,7 +235,7 @@ void shift_kv_close(shift_kv *h)
 
 /* Deadline for one put/get/mget/delete: everything it takes, a reconnect
  * included. */
-static uint64_t kv_op_deadline(const shift_kv *h)
+uint64_t kv_op_deadline(const shift_kv *h)
 {
 	return kv_now_ns() + (uint64_t)h->opts.command_timeout_ms * 1000000ull;
 }
@@ -269,10 +269,8 @@ int shift_kv_put(shift_kv *h, const char *key, const void *val, size_t len,
 	h->commands++;
 	rc = h->be->put(h, fk, (size_t)klen, val ? val : "", len, ttl_ms,
 			kv_op_deadline(h));
-	/* Only keys the store accepted are owned.  ENOMEM while remembering
-	 * is reported: the value is stored but delete_own() would miss it. */
-	if (rc == 0 && !kv_map_upsert(&h->own, fk, (size_t)klen))
-		rc = kv_err(-ENOMEM, "kv put: out of memory tracking own key");
+	if (rc == 0)
+		rc = kv_own_remember(h, fk, (size_t)klen, val, len, ttl_ms);
 	pthread_mutex_unlock(&h->lock);
 	free(sealed);
 	return rc;
@@ -491,50 +489,4 @@ int shift_kv_wait(shift_kv *h, const char *key, int timeout_ms, void **val,
 		return rc;
 	}
 	return kv_poll_wait(h, fk, (size_t)klen, val, len, deadline, timeout_ms);
-}
-
-struct kv_del_ctx {
-	shift_kv *h;
-	int deleted;
-	int err;
-};
-
-static int kv_del_one(void *arg, struct kv_entry *e)
-{
-	struct kv_del_ctx *c = arg;
-	int rc = c->h->be->del(c->h, e->key, e->klen, kv_op_deadline(c->h));
-
-	if (rc == 0) {
-		c->deleted++;
-		return 1;
-	}
-	if (rc == -ENOENT) /* expired or deleted by someone else */
-		return 1;
-	c->err = rc;
-	/* an unreachable store will not get better within this call */
-	return rc == -ENOTCONN || rc == -EACCES ? -1 : 0;
-}
-
-int shift_kv_delete_own(shift_kv *h)
-{
-	struct kv_del_ctx c = { .h = h };
-
-	if (!h)
-		return kv_err(-EINVAL, "kv: NULL handle");
-	pthread_mutex_lock(&h->lock);
-	kv_map_each(&h->own, kv_del_one, &c);
-	pthread_mutex_unlock(&h->lock);
-	return c.err ? c.err : c.deleted;
-}
-
-size_t shift_kv_own_count(shift_kv *h)
-{
-	size_t n;
-
-	if (!h)
-		return 0;
-	pthread_mutex_lock(&h->lock);
-	n = h->own.count;
-	pthread_mutex_unlock(&h->lock);
-	return n;
 }

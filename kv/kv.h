@@ -133,6 +133,12 @@ int shift_kv_delete_own(shift_kv *h);
 
 /* Number of keys shift_kv_delete_own() would try to delete. */
 size_t shift_kv_own_count(shift_kv *h);
+/* Write up to max of this handle's keys that have a TTL again, with their
+ * value and TTL as put, from where the last call stopped (round robin):
+ * their TTL starts anew, and a store that lost them (restarted empty) has
+ * them back.  The number written, or the first error (the rest wait for
+ * the next call). */
+int shift_kv_refresh_own(shift_kv *h, size_t max);
 
 /* Write the stored form of key ("shift:<ns>:<key>") into buf.  Returns its
  * length (excluding the NUL), -EINVAL/-ENAMETOOLONG on a bad key, or

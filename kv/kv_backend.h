@@ -60,7 +60,9 @@ struct shift_kv {
 	/* Serialises backend commands (hiredis contexts are not thread-safe)
 	 * and guards own. */
 	pthread_mutex_t lock;
-	struct kv_map own; /* full keys this handle put; guarded by lock */
+	struct kv_map own; /* full keys this handle put, with their (sealed)
+			    * values and TTLs; guarded by lock */
+	size_t refresh_at; /* shift_kv_refresh_own()'s place in own */
 	void *priv;        /* backend state */
 	uint64_t commands; /* backend commands issued; guarded by lock */
 	uint64_t oversize; /* replies refused over max_reply; guarded by lock */
@@ -70,6 +72,12 @@ struct shift_kv {
 	size_t secret_len;
 	uint64_t auth_failures;
 };
+
+/* Deadline for one command: everything it takes, a reconnect included. */
+uint64_t kv_op_deadline(const shift_kv *h);
+/* A key the store accepted from a put (kv_own.c; h->lock held). */
+int kv_own_remember(shift_kv *h, const char *fk, size_t klen, const void *val, size_t len,
+		    uint64_t ttl_ms);
 
 /* ---- authenticated records (kv_auth.c) ---- */
 

@@ -16,6 +16,7 @@ struct kv_entry {
 	void *val;             /* owned (malloc), may be NULL */
 	size_t vlen;
 	uint64_t expire_ns;    /* CLOCK_MONOTONIC deadline, 0 = never */
+	uint64_t ttl_ms;       /* (a handle's own key: the TTL it refreshes) */
 };
 
 struct kv_map {

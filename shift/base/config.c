@@ -177,6 +177,11 @@ static const struct config_row rows[] = {
 	  "period of the recovery probe on a failed default path, in ms (doubling per failed "
 	  "probe up to 8x); 0 = no failback: a failed-over QP stays on its backup",
 	  parse_uint, FIELD(probe_ms) },
+	{ "SHIFT_KV_TTL_S", "600",
+	  "lifetime of each record SHIFT writes to the KV store, in seconds (30..86400): "
+	  "written again every third of it while its process lives, deleted at a clean "
+	  "exit; what a killed process left expires after this long",
+	  parse_bounded, FIELD_RANGE(kv_ttl_s, 30, 86400) },
 	{ "SHIFT_KV_WAIT_MS", "3000",
 	  "how long a failover waits for what it needs from the KV store (the peer's backup "
 	  "key of an rkey a WR uses), in ms (100..60000): the background thread reads it; "

@@ -27,6 +27,7 @@ struct shift_config {
 	unsigned probe_ms;        /* SHIFT_PROBE_MS */
 	unsigned port_down_ms;    /* SHIFT_PORT_DOWN_MS */
 	unsigned kv_wait_ms;      /* SHIFT_KV_WAIT_MS */
+	unsigned kv_ttl_s;        /* SHIFT_KV_TTL_S */
 	unsigned poke_ms;         /* SHIFT_POKE_MS */
 	char status_dir[256];     /* SHIFT_STATUS_DIR */
 

@@ -180,7 +180,8 @@ void fo_poke_peer(struct shift_ctx *s, struct shift_dqp *d)
 		return;
 	n = snprintf(val, sizeof(val), "%u.%lu.%llu", d->qpn, d->failovers,
 		     (unsigned long long)shift_clock_us());
-	if (n < 0 || (size_t)n >= sizeof(val) || shift_kv_put(r->kv, key, val, (size_t)n, 0))
+	if (n < 0 || (size_t)n >= sizeof(val) || shift_kv_put(r->kv, key, val, (size_t)n,
+								  (uint64_t)shift_config.kv_ttl_s * 1000u))
 		return; /* (again at the next pass) */
 	d->poked_ep = d->failovers;
 	shift_info("%s QP %u: my backup path failed before the peer answered failover %lu: "

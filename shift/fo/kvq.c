@@ -293,7 +293,8 @@ static void io(shift_kv *kv, struct kvq *q)
 	for (size_t k = 0; k < q->npub; k++) {
 		struct kvq_item *it = &q->pub[k];
 
-		it->rc = rc ? rc : shift_kv_put(kv, it->key, it->val, it->len, 0);
+		it->rc = rc ? rc : shift_kv_put(kv, it->key, it->val, it->len,
+						  (uint64_t)shift_config.kv_ttl_s * 1000u);
 		rc = it->rc;
 	}
 	rc = mget(kv, q->ep, q->nep, rc);

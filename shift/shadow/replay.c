@@ -327,6 +327,29 @@ static int pending(struct shift_rnic *r)
 		  *var##_unlocked = (pthread_mutex_unlock(&(r)->lock), var); \
 	     (void)var##_unlocked, var; var = var->next)
 
+/* Every key of the RNIC's once per a third of their TTL, a few per pass:
+ * their TTL starts anew, and a store restarted empty has them back. */
+static void refresh_keys(struct shift_rnic *r)
+{
+	uint64_t now = shift_clock_ms();
+
+	if (!r->kv || now < r->refresh_at)
+		return;
+	size_t n = shift_kv_own_count(r->kv);
+	int rc = shift_kv_refresh_own(r->kv, SHIFT_KV_REFRESH_PER_PASS);
+
+	if (rc < 0) {
+		(void)shift_shadow_kv_ok(r, rc, "refresh");
+		r->refresh_at = now + 1000; /* (again in a second) */
+		return;
+	}
+	r->refresh_round += (size_t)rc;
+	if (r->refresh_round < n)
+		return; /* (the rest at the next passes) */
+	r->refresh_round = 0;
+	r->refresh_at = now + SHIFT_KV_TTL_MS / 3;
+}
+
 int shift_rnic_pass(struct shift_rnic *r)
 {
 	shift_limbo_reclaim(); /* (what lock-free readers held long ago) */
@@ -336,6 +359,7 @@ int shift_rnic_pass(struct shift_rnic *r)
 	void (*bg)(struct shift_ctx *s) = __atomic_load_n(&background, __ATOMIC_RELAXED);
 	if (bg)
 		bg(r->sctx);
+	refresh_keys(r);
 	EACH(r, pds, struct shift_pd, p)
 		if (!SHIFT_SHADOW_DEAD(p))
 			replay_pd(r, p);

@@ -11,10 +11,15 @@
 #include <stdint.h>
 
 #include "shift/base/clock.h"
+#include "shift/base/config.h"
 #include "shift/shadow/shadow.h"
 
-/* Published keys live a day unless deleted earlier (object gone, exit). */
-#define SHIFT_KV_TTL_MS (24ull * 3600 * 1000)
+/* Published keys live SHIFT_KV_TTL_S unless deleted earlier (object gone,
+ * exit), refreshed while their owner lives (shift_rnic_pass): a process
+ * that dies leaves nothing behind for longer. */
+#define SHIFT_KV_TTL_MS ((uint64_t)shift_config.kv_ttl_s * 1000u)
+/* keys refreshed per pass (round robin over the RNIC's own keys) */
+#define SHIFT_KV_REFRESH_PER_PASS 64
 
 /* Counters over all RNICs (status.c), relaxed atomics. */
 extern struct shift_shadow_stats shift_shadow_counters;

@@ -148,6 +148,8 @@ struct shift_rnic {
 	bool dirty;               /* (L) something to replay */
 	bool idle;                /* (L) the thread waits for a kick */
 	bool woken;               /* (L) the layer above has work: a pass now */
+	uint64_t refresh_at;      /* (thread) next round of KV key refreshes */
+	size_t refresh_round;     /* (thread) keys refreshed in this round */
 
 	struct shift_pd *pds;     /* (L) */
 	struct shift_mr *mrs;     /* (L) */

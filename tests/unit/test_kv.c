@@ -389,6 +389,48 @@ static void test_mem_ttl(void **state)
 	shift_kv_close(h);
 }
 
+/* A handle's keys with a TTL live on while it refreshes them, come back
+ * after the store lost them, and expire once it stops; a key put without
+ * a TTL is never written again. */
+static void test_mem_refresh_own(void **state)
+{
+	shift_kv *h;
+	void *v;
+	size_t n;
+
+	(void)state;
+	assert_int_equal(shift_kv_mem_clear("refresh"), 0);
+	h = open_mem("refresh", "ns");
+	assert_int_equal(shift_kv_put(h, "a", "va", 2, 80), 0);
+	assert_int_equal(shift_kv_put(h, "b", "vb", 2, 80), 0);
+	assert_int_equal(shift_kv_put(h, "c", "vc", 2, 0), 0);
+	/* round robin: one key per call, then the next */
+	assert_int_equal(shift_kv_refresh_own(h, 1), 1);
+	assert_int_equal(shift_kv_refresh_own(h, 5), 2); /* (the other two; c has no TTL) */
+	for (int i = 0; i < 4; i++) { /* 200 ms: longer than the TTL */
+		sleep_ms(50);
+		assert_true(shift_kv_refresh_own(h, 5) >= 0);
+	}
+	assert_int_equal(shift_kv_get(h, "a", &v, &n), 0);
+	assert_memory_equal(v, "va", 2);
+	free(v);
+	/* the store restarted empty: the refresh writes them back */
+	assert_int_equal(shift_kv_mem_clear("refresh"), 0);
+	assert_int_equal(shift_kv_get(h, "b", &v, &n), -ENOENT);
+	assert_true(shift_kv_refresh_own(h, 5) >= 2);
+	assert_int_equal(shift_kv_get(h, "b", &v, &n), 0);
+	assert_memory_equal(v, "vb", 2);
+	free(v);
+	assert_int_equal(shift_kv_get(h, "c", &v, &n), -ENOENT);
+	/* store down: the error, nothing lost; then no refresh: they expire */
+	assert_int_equal(shift_kv_mem_set_down("refresh", true), 0);
+	assert_int_equal(shift_kv_refresh_own(h, 5), -ENOTCONN);
+	assert_int_equal(shift_kv_mem_set_down("refresh", false), 0);
+	sleep_ms(120);
+	assert_int_equal(shift_kv_get(h, "a", &v, &n), -ENOENT);
+	shift_kv_close(h);
+}
+
 /* ---- wait ---- */
 
 struct putter {
@@ -673,6 +715,7 @@ int main(void)
 		cmocka_unit_test(test_mem_wait),
 		cmocka_unit_test(test_mem_outage),
 		cmocka_unit_test(test_mem_delete_own),
+		cmocka_unit_test(test_mem_refresh_own),
 		cmocka_unit_test_teardown(test_open_from_env, test_env_teardown),
 		cmocka_unit_test(test_mem_threads),
 	};
