@@ -66,30 +66,45 @@ def objects(lib):
 
 
 def parse(lines):
-    funcs, edges, sec, cur = [], defaultdict(set), None, None
+    """Functions (section, address, name) and each one's edges. A call or
+    jump whose target the assembler left to the linker carries a relocation
+    on the next line: objdump shows it aimed at the start of its own section
+    (a wrong name), so only the relocation counts for it."""
+    funcs, edges, sec, cur, pending = [], defaultdict(set), None, None, None
+
+    def commit():
+        if pending and cur:
+            edges[cur].add(('sym', pending))
+
     for line in lines:
         m = SEC.match(line)
         if m:
-            sec = m.group(1)
+            commit()
+            pending, sec = None, m.group(1)
             continue
         m = HDR.match(line)
         if m:
-            cur = m.group(2)
+            commit()
+            pending, cur = None, m.group(2)
             funcs.append((sec, int(m.group(1), 16), cur))
             continue
         if cur is None:
             continue
         m = RELOC.search(line)
         if m:
+            pending = None
             sym, add = m.group(1), m.group(2)
             if sym.startswith('.text'):
                 edges[cur].add(('sec', sym, (int(add, 16) if add else 0) + 4))
             elif not sym.startswith('.'):
                 edges[cur].add(('sym', sym))
             continue
+        commit()
+        pending = None
         m = CALL.search(line)
         if m and m.group(2) != cur:
-            edges[cur].add(('sym', m.group(2)))
+            pending = m.group(2)
+    commit()
     return funcs, edges
 
 
