@@ -55,12 +55,14 @@ static struct shift_rkey *rk_add(struct shift_dqp *d, uint32_t app)
 
 int fo_rk_lookup(struct shift_dqp *d, uint32_t app, uint32_t *bk)
 {
-	uint64_t now = shift_clock_ms();
 	struct shift_rkey *e;
 	bool timed_out = false;
 	int rc;
 
 	pthread_mutex_lock(&d->rk_lock);
+	/* (read under the lock: an entry another thread made is never newer) */
+	uint64_t now = shift_clock_ms();
+
 	e = rk_find(d, app);
 	if (e && e->st != SHIFT_RK_WANT && e->at_ms >= d->rk_since_ms) {
 		rc = e->st == SHIFT_RK_KNOWN ? 0 : -1;
@@ -72,7 +74,7 @@ int fo_rk_lookup(struct shift_dqp *d, uint32_t app, uint32_t *bk)
 			e->st = SHIFT_RK_WANT;
 			e->want_ms = now;
 		}
-		rc = now - e->want_ms >= shift_config.kv_wait_ms ? -1 : 1;
+		rc = now >= e->want_ms && now - e->want_ms >= shift_config.kv_wait_ms ? -1 : 1;
 		if (rc > 0) {
 			d->rk_want = true;
 		} else { /* (given up for this failover: said once) */

@@ -35,6 +35,10 @@ if(TARGET shift_sim)
     LIBS shift_core shift_sim)
 endif()
 if(TARGET shift_sim)
+  shift_unit_test(test_threads SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/test_threads.c
+    LIBS shift_core shift_sim)
+endif()
+if(TARGET shift_sim)
   shift_unit_test(test_limits SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/test_limits.c
     LIBS shift_core shift_sim)
 endif()

@@ -1,0 +1,156 @@
+/*
+ * Failover with SHIFT's real threads (issue #19, item 8): the per-RNIC
+ * background threads run their passes on their own (not inline), the
+ * application's thread posts and polls, and A's default NIC dies in the
+ * middle. Under ThreadSanitizer (the TSan unit tier) this is the run that
+ * sees the background pass, its KV share (fo/kvq.c: records written, the
+ * peer's keys read, held sends released) and the application's slow poll
+ * touch the same QPs for real.
+ *
+ * Every write completes successfully, once, in order, with its data at
+ * the peer; the peer's application never polls (its background thread
+ * answers the handshake).
+ */
+#include <pthread.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+#include <cmocka.h>
+
+#include "shift/base/clock.h"
+#include "shift/base/config.h"
+#include "shift/shadow/shadow.h"
+#include "shift/shift.h"
+#include "sim.h"
+#include "sim_locked.h"
+#include "ep.h"
+#include "test_env.h"
+
+/* verbs.h's inline fallbacks name this; SHIFT never takes it. */
+int (ibv_query_port)(struct ibv_context *c, uint8_t p, struct _compat_ibv_port_attr *a)
+{
+	(void)c; (void)p; (void)a;
+	abort();
+}
+
+#define ACCESS (IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ)
+#define WRITES 120
+#define KILL_AT 40
+
+static const struct ibv_qp_cap cap = {
+	.max_send_wr = 16, .max_recv_wr = 16, .max_send_sge = 1, .max_recv_sge = 1,
+};
+
+static uint64_t now_ms(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+}
+
+static void step(struct sim_world *w)
+{
+	sim_locked_enter();
+	sim_world_step(w);
+	sim_locked_leave();
+}
+
+/* Write i (64 bytes of i's pattern at offset 64 * (i % 32)), polled to its
+ * completion while this thread moves the network: the completion. */
+static struct ibv_wc write_one(struct sim_world *w, struct sim_ep *a, struct sim_ep *b, unsigned i)
+{
+	size_t off = 64u * (i % 32u);
+	struct ibv_sge sge = { .addr = (uintptr_t)a->buf + off, .length = 64, .lkey = a->mr->lkey };
+	struct ibv_send_wr wr = {
+		.wr_id = 1000 + i, .sg_list = &sge, .num_sge = 1, .opcode = IBV_WR_RDMA_WRITE,
+		.send_flags = IBV_SEND_SIGNALED,
+		.wr.rdma = { .remote_addr = (uintptr_t)b->buf + 2048 + off, .rkey = b->mr->rkey },
+	}, *bad;
+	struct ibv_wc wc = { .status = IBV_WC_GENERAL_ERR, .wr_id = 0 };
+
+	memset(a->buf + off, (int)(i & 0x7f) + 1, 64);
+	assert_int_equal(ibv_post_send(a->qp, &wr, &bad), 0);
+	for (uint64_t end = now_ms() + 10000; now_ms() < end;) {
+		step(w);
+		int n = ibv_poll_cq(a->cq, 1, &wc);
+
+		assert_true(n >= 0);
+		if (n == 1)
+			return wc;
+	}
+	fail_msg("write %u: no completion within 10 s", i);
+	return wc;
+}
+
+static void test_writes_survive_nic_death_with_real_threads(void **state)
+{
+	struct sim_world *w = sim_world_create(NULL);
+	struct sim_host *h0;
+	struct sim_ep a, b;
+	struct sim_ep_info ia, ib;
+	char url[96];
+	(void)state;
+
+	h0 = sim_host_create(w, 2);
+	sim_host_create(w, 2);
+	shift_lower_set(sim_locked_lower(w));
+	snprintf(url, sizeof(url), "mem://threads-%d", (int)getpid());
+	test_setenv("SHIFT_KV_URL", url);
+	test_setenv("SHIFT_STATUS_DIR", "");
+	shift_config_load(NULL);
+	shift_clock_set(NULL);
+	assert_false(shift_config.inline_passes);
+	assert_int_equal(sim_ep_open(&a, &shift_verbs, "sim0_0", 4096, ACCESS, &cap, 64, 0), 0);
+	assert_int_equal(sim_ep_open(&b, &shift_verbs, "sim1_0", 4096, ACCESS, &cap, 64, 0), 0);
+	sim_ep_info(&a, 100, &ia);
+	sim_ep_info(&b, 200, &ib);
+	assert_int_equal(sim_ep_connect(&a, &ia, &ib, NULL), 0);
+	assert_int_equal(sim_ep_connect(&b, &ib, &ia, NULL), 0);
+	for (uint64_t end = now_ms() + 5000;
+	     (shift_shadow_qp_state(a.qp) != SHIFT_SHADOW_READY ||
+	      shift_shadow_qp_state(b.qp) != SHIFT_SHADOW_READY) && now_ms() < end;)
+		step(w);
+	assert_int_equal(shift_shadow_qp_state(a.qp), SHIFT_SHADOW_READY);
+	assert_int_equal(shift_shadow_qp_state(b.qp), SHIFT_SHADOW_READY);
+
+	uint64_t t_kill = 0, t_back = 0;
+
+	for (unsigned i = 0; i < WRITES; i++) {
+		if (i == KILL_AT) {
+			sim_locked_enter();
+			sim_dev_kill(sim_host_dev(h0, 0), 0);
+			sim_locked_leave();
+			t_kill = now_ms();
+		}
+		struct ibv_wc wc = write_one(w, &a, &b, i);
+
+		assert_int_equal(wc.status, IBV_WC_SUCCESS);
+		assert_int_equal(wc.wr_id, 1000 + i);
+		assert_int_equal((uint8_t)b.buf[2048 + 64u * (i % 32u)], (uint8_t)((i & 0x7f) + 1));
+		if (i == KILL_AT)
+			t_back = now_ms();
+	}
+	print_message("%d writes, A's default NIC dead from write %d on: the first after it "
+		      "completed %llu ms later\n", WRITES, KILL_AT,
+		      (unsigned long long)(t_back - t_kill));
+	sim_ep_close(&a);
+	sim_ep_close(&b);
+	sim_world_destroy(w);
+	test_env_restore();
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_writes_survive_nic_death_with_real_threads),
+	};
+
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}
