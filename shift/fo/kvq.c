@@ -334,9 +334,10 @@ static void apply_rk(struct shift_dqp *d, struct kvq_item *it)
 	__atomic_fetch_add(&shift_stats.rkeys_read, 1, __ATOMIC_RELAXED);
 }
 
+static bool kv_down; /* (relaxed atomic) */
+
 static void apply(struct shift_ctx *s, struct kvq *q)
 {
-	static uint64_t warned_ms;
 
 	for (size_t k = 0; k < q->npub; k++) {
 		struct kvq_item *it = &q->pub[k];
@@ -380,14 +381,15 @@ static void apply(struct shift_ctx *s, struct kvq *q)
 		free(it->v);
 	}
 	int rc = q->npub ? q->pub[q->npub - 1].rc : q->nep ? q->ep[0].rc : q->nrk ? q->rk[0].rc : 0;
-	uint64_t now = shift_clock_ms();
+	const char *dev = s->ibctx->device ? s->ibctx->device->name : "?";
 
-	if (rc && now - warned_ms >= 1000) {
-		warned_ms = now;
-		shift_warn("%s: the KV store cannot be reached (%s): failover records wait "
-			   "(again at the next pass)", s->ibctx->device ? s->ibctx->device->name : "?",
-			   shift_kv_strerror(rc));
-	}
+	/* once per outage, and once when it ends */
+	if (rc && !__atomic_exchange_n(&kv_down, true, __ATOMIC_RELAXED))
+		shift_warn("%s: the KV store cannot be reached (%s): failover records wait, "
+			   "read and written again at each pass", dev, shift_kv_strerror(rc));
+	else if (!rc && (q->npub || q->nep || q->nrk) &&
+		 __atomic_exchange_n(&kv_down, false, __ATOMIC_RELAXED))
+		shift_warn("%s: the KV store answers again: failover records flow", dev);
 }
 
 /*

@@ -41,8 +41,15 @@ void shift_shadow_set_background(void (*fn)(struct shift_ctx *s))
 
 bool shift_shadow_kv_ok(struct shift_rnic *r, int rc, const char *what)
 {
-	if (rc >= 0 || rc == -ENOENT)
+	if (rc >= 0 || rc == -ENOENT) {
+		/* (the store answers: said once per outage, as its loss) */
+		if (r->kv_warned) {
+			r->kv_warned = false;
+			shift_warn("%s: KV store answers again (%s): protection resumes", r->name,
+				   what);
+		}
 		return true;
+	}
 	stat_add(&shift_shadow_counters.kv_errors, 1);
 	if (!r->kv_warned) {
 		r->kv_warned = true;
