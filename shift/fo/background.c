@@ -32,6 +32,14 @@ static void port_back(struct shift_dqp *d)
 		d->port_was_down = false;
 }
 
+/* How long port must have been seen down before its QPs fail over: the
+ * port watch's limit, or only the grace for a fast-path poll when the
+ * device said so (an async event, shadow/portev.c). */
+static uint64_t port_limit(struct shift_ctx *s, unsigned port, uint64_t limit)
+{
+	return shift_rnic_port_event_down(s->rnic, port) ? shift_config.bg_grace_ms : limit;
+}
+
 static void watch_ports(struct shift_ctx *s, uint64_t now_ms)
 {
 	int st[SHIFT_WATCH_PORTS + 1] = { 0 }; /* 0 not asked, 1 active, 2 down */
@@ -87,7 +95,7 @@ static void watch_ports(struct shift_ctx *s, uint64_t now_ms)
 				continue;
 			down = true;
 			shift_ctx_set_slow(s, true);
-			if (t - s->port_down_since[port] < limit)
+			if (t - s->port_down_since[port] < port_limit(s, port, limit))
 				continue;
 			fo_lock_cqs(d);
 			if (d->send_state == SHIFT_SEND_DEFAULT) {

@@ -24,7 +24,7 @@ static void kick(struct shift_rnic *r)
 
 	r->dirty = true;
 	if (!was && r->idle)
-		pthread_cond_signal(&r->kick);
+		shift_rnic_signal(r);
 }
 
 #define PUSH(r, list, obj)                       \

@@ -37,6 +37,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
 
 /* How soon the thread runs its next pass unkicked (rnic_main): replay
  * pending, a QP failed over, nothing to do. */
@@ -220,11 +223,38 @@ static void kv_connect(struct shift_rnic *r)
 			   "trusts every writer of namespace '%s'", shift_config.kv_namespace);
 }
 
-/* Wait on r's kick for ms (r->lock held). */
+/* Wake r's thread (r->lock held). */
+void shift_rnic_signal(struct shift_rnic *r)
+{
+	uint64_t one = 1;
+
+	if (r->kick_fd < 0)
+		pthread_cond_signal(&r->kick);
+	else if (write(r->kick_fd, &one, sizeof(one)) < 0)
+		(void)0; /* (EAGAIN: the counter is full, the thread wakes anyway) */
+}
+
+/* Wait on r's kick, and on its device's port events, for ms (r->lock
+ * held, dropped while waiting). */
 static void wait_kick(struct shift_rnic *r, uint64_t ms)
 {
 	struct timespec ts;
 
+	if (r->kick_fd >= 0) {
+		struct pollfd p[2] = { { .fd = r->kick_fd, .events = POLLIN },
+				       { .fd = shift_portev_fd(r), .events = POLLIN } };
+		uint64_t x;
+
+		pthread_mutex_unlock(&r->lock);
+		int n = poll(p, p[1].fd >= 0 ? 2 : 1, (int)ms);
+
+		if (n > 0 && p[0].revents && read(r->kick_fd, &x, sizeof(x)) < 0)
+			(void)0; /* (raced with another read: nothing to drain) */
+		if (n > 0 && p[1].revents)
+			shift_portev_drain(r);
+		pthread_mutex_lock(&r->lock);
+		return;
+	}
 	clock_gettime(CLOCK_REALTIME, &ts);
 	uint64_t ns = (uint64_t)ts.tv_nsec + ms * 1000000ull;
 	ts.tv_sec += (time_t)(ns / 1000000000ull);
@@ -241,6 +271,8 @@ static void *rnic_main(void *arg)
 	backup_open(r);
 	if (r->bk_ctx)
 		kv_connect(r);
+	if (r->bk_ctx && r->kick_fd >= 0)
+		shift_portev_open(r);
 	pthread_mutex_unlock(&r->busy);
 	pthread_mutex_lock(&r->lock);
 	while (!r->stop) {
@@ -289,7 +321,7 @@ void shift_rnic_wake(struct shift_rnic *r)
 	pthread_mutex_lock(&r->lock);
 	r->woken = true;
 	if (r->idle)
-		pthread_cond_signal(&r->kick);
+		shift_rnic_signal(r);
 	pthread_mutex_unlock(&r->lock);
 }
 
@@ -298,7 +330,7 @@ static void stop_thread(struct shift_rnic *r)
 {
 	pthread_mutex_lock(&r->lock);
 	r->stop = true;
-	pthread_cond_signal(&r->kick);
+	shift_rnic_signal(r);
 	pthread_mutex_unlock(&r->lock);
 	if (r->thread_started)
 		pthread_join(r->thread, NULL);
@@ -374,6 +406,8 @@ struct shift_rnic *shift_rnic_start(struct shift_ctx *sctx)
 	pthread_mutex_init(&r->busy, NULL);
 	pthread_mutex_init(&r->lock, NULL);
 	pthread_cond_init(&r->kick, NULL);
+	/* (the thread waits on it and its port events; else on r->kick) */
+	r->kick_fd = shift_config.inline_passes ? -1 : eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
 	pthread_mutex_lock(&rnics_lock);
 	struct shift_rnic **pp = &rnics;
 	while (*pp)
@@ -433,6 +467,9 @@ void shift_rnic_stop(struct shift_rnic *r)
 		shift_provider_forget(r->bk_ctx);
 		shift_lower->close_device(r->bk_ctx);
 	}
+	shift_portev_close(r); /* (its thread is gone) */
+	if (r->kick_fd >= 0)
+		close(r->kick_fd);
 	pthread_cond_destroy(&r->kick);
 	pthread_mutex_destroy(&r->lock);
 	pthread_mutex_destroy(&r->busy);

@@ -92,6 +92,10 @@ void shift_rnic_pass_all(void);
  * period. Takes r->lock only (never held across I/O); no-op in
  * synchronous mode, whose caller runs the passes. */
 void shift_rnic_wake(struct shift_rnic *r);
+/* Did port (1..SHIFT_WATCH_PORTS) of r's device report that it left ACTIVE
+ * (an async event on the thread's own context, shadow/portev.c), with no
+ * PORT_ACTIVE since? */
+bool shift_rnic_port_event_down(struct shift_rnic *r, unsigned port);
 /* What each pass runs for the layer above before replaying (failover's
  * background share: noticing peers' handshake messages), on the RNIC's
  * thread; NULL (the default): nothing. Set by the front before the first

@@ -35,6 +35,13 @@ void shift_qp_unprotected_locked(struct shift_qp *q, const char *why);
 /* replay.c: was a KV operation's rc acceptable (success or -ENOENT)? A
  * failure is counted and warned about once per RNIC. */
 bool shift_shadow_kv_ok(struct shift_rnic *r, int rc, const char *what);
+/* Wake r's thread (r->lock held; rnic.c). */
+void shift_rnic_signal(struct shift_rnic *r);
+/* port events on a context of the thread's own (portev.c) */
+void shift_portev_open(struct shift_rnic *r);
+void shift_portev_close(struct shift_rnic *r);
+int shift_portev_fd(const struct shift_rnic *r);
+void shift_portev_drain(struct shift_rnic *r);
 /* replay.c: destroy the backup side of dead objects and unlink them. */
 void shift_rnic_reap(struct shift_rnic *r);
 

@@ -149,6 +149,9 @@ struct shift_rnic {
 	bool idle;                /* (L) the thread waits for a kick */
 	bool woken;               /* (L) the layer above has work: a pass now */
 	uint64_t refresh_at;      /* (thread) next round of KV key refreshes */
+	int kick_fd;              /* eventfd the thread waits on (-1: r->kick) */
+	struct ibv_context *ev_ctx; /* (thread) its own context: port events */
+	bool port_err[5];         /* (relaxed atomic) port left ACTIVE (event) */
 	size_t refresh_round;     /* (thread) keys refreshed in this round */
 
 	struct shift_pd *pds;     /* (L) */

@@ -27,6 +27,8 @@
 #include "shift/base/config.h"
 #include "shift/shadow/shadow.h"
 #include "shift/shift.h"
+#include "shift/dp/ctx.h"
+#include "shift/dp/state.h"
 #include "sim.h"
 #include "sim_locked.h"
 #include "ep.h"
@@ -89,67 +91,123 @@ static struct ibv_wc write_one(struct sim_world *w, struct sim_ep *a, struct sim
 	return wc;
 }
 
-static void test_writes_survive_nic_death_with_real_threads(void **state)
-{
-	struct sim_world *w = sim_world_create(NULL);
+struct pair {
+	struct sim_world *w;
 	struct sim_host *h0;
 	struct sim_ep a, b;
+};
+
+/* A world, A on sim0_0 and B on sim1_0 through SHIFT with its threads,
+ * connected and shadowed (READY). */
+static void pair_open(struct pair *p, const char *name)
+{
 	struct sim_ep_info ia, ib;
 	char url[96];
-	(void)state;
 
-	h0 = sim_host_create(w, 2);
-	sim_host_create(w, 2);
-	shift_lower_set(sim_locked_lower(w));
-	snprintf(url, sizeof(url), "mem://threads-%d", (int)getpid());
+	p->w = sim_world_create(NULL);
+	p->h0 = sim_host_create(p->w, 2);
+	sim_host_create(p->w, 2);
+	shift_lower_set(sim_locked_lower(p->w));
+	snprintf(url, sizeof(url), "mem://%s-%d", name, (int)getpid());
 	test_setenv("SHIFT_KV_URL", url);
 	test_setenv("SHIFT_STATUS_DIR", "");
 	shift_config_load(NULL);
 	shift_clock_set(NULL);
 	assert_false(shift_config.inline_passes);
-	assert_int_equal(sim_ep_open(&a, &shift_verbs, "sim0_0", 4096, ACCESS, &cap, 64, 0), 0);
-	assert_int_equal(sim_ep_open(&b, &shift_verbs, "sim1_0", 4096, ACCESS, &cap, 64, 0), 0);
-	sim_ep_info(&a, 100, &ia);
-	sim_ep_info(&b, 200, &ib);
-	assert_int_equal(sim_ep_connect(&a, &ia, &ib, NULL), 0);
-	assert_int_equal(sim_ep_connect(&b, &ib, &ia, NULL), 0);
+	assert_int_equal(sim_ep_open(&p->a, &shift_verbs, "sim0_0", 4096, ACCESS, &cap, 64, 0), 0);
+	assert_int_equal(sim_ep_open(&p->b, &shift_verbs, "sim1_0", 4096, ACCESS, &cap, 64, 0), 0);
+	sim_ep_info(&p->a, 100, &ia);
+	sim_ep_info(&p->b, 200, &ib);
+	assert_int_equal(sim_ep_connect(&p->a, &ia, &ib, NULL), 0);
+	assert_int_equal(sim_ep_connect(&p->b, &ib, &ia, NULL), 0);
 	for (uint64_t end = now_ms() + 5000;
-	     (shift_shadow_qp_state(a.qp) != SHIFT_SHADOW_READY ||
-	      shift_shadow_qp_state(b.qp) != SHIFT_SHADOW_READY) && now_ms() < end;)
-		step(w);
-	assert_int_equal(shift_shadow_qp_state(a.qp), SHIFT_SHADOW_READY);
-	assert_int_equal(shift_shadow_qp_state(b.qp), SHIFT_SHADOW_READY);
+	     (shift_shadow_qp_state(p->a.qp) != SHIFT_SHADOW_READY ||
+	      shift_shadow_qp_state(p->b.qp) != SHIFT_SHADOW_READY) && now_ms() < end;)
+		step(p->w);
+	assert_int_equal(shift_shadow_qp_state(p->a.qp), SHIFT_SHADOW_READY);
+	assert_int_equal(shift_shadow_qp_state(p->b.qp), SHIFT_SHADOW_READY);
+}
 
+static void pair_close(struct pair *p)
+{
+	sim_ep_close(&p->a);
+	sim_ep_close(&p->b);
+	sim_world_destroy(p->w);
+	test_env_restore();
+}
+
+static void kill_default_nic(struct pair *p)
+{
+	sim_locked_enter();
+	sim_dev_kill(sim_host_dev(p->h0, 0), 0);
+	sim_locked_leave();
+}
+
+static void test_writes_survive_nic_death_with_real_threads(void **state)
+{
+	struct pair p;
 	uint64_t t_kill = 0, t_back = 0;
+	(void)state;
 
+	pair_open(&p, "threads");
 	for (unsigned i = 0; i < WRITES; i++) {
 		if (i == KILL_AT) {
-			sim_locked_enter();
-			sim_dev_kill(sim_host_dev(h0, 0), 0);
-			sim_locked_leave();
+			kill_default_nic(&p);
 			t_kill = now_ms();
 		}
-		struct ibv_wc wc = write_one(w, &a, &b, i);
+		struct ibv_wc wc = write_one(p.w, &p.a, &p.b, i);
 
 		assert_int_equal(wc.status, IBV_WC_SUCCESS);
 		assert_int_equal(wc.wr_id, 1000 + i);
-		assert_int_equal((uint8_t)b.buf[2048 + 64u * (i % 32u)], (uint8_t)((i & 0x7f) + 1));
+		assert_int_equal((uint8_t)p.b.buf[2048 + 64u * (i % 32u)], (uint8_t)((i & 0x7f) + 1));
 		if (i == KILL_AT)
 			t_back = now_ms();
 	}
 	print_message("%d writes, A's default NIC dead from write %d on: the first after it "
 		      "completed %llu ms later\n", WRITES, KILL_AT,
 		      (unsigned long long)(t_back - t_kill));
-	sim_ep_close(&a);
-	sim_ep_close(&b);
-	sim_world_destroy(w);
-	test_env_restore();
+	pair_close(&p);
+}
+
+/* An idle QP (nothing outstanding: no error completion will ever come)
+ * whose port dies: the device's PORT_ERR event wakes A's thread, which
+ * fails the QP over after the grace, not after SHIFT_PORT_DOWN_MS (set to
+ * 20 s here); then a write goes through on the backup. */
+static void test_port_event_fails_idle_qp_over_at_once(void **state)
+{
+	struct pair p;
+	(void)state;
+
+	test_setenv("SHIFT_PORT_DOWN_MS", "20000");
+	pair_open(&p, "portev");
+	assert_int_equal(shift_config.port_down_ms, 20000);
+	struct shift_dqp *d = shift_dqp_of_qp(p.a.qp);
+
+	assert_non_null(d);
+	uint64_t t0 = now_ms();
+
+	kill_default_nic(&p);
+	while (__atomic_load_n(&d->send_state, __ATOMIC_RELAXED) == SHIFT_SEND_DEFAULT &&
+	       now_ms() - t0 < 10000) {
+		step(p.w);
+		usleep(1000);
+	}
+	uint64_t took = now_ms() - t0;
+
+	print_message("idle QP failed over %llu ms after its port died (SHIFT_PORT_DOWN_MS "
+		      "20000)\n", (unsigned long long)took);
+	assert_true(took < 5000);
+	struct ibv_wc wc = write_one(p.w, &p.a, &p.b, 7);
+
+	assert_int_equal(wc.status, IBV_WC_SUCCESS);
+	pair_close(&p);
 }
 
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_writes_survive_nic_death_with_real_threads),
+		cmocka_unit_test(test_port_event_fails_idle_qp_over_at_once),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);

@@ -1,0 +1,95 @@
+/*
+ * Port events of the application's device, for the RNIC's thread: fast
+ * local detection (issue #19, item 5).
+ *
+ * The application's own context delivers its async events to the
+ * application (SHIFT must not take them). The thread opens a context of
+ * its own on the same device, whose async fd it polls beside its kick
+ * eventfd (rnic.c, wait_kick): a port that leaves ACTIVE (IBV_EVENT_PORT_ERR)
+ * or a device that dies (IBV_EVENT_DEVICE_FATAL) wakes the thread at once,
+ * and the port watch (fo/background.c) fails that port's QPs over after
+ * the grace that lets a fast-path poll finish instead of after
+ * SHIFT_PORT_DOWN_MS. PORT_ACTIVE clears the mark; flaps are then the
+ * failback probe's business, with its backoff. Without such a context
+ * (it cannot be opened; synchronous mode) the port watch polls as before.
+ */
+#include "shift/shadow/shadow_int.h"
+#include "shift/base/lower.h"
+#include "shift/base/log.h"
+#include "shift/dp/ctx.h"
+
+#include <errno.h>
+#include <fcntl.h>
+
+void shift_portev_open(struct shift_rnic *r)
+{
+	struct ibv_device *dev = r->sctx->ibctx->device;
+	int fl;
+
+	r->ev_ctx = dev ? shift_lower->open_device(dev) : NULL;
+	if (!r->ev_ctx) {
+		shift_info("%s: no context of its own for port events: ports are polled every "
+			   "pass", r->name);
+		return;
+	}
+	fl = fcntl(r->ev_ctx->async_fd, F_GETFL);
+	if (fl < 0 || fcntl(r->ev_ctx->async_fd, F_SETFL, fl | O_NONBLOCK) < 0) {
+		shift_lower->close_device(r->ev_ctx);
+		r->ev_ctx = NULL;
+	}
+}
+
+void shift_portev_close(struct shift_rnic *r)
+{
+	if (r->ev_ctx)
+		shift_lower->close_device(r->ev_ctx);
+	r->ev_ctx = NULL;
+}
+
+int shift_portev_fd(const struct shift_rnic *r)
+{
+	return r->ev_ctx ? r->ev_ctx->async_fd : -1;
+}
+
+_Static_assert(sizeof(((struct shift_rnic *)0)->port_err) > SHIFT_WATCH_PORTS,
+	       "a mark for every watched port");
+
+static void mark(struct shift_rnic *r, unsigned port, bool down)
+{
+	if (port < 1 || port > SHIFT_WATCH_PORTS)
+		return;
+	__atomic_store_n(&r->port_err[port], down, __ATOMIC_RELAXED);
+}
+
+/* Every event queued on the thread's context (its fd readable). */
+void shift_portev_drain(struct shift_rnic *r)
+{
+	struct ibv_async_event ev;
+
+	while (r->ev_ctx && !shift_lower->get_async_event(r->ev_ctx, &ev)) {
+		switch (ev.event_type) {
+		case IBV_EVENT_PORT_ERR:
+			shift_info("%s: port %d left ACTIVE (async event)", r->name,
+				   ev.element.port_num);
+			mark(r, (unsigned)ev.element.port_num, true);
+			break;
+		case IBV_EVENT_PORT_ACTIVE:
+			mark(r, (unsigned)ev.element.port_num, false);
+			break;
+		case IBV_EVENT_DEVICE_FATAL:
+			shift_info("%s: device fatal error (async event)", r->name);
+			for (unsigned p = 1; p <= SHIFT_WATCH_PORTS; p++)
+				mark(r, p, true);
+			break;
+		default:
+			break;
+		}
+		shift_lower->ack_async_event(&ev);
+	}
+}
+
+bool shift_rnic_port_event_down(struct shift_rnic *r, unsigned port)
+{
+	return r && port >= 1 && port <= SHIFT_WATCH_PORTS &&
+	       __atomic_load_n(&r->port_err[port], __ATOMIC_RELAXED);
+}
