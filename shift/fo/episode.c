@@ -82,40 +82,6 @@ bool fo_ep_due(const struct shift_dqp *d, uint64_t now)
 	       now >= d->kv_at;
 }
 
-/*
- * The peers' records of ds[0..n) (n <= SHIFT_KV_MGET_MAX) in one KV read,
- * each taken into its QP (ep_take) and got[k] set if it was read: 0, or the
- * read's error (then none was).
- */
-int fo_ep_mget(struct shift_ctx *s, struct shift_dqp **ds, size_t n, bool *got)
-{
-	char keys[SHIFT_KV_MGET_MAX][SHIFT_EXCHANGE_KEY_MAX];
-	const char *kp[SHIFT_KV_MGET_MAX] = { NULL };
-	void *v[SHIFT_KV_MGET_MAX];
-	size_t len[SHIFT_KV_MGET_MAX];
-
-	if (!n || n > SHIFT_KV_MGET_MAX)
-		return -EINVAL;
-	for (size_t k = 0; k < n; k++) {
-		if (shift_exchange_ep_key(&ds[k]->shadow->peer_key, keys[k], sizeof(keys[k])) < 0)
-			keys[k][0] = '\0'; /* (never there) */
-		kp[k] = keys[k];
-	}
-	int rc = shift_kv_mget(s->rnic->kv, kp, n, v, len);
-
-	__atomic_fetch_add(&shift_stats.ep_read_commands, 1, __ATOMIC_RELAXED);
-	__atomic_fetch_add(&shift_stats.ep_records_read, n, __ATOMIC_RELAXED);
-	for (size_t k = 0; k < n; k++) {
-		struct shift_ep_value ev;
-
-		got[k] = !rc && v[k] && keys[k][0] && !shift_exchange_ep_decode_ex(v[k], len[k], &ev);
-		if (got[k])
-			ep_take(ds[k], &ev);
-		free(v[k]);
-	}
-	return rc;
-}
-
 /* What the background pass read of d's peer record before its failback
  * work (fo/kvq.c): 0 read, -1 none, unreadable or not read at this pass
  * (d keeps what it knew; a record due now is read at the next pass). */

@@ -111,7 +111,6 @@ bool fo_tell_abort(struct shift_dqp *d);
 void fo_ep_publish(struct shift_ctx *s, struct shift_dqp *d);
 bool fo_ep_take(struct shift_dqp *d, const void *v, size_t len);
 bool fo_ep_due(const struct shift_dqp *d, uint64_t now);
-int fo_ep_mget(struct shift_ctx *s, struct shift_dqp **ds, size_t n, bool *got);
 int fo_ep_read_pass(struct shift_dqp *d);
 bool fo_peer_armed(const struct shift_dqp *d);
 bool fo_peer_old_dead(const struct shift_dqp *d);

@@ -13,18 +13,61 @@
  * poll already inside the fast path has finished; polls go to the slow
  * path from now.
  */
-static void poke_check(struct shift_ctx *s, struct shift_dqp **ds, size_t n, uint64_t now)
-{
-	bool got[SHIFT_KV_MGET_MAX];
+/* A QP the check reads for, as collected (identified again after the
+ * read by QPN and serial: slow_lock is dropped around it). */
+struct poke_qp {
+	struct shift_dqp *d;
+	uint64_t serial;
+	uint32_t qpn;
+};
 
-	if (fo_ep_mget(s, ds, n, got))
-		return;
+/* The KV read of keys[0..n) with slow_lock dropped (the background pass
+ * holds it; the slow poll of the application must not wait for the store). */
+static int mget_unlocked(struct shift_ctx *s, const char *const *kp, size_t n, void **v,
+			 size_t *len)
+{
+	pthread_mutex_unlock(&s->slow_lock);
+	int rc = shift_kv_mget(s->rnic->kv, kp, n, v, len);
+
+	pthread_mutex_lock(&s->slow_lock);
+	return rc;
+}
+
+static void poke_check(struct shift_ctx *s, const struct poke_qp *qs, size_t n, uint64_t now)
+{
+	char keys[SHIFT_KV_MGET_MAX][SHIFT_EXCHANGE_KEY_MAX];
+	const char *kp[SHIFT_KV_MGET_MAX];
+	void *v[SHIFT_KV_MGET_MAX];
+	size_t len[SHIFT_KV_MGET_MAX];
+
 	for (size_t k = 0; k < n; k++) {
-		if (!got[k] || ds[k]->peer_started <= ds[k]->failovers)
-			continue;
-		ds[k]->peer_join_ms = now;
-		__atomic_store_n(&ds[k]->peer_join, true, __ATOMIC_RELEASE);
-		shift_ctx_set_slow(s, true);
+		struct shift_dqp *d = shift_dqp_by_qpn(s, qs[k].qpn);
+
+		/* (gone since it was collected: an earlier check dropped the
+		 * lock; its key is then never there) */
+		if (d != qs[k].d || d->serial != qs[k].serial ||
+		    shift_exchange_ep_key(&d->shadow->peer_key, keys[k], sizeof(keys[k])) < 0)
+			keys[k][0] = '\0';
+		kp[k] = keys[k];
+	}
+	int rc = mget_unlocked(s, kp, n, v, len);
+
+	__atomic_fetch_add(&shift_stats.ep_read_commands, 1, __ATOMIC_RELAXED);
+	__atomic_fetch_add(&shift_stats.ep_records_read, n, __ATOMIC_RELAXED);
+	for (size_t k = 0; k < n; k++) {
+		struct shift_dqp *d = shift_dqp_by_qpn(s, qs[k].qpn);
+
+		if (!rc && d == qs[k].d && d->serial == qs[k].serial && d->scq) {
+			fo_lock_cqs(d);
+			if (keys[k][0] && fo_ep_take(d, v[k], len[k]) &&
+			    d->peer_started > d->failovers) {
+				d->peer_join_ms = now;
+				__atomic_store_n(&d->peer_join, true, __ATOMIC_RELEASE);
+				shift_ctx_set_slow(s, true);
+			}
+			fo_unlock_cqs(d);
+		}
+		free(v[k]); /* (NULL after a failed read) */
 	}
 }
 
@@ -74,7 +117,7 @@ void fo_poke_read(struct shift_ctx *s, uint64_t now)
 			return;
 		kp[k] = keys[k];
 	}
-	if (shift_kv_mget(r->kv, kp, (size_t)s->npoke, v, len))
+	if (mget_unlocked(s, kp, (size_t)s->npoke, v, len))
 		return;
 	for (int k = 0; k < s->npoke; k++) {
 		char now_seen[sizeof(s->poke[k].seen)] = "";
@@ -93,8 +136,9 @@ void fo_poke_read(struct shift_ctx *s, uint64_t now)
 	}
 	if (!any)
 		return;
-	struct shift_dqp *ds[SHIFT_KV_MGET_MAX];
-	size_t n = 0;
+	/* (collected first: the checks drop slow_lock) */
+	struct poke_qp *qs = NULL;
+	size_t n = 0, cap = 0;
 
 	for (int i = 0; i < SHIFT_DQP_BUCKETS; i++) {
 		for (struct shift_dqp *d = shift_dqp_first(s, i); d;
@@ -107,13 +151,19 @@ void fo_poke_read(struct shift_ctx *s, uint64_t now)
 			k = poke_slot(s, &d->shadow->my_key.gid);
 			if (k < 0 || !changed[k])
 				continue;
-			ds[n++] = d;
-			if (n == SHIFT_KV_MGET_MAX) {
-				poke_check(s, ds, n, now);
-				n = 0;
+			if (n == cap) {
+				size_t c2 = cap ? 2 * cap : 64;
+				struct poke_qp *q2 = realloc(qs, c2 * sizeof(*q2));
+
+				if (!q2)
+					break; /* (the rest at the next poke) */
+				qs = q2;
+				cap = c2;
 			}
+			qs[n++] = (struct poke_qp){ .d = d, .serial = d->serial, .qpn = d->qpn };
 		}
 	}
-	if (n)
-		poke_check(s, ds, n, now);
+	for (size_t at = 0; at < n; at += SHIFT_KV_MGET_MAX)
+		poke_check(s, qs + at, n - at < SHIFT_KV_MGET_MAX ? n - at : SHIFT_KV_MGET_MAX, now);
+	free(qs);
 }
