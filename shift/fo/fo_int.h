@@ -89,6 +89,15 @@ void fo_rk_failover(struct shift_dqp *d);
 void fo_kvq_publish(struct shift_ctx *s, struct shift_dqp *d, const char *key,
 		    const char *val, unsigned len);
 void fo_kvq_run(struct shift_ctx *s, bool reads);
+/* The QP of s numbered qpn, if it is still d (the same serial): what a
+ * pass that dropped slow_lock collected (slow_lock held). */
+static inline struct shift_dqp *fo_dqp_again(struct shift_ctx *s, const struct shift_dqp *d,
+					     uint32_t qpn, uint64_t serial)
+{
+	struct shift_dqp *x = shift_dqp_by_qpn(s, qpn);
+
+	return x == d && x->serial == serial ? x : NULL;
+}
 void fo_held_release(struct shift_dqp *d);
 int fo_post_bk_recv(struct shift_dqp *d, uint64_t idx);
 void fo_give_up(struct shift_dqp *d, const char *why);

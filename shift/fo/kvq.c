@@ -303,14 +303,6 @@ static void io(shift_kv *kv, struct kvq *q)
 	mget(kv, q->rk, q->nrk, rc);
 }
 
-/* Under slow_lock: d as collected, if it still exists. */
-static struct shift_dqp *alive(struct shift_ctx *s, const struct kvq_item *it)
-{
-	struct shift_dqp *d = shift_dqp_by_qpn(s, it->qpn);
-
-	return d == it->d && d->serial == it->serial ? d : NULL;
-}
-
 static void apply_rk(struct shift_dqp *d, struct kvq_item *it)
 {
 	uint32_t bk = 0;
@@ -341,7 +333,7 @@ static void apply(struct shift_ctx *s, struct kvq *q)
 
 	for (size_t k = 0; k < q->npub; k++) {
 		struct kvq_item *it = &q->pub[k];
-		struct shift_dqp *d = alive(s, it);
+		struct shift_dqp *d = fo_dqp_again(s, it->d, it->qpn, it->serial);
 
 		if (!d)
 			continue;
@@ -355,21 +347,22 @@ static void apply(struct shift_ctx *s, struct kvq *q)
 	}
 	for (size_t k = 0; k < q->nrk; k++) {
 		struct kvq_item *it = &q->rk[k];
-		struct shift_dqp *d = alive(s, it);
+		struct shift_dqp *d = fo_dqp_again(s, it->d, it->qpn, it->serial);
 
 		if (d)
 			apply_rk(d, it);
 		free(it->v);
 	}
 	if (q->nep) {
-		shift_debug("%s: %zu peer records in one KV read (%d)", q->ep[0].d->dev, q->nep,
-			    q->ep[0].rc);
+		/* (not through an item's QP: it may be gone since) */
+		shift_debug("%s: %zu peer records in one KV read (%d)",
+			    s->ibctx->device ? s->ibctx->device->name : "?", q->nep, q->ep[0].rc);
 		__atomic_fetch_add(&shift_stats.ep_read_commands, 1, __ATOMIC_RELAXED);
 		__atomic_fetch_add(&shift_stats.ep_records_read, q->nep, __ATOMIC_RELAXED);
 	}
 	for (size_t k = 0; k < q->nep; k++) {
 		struct kvq_item *it = &q->ep[k];
-		struct shift_dqp *d = alive(s, it);
+		struct shift_dqp *d = fo_dqp_again(s, it->d, it->qpn, it->serial);
 
 		if (d) {
 			/* (taken in under its CQs' locks, as the failback work

@@ -41,12 +41,11 @@ static void poke_check(struct shift_ctx *s, const struct poke_qp *qs, size_t n, 
 	size_t len[SHIFT_KV_MGET_MAX];
 
 	for (size_t k = 0; k < n; k++) {
-		struct shift_dqp *d = shift_dqp_by_qpn(s, qs[k].qpn);
+		struct shift_dqp *d = fo_dqp_again(s, qs[k].d, qs[k].qpn, qs[k].serial);
 
 		/* (gone since it was collected: an earlier check dropped the
 		 * lock; its key is then never there) */
-		if (d != qs[k].d || d->serial != qs[k].serial ||
-		    shift_exchange_ep_key(&d->shadow->peer_key, keys[k], sizeof(keys[k])) < 0)
+		if (!d || shift_exchange_ep_key(&d->shadow->peer_key, keys[k], sizeof(keys[k])) < 0)
 			keys[k][0] = '\0';
 		kp[k] = keys[k];
 	}
@@ -55,9 +54,9 @@ static void poke_check(struct shift_ctx *s, const struct poke_qp *qs, size_t n, 
 	__atomic_fetch_add(&shift_stats.ep_read_commands, 1, __ATOMIC_RELAXED);
 	__atomic_fetch_add(&shift_stats.ep_records_read, n, __ATOMIC_RELAXED);
 	for (size_t k = 0; k < n; k++) {
-		struct shift_dqp *d = shift_dqp_by_qpn(s, qs[k].qpn);
+		struct shift_dqp *d = fo_dqp_again(s, qs[k].d, qs[k].qpn, qs[k].serial);
 
-		if (!rc && d == qs[k].d && d->serial == qs[k].serial && d->scq) {
+		if (!rc && d && d->scq) {
 			fo_lock_cqs(d);
 			if (keys[k][0] && fo_ep_take(d, v[k], len[k]) &&
 			    d->peer_started > d->failovers) {
