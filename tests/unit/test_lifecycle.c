@@ -413,6 +413,15 @@ static bool mr_published(struct ibv_context *ctx, uint32_t rkey)
 	return rc == 0;
 }
 
+/* Wait (up to ms) until the key of rkey is not in the store. */
+static bool unpublished_within(struct ibv_context *ctx, uint32_t rkey, unsigned ms)
+{
+	for (uint64_t end = now_ms() + ms; now_ms() < end; sleep_ms(5))
+		if (!mr_published(ctx, rkey))
+			return true;
+	return false;
+}
+
 static void test_destroy_while_replaying(void **state)
 {
 	static char buf[8][4096];
@@ -439,7 +448,10 @@ static void test_destroy_while_replaying(void **state)
 	assert_int_equal(shift_verbs.dereg_mr(m), 0);
 	sem_post(&go);
 	assert_true(live_within(SIM_LK_MR, 4, 5000));
-	assert_false(mr_published(a.ctx, rkey));
+	/* (the count is 4 again before the thread, let go, has even made
+	 * the backup: the key may be published a moment and reaped after;
+	 * what must hold is that it does not stay) */
+	assert_true(unpublished_within(a.ctx, rkey, 5000));
 
 	/* a burst of MRs, each deregistered at once or after a moment, while
 	 * the thread replays them */
