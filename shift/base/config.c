@@ -198,6 +198,12 @@ static const struct config_row rows[] = {
 	  "path, and needs it to follow (one KV read per context); 0 = never (such a "
 	  "connection fails)",
 	  parse_uint, FIELD(poke_ms) },
+	{ "SHIFT_IDLE_MS", "250",
+	  "longest sleep of each RNIC's background thread while nothing fails, in ms "
+	  "(10..10000): it wakes at once on what it watches (port events, a peer's handshake "
+	  "on a backup CQ, the application's control verbs); this bounds the rest (a backup "
+	  "CQ of an application channel nobody waits on, status, KV refresh and retries)",
+	  parse_bounded, FIELD_RANGE(idle_ms, 10, 10000) },
 	{ "SHIFT_STATUS_DIR", NULL,
 	  "where each process writes its per-QP status for shiftctl ('' = none; default "
 	  "$XDG_RUNTIME_DIR/shift, else /run/shift/UID, else /tmp/shift-UID; must be owned "

@@ -29,6 +29,7 @@ struct shift_config {
 	unsigned kv_wait_ms;      /* SHIFT_KV_WAIT_MS */
 	unsigned kv_ttl_s;        /* SHIFT_KV_TTL_S */
 	unsigned poke_ms;         /* SHIFT_POKE_MS */
+	unsigned idle_ms;         /* SHIFT_IDLE_MS */
 	char status_dir[256];     /* SHIFT_STATUS_DIR */
 
 	/* Not environment knobs: the timing of the background work, in

@@ -91,6 +91,10 @@ struct shift_ctx {
 	 * been ACTIVE (ms, 0 = active), and whether any is down now */
 	uint64_t port_down_since[SHIFT_WATCH_PORTS + 1];
 	bool ports_down;
+	/* (background thread only) were the application's threads seen asleep
+	 * in this pass, after the context went slow? 0 not looked, 1 yes, 2 no
+	 * (fo/background.c, base/quiesce.h) */
+	uint8_t bg_asleep;
 	/* pokes (background thread only, fo/poke.c): the values last read
 	 * under the poke keys of this context's default GIDs */
 	struct shift_poke {

@@ -5,8 +5,32 @@
  * seen here, then the failback work of every failed-over QP.
  */
 #include "shift/fo/fo_int.h"
+#include "shift/base/quiesce.h"
 
 static void background(struct shift_ctx *s);
+
+/*
+ * Has the grace passed since `since` (ms) that lets a poll which entered
+ * the fast path before its context went slow finish? It has at once when
+ * every thread of the application was seen asleep in the kernel after the
+ * switch (base/quiesce.h: none can be inside the fast path; looked at once
+ * per pass, after this pass's own switches). Synchronous replay has no
+ * such poll, and its logical clock keeps the grace. If not, the thread
+ * comes back when it has passed.
+ */
+static bool grace_passed(struct shift_ctx *s, uint64_t since, uint64_t now)
+{
+	if (since <= now && now - since >= shift_config.bg_grace_ms)
+		return true;
+	if (!s->bg_asleep)
+		s->bg_asleep = !shift_config.inline_passes &&
+				       __atomic_load_n(&s->slow, __ATOMIC_ACQUIRE) &&
+				       shift_quiesce_others_asleep() ? 1 : 2;
+	if (s->bg_asleep == 1)
+		return true;
+	shift_rnic_due(s->rnic, since + shift_config.bg_grace_ms);
+	return false;
+}
 
 /* ---- the port watch ----------------------------------------------------------
  *
@@ -38,6 +62,28 @@ static void port_back(struct shift_dqp *d)
 static uint64_t port_limit(struct shift_ctx *s, unsigned port, uint64_t limit)
 {
 	return shift_rnic_port_event_down(s->rnic, port) ? shift_config.bg_grace_ms : limit;
+}
+
+/* d's port has been down for `for_ms`: d fails over as if an error had
+ * been polled. */
+static void port_fail_over(struct shift_ctx *s, struct shift_dqp *d, unsigned port,
+			   uint64_t for_ms)
+{
+	fo_lock_cqs(d);
+	if (d->send_state == SHIFT_SEND_DEFAULT) {
+		struct out o = { .wc = NULL, .n = 0, .max = 0, .c = d->scq };
+
+		shift_info("%s QP %u: port %u down for %llu %s: failing over without an error "
+			   "completion", d->dev, d->qpn, port, (unsigned long long)for_ms, "ms");
+		if (fo_start(s, d, &o, NULL) && d->send_state == SHIFT_SEND_UNPROTECTED) {
+			/* given up: the application sees its QP fail, as the
+			 * provider would have shown it sooner or later */
+			struct ibv_qp_attr e = { .qp_state = IBV_QPS_ERR };
+
+			shift_lower->modify_qp(d->qp, &e, IBV_QP_STATE);
+		}
+	}
+	fo_unlock_cqs(d);
 }
 
 static void watch_ports(struct shift_ctx *s, uint64_t now_ms)
@@ -95,25 +141,15 @@ static void watch_ports(struct shift_ctx *s, uint64_t now_ms)
 				continue;
 			down = true;
 			shift_ctx_set_slow(s, true);
-			if (t - s->port_down_since[port] < port_limit(s, port, limit))
+			uint64_t wait = port_limit(s, port, limit);
+
+			if (t - s->port_down_since[port] < wait &&
+			    (wait > shift_config.bg_grace_ms ||
+			     !grace_passed(s, s->port_down_since[port], now_ms))) {
+				shift_rnic_due(s->rnic, s->port_down_since[port] + wait);
 				continue;
-			fo_lock_cqs(d);
-			if (d->send_state == SHIFT_SEND_DEFAULT) {
-				struct out o = { .wc = NULL, .n = 0, .max = 0, .c = d->scq };
-
-				shift_info("%s QP %u: port %u down for %llu %s: failing over without an "
-					   "error completion", d->dev, d->qpn, port,
-					   (unsigned long long)(t - s->port_down_since[port]),
-					   "ms");
-				if (fo_start(s, d, &o, NULL) && d->send_state == SHIFT_SEND_UNPROTECTED) {
-					/* given up: the application sees its QP fail, as
-					 * the provider would have shown it sooner or later */
-					struct ibv_qp_attr e = { .qp_state = IBV_QPS_ERR };
-
-					shift_lower->modify_qp(d->qp, &e, IBV_QP_STATE);
-				}
 			}
-			fo_unlock_cqs(d);
+			port_fail_over(s, d, port, t - s->port_down_since[port]);
 		}
 	}
 	s->ports_down = down;
@@ -165,14 +201,6 @@ void shift_failover_background(struct shift_ctx *s)
 	pthread_mutex_unlock(&bg_lock);
 }
 
-/* Has the grace passed since `since` (ms) that lets a poll which entered
- * the fast path before its context went slow finish? (Synchronous replay
- * has no such poll.) */
-static bool grace_passed(uint64_t since, uint64_t now)
-{
-	return now - since >= shift_config.bg_grace_ms;
-}
-
 /* A peer's handshake message the background thread noticed, for a passive
  * application: answered here once the grace has passed (see background()). */
 /*
@@ -200,7 +228,7 @@ static void answer_peer(struct shift_ctx *s, struct shift_dqp *d, uint64_t now)
 		return;
 	if (!d->ctrl_seen_ms)
 		d->ctrl_seen_ms = now;
-	if (!grace_passed(d->ctrl_seen_ms, now))
+	if (!grace_passed(s, d->ctrl_seen_ms, now))
 		return;
 	fo_lock_cqs(d);
 	if (d->ctrl_pending) {
@@ -218,7 +246,7 @@ static void fail_over_refused(struct shift_ctx *s, struct shift_dqp *d, uint64_t
 		return;
 	/* (as for a port that went down: a poll that entered the fast path
 	 * before the context went slow finishes first) */
-	if (!grace_passed(d->post_failed_ms, now))
+	if (!grace_passed(s, d->post_failed_ms, now))
 		return;
 	fo_lock_cqs(d);
 	if (d->post_failed && (d->send_state == SHIFT_SEND_DEFAULT || d->need_rearm)) {
@@ -239,7 +267,7 @@ void fo_join_peer(struct shift_ctx *s, struct shift_dqp *d, uint64_t now)
 {
 	if (!__atomic_load_n(&d->peer_join, __ATOMIC_ACQUIRE))
 		return;
-	if (!grace_passed(d->peer_join_ms, now))
+	if (!grace_passed(s, d->peer_join_ms, now))
 		return;
 	fo_lock_cqs(d);
 	if (d->peer_join && d->send_state == SHIFT_SEND_DEFAULT && !d->need_rearm &&
@@ -279,22 +307,36 @@ static void fast_again(struct shift_ctx *s, struct shift_cq *head)
 	}
 }
 
-static void background(struct shift_ctx *s)
+/* A peer's handshake message lands in a backup CQ nobody else polls while
+ * this side is in the Default state. Each is armed before it is polled,
+ * while no poll of the application looks at it (not slow): a completion
+ * after this poll wakes the thread (shadow/portev.c). Armed? */
+static bool poll_backups(struct shift_ctx *s, struct shift_cq *head)
 {
-	struct shift_rnic *r = s->rnic;
+	bool arm = !__atomic_load_n(&s->slow, __ATOMIC_ACQUIRE);
 
-	/* a peer's handshake message lands in a backup CQ nobody else polls
-	 * while this side is in the Default state */
-	pthread_mutex_lock(&r->lock);
-	struct shift_cq *head = r->cqs;
-	pthread_mutex_unlock(&r->lock);
 	for (struct shift_cq *c = head; c; c = c->next) {
 		if (!c->bk || SHIFT_SHADOW_DEAD(c) || pthread_mutex_trylock(&c->dp_lock))
 			continue;
 		struct out o = { .wc = NULL, .n = 0, .max = 0, .c = c };
+		if (arm)
+			shift_rnic_arm_backup(s->rnic, c->bk);
 		fo_poll_backup(s, c, &o, false);
 		pthread_mutex_unlock(&c->dp_lock);
 	}
+	return arm;
+}
+
+static void background(struct shift_ctx *s)
+{
+	struct shift_rnic *r = s->rnic;
+
+	s->bg_asleep = 0; /* (not looked at in this pass yet) */
+	pthread_mutex_lock(&r->lock);
+	struct shift_cq *head = r->cqs;
+	pthread_mutex_unlock(&r->lock);
+	bool armed = poll_backups(s, head);
+
 	/* (messages on SRQ QPs' backups, for receives posted since; the
 	 * default SRQs emptied for failback) */
 	fo_srq_deliver_all(s, NULL);
@@ -333,7 +375,7 @@ static void background(struct shift_ctx *s)
 		/* the application may be inside the fast path of a poll that
 		 * started before the context went slow: let it finish */
 		uint64_t te = d->t_error_us / 1000u; /* (may be later than now) */
-		if (te > now || now - te < shift_config.bg_grace_ms)
+		if (!grace_passed(s, te, now))
 			continue;
 		fo_lock_cqs(d);
 		fo_failback_work(s, d, fbt);
@@ -350,4 +392,8 @@ static void background(struct shift_ctx *s)
 			d->kv_pref = 0;
 	}
 	fast_again(s, head);
+	/* (fast again, its backups unarmed by this pass: armed by the next,
+	 * now) */
+	if (!armed && !__atomic_load_n(&s->slow, __ATOMIC_ACQUIRE))
+		shift_rnic_due(r, shift_clock_ms());
 }

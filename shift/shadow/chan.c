@@ -245,6 +245,11 @@ static int take_backup(struct shift_chan *k, struct shift_cq *c, struct ibv_cq *
 		}
 	}
 	pthread_mutex_unlock(&r->lock);
+	/* in the Default state only a peer's handshake message completes
+	 * there, and the RNIC's thread answers it (fo/background.c); once
+	 * failed over, the application's polls look at the backup anyway */
+	if (!rc && !__atomic_load_n(&r->sctx->slow, __ATOMIC_ACQUIRE))
+		shift_rnic_wake(r);
 	return rc;
 }
 

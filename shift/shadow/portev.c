@@ -93,3 +93,55 @@ bool shift_rnic_port_event_down(struct shift_rnic *r, unsigned port)
 	return r && port >= 1 && port <= SHIFT_WATCH_PORTS &&
 	       __atomic_load_n(&r->port_err[port], __ATOMIC_RELAXED);
 }
+
+/* ---- backup completions --------------------------------------------------
+ *
+ * A peer's handshake message lands in a backup CQ that nobody polls while
+ * this side is in the Default state. Backup CQs whose application CQ has
+ * no completion channel report to one channel of the thread's (those with
+ * one report to a backup channel of their own, which the application's
+ * get_cq_event reads and which wakes the thread from there, chan.c); the
+ * background pass arms them before it polls them, so a completion after
+ * that pass wakes the thread at once instead of after its idle period.
+ * Every event is acked as soon as it is read: destroying a backup CQ
+ * (reap, on this thread) never waits for an ack.
+ */
+void shift_bkev_open(struct shift_rnic *r)
+{
+	int fl;
+
+	r->bk_ev = shift_lower->create_comp_channel(r->bk_ctx);
+	if (!r->bk_ev) {
+		shift_info("%s: no completion channel on %s: backup CQs are polled every pass",
+			   r->name, r->bk_name);
+		return;
+	}
+	fl = fcntl(r->bk_ev->fd, F_GETFL);
+	if (fl < 0 || fcntl(r->bk_ev->fd, F_SETFL, fl | O_NONBLOCK) < 0) {
+		shift_lower->destroy_comp_channel(r->bk_ev);
+		r->bk_ev = NULL;
+	}
+}
+
+/* (after every backup CQ on it was destroyed) */
+void shift_bkev_close(struct shift_rnic *r)
+{
+	if (r->bk_ev && shift_lower->destroy_comp_channel(r->bk_ev))
+		shift_warn("%s: the backup completion channel is still in use", r->name);
+	r->bk_ev = NULL;
+}
+
+void shift_bkev_drain(struct shift_rnic *r)
+{
+	struct ibv_cq *cq;
+	void *ctx;
+
+	while (r->bk_ev && !shift_lower->get_cq_event(r->bk_ev, &cq, &ctx))
+		shift_lower->ack_cq_events(cq, 1);
+}
+
+void shift_rnic_arm_backup(struct shift_rnic *r, struct ibv_cq *bk)
+{
+	if (r && r->bk_ev && bk && bk->channel == r->bk_ev && ibv_req_notify_cq(bk, 0))
+		shift_debug("%s: a backup CQ cannot be armed: polled every pass", r->name);
+}

@@ -119,7 +119,8 @@ static void replay_cq(struct shift_rnic *r, struct shift_cq *c)
 	if (c->app_has_channel && !c->bk_channel)
 		c->bk_channel = shift_lower->create_comp_channel(r->bk_ctx);
 	errno = 0;
-	c->bk = shift_lower->create_cq(r->bk_ctx, want, c, c->bk_channel,
+	/* (no channel of the application's: the thread's, portev.c) */
+	c->bk = shift_lower->create_cq(r->bk_ctx, want, c, c->bk_channel ? c->bk_channel : r->bk_ev,
 				       c->comp_vector % (r->bk_ctx->num_comp_vectors > 0 ?
 							 r->bk_ctx->num_comp_vectors : 1));
 	int err = errno;
@@ -130,8 +131,10 @@ static void replay_cq(struct shift_rnic *r, struct shift_cq *c)
 	if (!c->bk)
 		shift_warn("%s: a CQ of %d entries runs unprotected: its backup on %s: %s", r->name,
 			   cqe, r->bk_name, err ? strerror(err) : "the provider gave no reason");
-	else
+	else if (c->bk_channel)
 		shift_chan_backup_ready(r, c);
+	else
+		shift_rnic_arm_backup(r, c->bk); /* (before its QPs exist) */
 	shift_cq_fit_backup(r, c); /* (resized meanwhile) */
 }
 
@@ -292,6 +295,9 @@ void shift_rnic_reap(struct shift_rnic *r)
 		if (o->dmabuf_fd >= 0)
 			close(o->dmabuf_fd);
 	});
+	/* (no backup QP of a dead CQ is left to complete on it: an event of
+	 * it read later would name a CQ destroyed meanwhile) */
+	shift_bkev_drain(r);
 	REAP(cqs, struct shift_cq, {
 		if (o->bk)
 			shift_lower->destroy_cq(o->bk);

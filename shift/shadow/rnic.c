@@ -5,7 +5,8 @@
  * KV store, then runs the replay pass (replay.c) whenever the application's
  * control verbs kicked it (a burst of them coalesced into one pass), and
  * periodically: soon while replay is pending, often while a QP is failed
- * over, else at the idle period. In synchronous mode
+ * over, else at SHIFT_IDLE_MS, and at once on port events and backup
+ * completions (portev.c). In synchronous mode
  * (shift_config.inline_passes: tests, the campaign) there is no thread:
  * the caller runs the passes (shift_rnic_pass, shift_rnic_pass_all).
  *
@@ -28,6 +29,7 @@
 #include "shift/base/config.h"
 #include "shift/base/log.h"
 #include "shift/base/lower.h"
+#include "shift/base/quiesce.h"
 #include "shift/dp/ctx.h"
 #include "kv/kv.h"
 #include "providers/provider.h"
@@ -42,10 +44,10 @@
 #include <unistd.h>
 
 /* How soon the thread runs its next pass unkicked (rnic_main): replay
- * pending, a QP failed over, nothing to do. */
+ * pending, a QP failed over; with nothing to do, SHIFT_IDLE_MS. */
 #define SHIFT_PASS_PERIOD_MS 50
 #define SHIFT_FO_PERIOD_MS 10
-#define SHIFT_IDLE_PERIOD_MS 100
+#define SHIFT_IDLE_MIN_MS 10 /* (SHIFT_IDLE_MS's least) */
 /* replay waits for SHIFT_COALESCE_MS without new control verbs (at most
  * SHIFT_COALESCE_ROUNDS times) before it runs */
 #define SHIFT_COALESCE_MS 10
@@ -234,24 +236,28 @@ void shift_rnic_signal(struct shift_rnic *r)
 		(void)0; /* (EAGAIN: the counter is full, the thread wakes anyway) */
 }
 
-/* Wait on r's kick, and on its device's port events, for ms (r->lock
- * held, dropped while waiting). */
+/* Wait on r's kick, its device's port events and its backup CQs'
+ * completions, for ms (r->lock held, dropped while waiting). */
 static void wait_kick(struct shift_rnic *r, uint64_t ms)
 {
 	struct timespec ts;
 
 	if (r->kick_fd >= 0) {
-		struct pollfd p[2] = { { .fd = r->kick_fd, .events = POLLIN },
-				       { .fd = shift_portev_fd(r), .events = POLLIN } };
+		struct pollfd p[3] = { { .fd = r->kick_fd, .events = POLLIN },
+				       { .fd = shift_portev_fd(r), .events = POLLIN },
+				       { .fd = r->bk_ev ? r->bk_ev->fd : -1, .events = POLLIN } };
 		uint64_t x;
 
 		pthread_mutex_unlock(&r->lock);
-		int n = poll(p, p[1].fd >= 0 ? 2 : 1, (int)ms);
+		/* (poll() skips a negative fd) */
+		int n = poll(p, 3, (int)ms);
 
 		if (n > 0 && p[0].revents && read(r->kick_fd, &x, sizeof(x)) < 0)
 			(void)0; /* (raced with another read: nothing to drain) */
 		if (n > 0 && p[1].revents)
 			shift_portev_drain(r);
+		if (n > 0 && p[2].revents)
+			shift_bkev_drain(r);
 		pthread_mutex_lock(&r->lock);
 		return;
 	}
@@ -267,12 +273,15 @@ static void *rnic_main(void *arg)
 	struct shift_rnic *r = arg;
 	uint64_t last_status = 0;
 
+	shift_quiesce_register(); /* (never polls for the application) */
 	pthread_mutex_lock(&r->busy);
 	backup_open(r);
 	if (r->bk_ctx)
 		kv_connect(r);
-	if (r->bk_ctx && r->kick_fd >= 0)
+	if (r->bk_ctx && r->kick_fd >= 0) {
 		shift_portev_open(r);
+		shift_bkev_open(r);
+	}
 	pthread_mutex_unlock(&r->busy);
 	pthread_mutex_lock(&r->lock);
 	while (!r->stop) {
@@ -289,6 +298,7 @@ static void *rnic_main(void *arg)
 		}
 		r->dirty = false;
 		r->woken = false;
+		r->due_ms = 0;
 		pthread_mutex_unlock(&r->lock);
 		pthread_mutex_lock(&r->busy);
 		int left = work || r->bk_ctx ? shift_rnic_pass(r) : 0;
@@ -301,16 +311,27 @@ static void *rnic_main(void *arg)
 		if (r->stop || r->dirty || r->woken)
 			continue;
 		/* replay pending: soon; a QP failed over (probes, failback): often;
-		 * else the idle period, which also bounds how long a passive
-		 * peer's handshake message waits for its answer */
+		 * else SHIFT_IDLE_MS: what fails wakes the thread itself (port
+		 * events, a peer's handshake on a backup CQ, portev.c) */
 		uint64_t period = left ? SHIFT_PASS_PERIOD_MS :
 				  __atomic_load_n(&r->sctx->slow, __ATOMIC_ACQUIRE) ? SHIFT_FO_PERIOD_MS :
-										       SHIFT_IDLE_PERIOD_MS;
+										       shift_config.idle_ms;
+		if (period < SHIFT_IDLE_MIN_MS) /* (a configuration never loaded) */
+			period = SHIFT_IDLE_MIN_MS;
+		uint64_t now = shift_clock_ms();
+
+		/* (work the pass put off for a grace: when that ends) */
+		if (r->due_ms)
+			period = r->due_ms <= now ? 0 : r->due_ms - now < period ? r->due_ms - now :
+										     period;
+		if (!period)
+			continue;
 		r->idle = true;
 		wait_kick(r, period);
 		r->idle = false;
 	}
 	pthread_mutex_unlock(&r->lock);
+	shift_quiesce_unregister();
 	return NULL;
 }
 
@@ -322,6 +343,16 @@ void shift_rnic_wake(struct shift_rnic *r)
 	r->woken = true;
 	if (r->idle)
 		shift_rnic_signal(r);
+	pthread_mutex_unlock(&r->lock);
+}
+
+void shift_rnic_due(struct shift_rnic *r, uint64_t at_ms)
+{
+	if (!r || r->kick_fd < 0)
+		return;
+	pthread_mutex_lock(&r->lock);
+	if (!r->due_ms || at_ms < r->due_ms)
+		r->due_ms = at_ms ? at_ms : 1;
 	pthread_mutex_unlock(&r->lock);
 }
 
@@ -458,6 +489,7 @@ void shift_rnic_stop(struct shift_rnic *r)
 		SHIFT_SHADOW_KILL(p);
 	pthread_mutex_unlock(&r->lock);
 	shift_rnic_reap(r);
+	shift_bkev_close(r); /* (its CQs are gone) */
 	if (r->kv) {
 		shift_kv_delete_own(r->kv);
 		shift_kv_close(r->kv);

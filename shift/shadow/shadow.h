@@ -92,6 +92,16 @@ void shift_rnic_pass_all(void);
  * period. Takes r->lock only (never held across I/O); no-op in
  * synchronous mode, whose caller runs the passes. */
 void shift_rnic_wake(struct shift_rnic *r);
+/* The pass that runs now has work it must not do before at_ms (a grace
+ * that lets a fast-path poll finish): r's thread runs its next pass then
+ * rather than at its period. Takes r->lock only; no-op in synchronous
+ * mode. */
+void shift_rnic_due(struct shift_rnic *r, uint64_t at_ms);
+/* Arm backup CQ bk, if it reports to r's thread (its application CQ has
+ * no completion channel), so the next completion there wakes the thread:
+ * a peer's handshake message on a backup nobody polls. (One the provider
+ * does not arm is polled at the thread's period.) */
+void shift_rnic_arm_backup(struct shift_rnic *r, struct ibv_cq *bk);
 /* Did port (1..SHIFT_WATCH_PORTS) of r's device report that it left ACTIVE
  * (an async event on the thread's own context, shadow/portev.c), with no
  * PORT_ACTIVE since? */

@@ -42,6 +42,10 @@ void shift_portev_open(struct shift_rnic *r);
 void shift_portev_close(struct shift_rnic *r);
 int shift_portev_fd(const struct shift_rnic *r);
 void shift_portev_drain(struct shift_rnic *r);
+/* the backup CQs' completion channel of the thread (portev.c) */
+void shift_bkev_open(struct shift_rnic *r);
+void shift_bkev_close(struct shift_rnic *r);
+void shift_bkev_drain(struct shift_rnic *r);
 /* replay.c: destroy the backup side of dead objects and unlink them. */
 void shift_rnic_reap(struct shift_rnic *r);
 

@@ -152,6 +152,10 @@ struct shift_rnic {
 	int kick_fd;              /* eventfd the thread waits on (-1: r->kick) */
 	struct ibv_context *ev_ctx; /* (thread) its own context: port events */
 	bool port_err[5];         /* (relaxed atomic) port left ACTIVE (event) */
+	/* (thread) the completion channel of the backup CQs whose application
+	 * CQ has none: a peer's handshake message wakes the thread (portev.c) */
+	struct ibv_comp_channel *bk_ev;
+	uint64_t due_ms;          /* (L) the pass asked to run again at (0: no) */
 	size_t refresh_round;     /* (thread) keys refreshed in this round */
 
 	struct shift_pd *pds;     /* (L) */

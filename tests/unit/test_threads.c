@@ -203,11 +203,42 @@ static void test_port_event_fails_idle_qp_over_at_once(void **state)
 	pair_close(&p);
 }
 
+/* The passive peer (B never polls) answers A's handshake when its backup
+ * CQ's completion event wakes its thread, not at its idle period: with
+ * SHIFT_IDLE_MS at 10 s, the write A's failover moves completes within
+ * 2 s (the grace for B's fast path, 20 ms, plus scheduling; it took 10 s
+ * and more with the thread asleep on its timer). */
+static void test_passive_peer_answers_on_completion_event(void **state)
+{
+	struct pair p;
+	(void)state;
+
+	test_setenv("SHIFT_IDLE_MS", "10000");
+	pair_open(&p, "bkev");
+	assert_int_equal(shift_config.idle_ms, 10000);
+	for (unsigned i = 0; i < 4; i++)
+		assert_int_equal(write_one(p.w, &p.a, &p.b, i).status, IBV_WC_SUCCESS);
+	/* (both threads asleep on their idle period by now) */
+	usleep(300 * 1000);
+	kill_default_nic(&p);
+	uint64_t t0 = now_ms();
+	struct ibv_wc wc = write_one(p.w, &p.a, &p.b, 4);
+	uint64_t took = now_ms() - t0;
+
+	print_message("the first write after A's NIC died completed %llu ms later "
+		      "(SHIFT_IDLE_MS 10000)\n", (unsigned long long)took);
+	assert_int_equal(wc.status, IBV_WC_SUCCESS);
+	assert_int_equal(wc.wr_id, 1004);
+	assert_true(took < 2000);
+	pair_close(&p);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_writes_survive_nic_death_with_real_threads),
 		cmocka_unit_test(test_port_event_fails_idle_qp_over_at_once),
+		cmocka_unit_test(test_passive_peer_answers_on_completion_event),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);

@@ -1,0 +1,111 @@
+/*
+ * base/quiesce.h: the background pass ends its grace period at once only
+ * when every thread of the application is asleep in the kernel (none can
+ * be inside a fast-path poll). A thread blocked in read() counts as
+ * asleep; one that spins does not, unless it is one of SHIFT's own.
+ */
+#include <pthread.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdbool.h>
+#include <time.h>
+#include <unistd.h>
+#include <cmocka.h>
+
+#include "shift/base/quiesce.h"
+
+static int pipe_fd[2];
+static bool stop_spin, registered; /* (atomic) */
+
+static void *blocked(void *arg)
+{
+	char c;
+
+	(void)arg;
+	if (read(pipe_fd[0], &c, 1) < 0)
+		return NULL;
+	return NULL;
+}
+
+static void *spinning(void *arg)
+{
+	bool own = arg != NULL;
+
+	if (own) {
+		shift_quiesce_register();
+		__atomic_store_n(&registered, true, __ATOMIC_RELEASE);
+	}
+	while (!__atomic_load_n(&stop_spin, __ATOMIC_ACQUIRE))
+		;
+	if (own)
+		shift_quiesce_unregister();
+	return NULL;
+}
+
+/* asleep() within 2 s (a thread just started is not asleep at once) */
+static bool becomes_asleep(void)
+{
+	for (int i = 0; i < 200; i++) {
+		if (shift_quiesce_others_asleep())
+			return true;
+		usleep(10 * 1000);
+	}
+	return false;
+}
+
+static void test_blocked_thread_is_asleep(void **state)
+{
+	pthread_t t;
+	(void)state;
+
+	assert_int_equal(pipe(pipe_fd), 0);
+	assert_int_equal(pthread_create(&t, NULL, blocked, NULL), 0);
+	assert_true(becomes_asleep());
+	assert_int_equal(write(pipe_fd[1], "x", 1), 1);
+	pthread_join(t, NULL);
+	close(pipe_fd[0]);
+	close(pipe_fd[1]);
+}
+
+static void test_spinning_thread_is_not(void **state)
+{
+	pthread_t t;
+	(void)state;
+
+	__atomic_store_n(&stop_spin, false, __ATOMIC_RELEASE);
+	assert_int_equal(pthread_create(&t, NULL, spinning, NULL), 0);
+	usleep(50 * 1000);
+	for (int i = 0; i < 20; i++)
+		assert_false(shift_quiesce_others_asleep());
+	__atomic_store_n(&stop_spin, true, __ATOMIC_RELEASE);
+	pthread_join(t, NULL);
+	assert_true(becomes_asleep()); /* (nothing else runs) */
+}
+
+static void test_own_spinning_thread_is_ignored(void **state)
+{
+	pthread_t t;
+	(void)state;
+
+	__atomic_store_n(&stop_spin, false, __ATOMIC_RELEASE);
+	__atomic_store_n(&registered, false, __ATOMIC_RELEASE);
+	assert_int_equal(pthread_create(&t, NULL, spinning, (void *)1), 0);
+	while (!__atomic_load_n(&registered, __ATOMIC_ACQUIRE))
+		usleep(1000);
+	assert_true(becomes_asleep());
+	__atomic_store_n(&stop_spin, true, __ATOMIC_RELEASE);
+	pthread_join(t, NULL);
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_blocked_thread_is_asleep),
+		cmocka_unit_test(test_spinning_thread_is_not),
+		cmocka_unit_test(test_own_spinning_thread_is_ignored),
+	};
+
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}
