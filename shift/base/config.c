@@ -188,6 +188,12 @@ static const struct config_row rows[] = {
 	  "until then the WR and those after it are held, after that it fails as the "
 	  "default path would have failed it",
 	  parse_bounded, FIELD_RANGE(kv_wait_ms, 100, 60000) },
+	{ "SHIFT_FAILOVER_MS", "10000",
+	  "how long a failover may take to finish, in ms (1000..600000): the peer's answer "
+	  "to the handshake, its joining a new failover after a backup failure, a return "
+	  "to the default path; after it the connection fails as it would have without "
+	  "SHIFT (every outstanding WR in error, the QP in ERR), with one log line",
+	  parse_bounded, FIELD_RANGE(episode_wait_ms, 1000, 600000) },
 	{ "SHIFT_PORT_DOWN_MS", "300",
 	  "fail a QP over once its default port has not been ACTIVE for this long, without "
 	  "waiting for an error completion (soft-RoCE never reports one on a cut link); "
@@ -318,8 +324,8 @@ int shift_config_load(const char *real_lib_default)
 	}
 	if (bad)
 		shift_config.enable = false;
+	shift_config.handshake_wait_ms = shift_config.episode_wait_ms;
 	shift_config.bg_grace_ms = 20;
-	shift_config.episode_wait_ms = 10000;
 	shift_config.bk_restart_ms = 500;
 	shift_config.peer_warn_ms = 10000;
 	shift_config.free_grace_ms = 1000;

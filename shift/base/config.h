@@ -37,7 +37,11 @@ struct shift_config {
 	 * defaults; a program that drives SHIFT's passes itself (inline_passes,
 	 * with a logical clock: the simulator) sets its own after loading. */
 	unsigned bg_grace_ms;     /* a poll inside the fast path finishes first (20) */
-	unsigned episode_wait_ms; /* a failover waits this long for the peer's part (10000) */
+	unsigned episode_wait_ms; /* SHIFT_FAILOVER_MS: a failover waits this long for the peer */
+	/* ... for the peer's handshake message (SHIFT_FAILOVER_MS too; a
+	 * simulator's logical clock, one ms per pass, needs more: the network
+	 * moves a step per pass, and hundreds of QPs fail over together) */
+	unsigned handshake_wait_ms;
 	unsigned bk_restart_ms;   /* a lone backup failure restarts after this (500) */
 	unsigned peer_warn_ms;    /* logged once when the peer published no backup (10000) */
 	/* memory lock-free readers may still hold is freed after this

@@ -152,9 +152,15 @@ static bool episode_expired(struct shift_ctx *s, struct shift_dqp *d, uint64_t n
 	uint64_t limit = shift_config.episode_wait_ms;
 	/* (the marks may be set by an application thread after this pass
 	 * read the clock: later than now) */
+	bool waited = now > d->wait_since && now - d->wait_since >= limit;
+	/* (the handshake: the peer's message never came, though mine went
+	 * through: its SHIFT is gone or stuck) */
+	bool unanswered = now > d->wait_since &&
+			  now - d->wait_since >= shift_config.handshake_wait_ms &&
+			  !d->handshake_done && d->send_state == SHIFT_SEND_FALLBACK;
+
 	if ((d->bk_error && now > d->bk_error_at && now - d->bk_error_at >= limit) ||
-	    (d->ep_wait != SHIFT_EP_RUNNING && now > d->wait_since &&
-	     now - d->wait_since >= limit)) {
+	    (d->ep_wait != SHIFT_EP_RUNNING && waited) || unanswered) {
 		struct out o = { .wc = NULL, .n = 0, .max = 0, .c = d->scq };
 		struct ibv_qp_attr e = { .qp_state = IBV_QPS_ERR };
 
@@ -169,7 +175,9 @@ static bool episode_expired(struct shift_ctx *s, struct shift_dqp *d, uint64_t n
 		if (d->rcq != d->scq)
 			fo_drain_default(s, d->rcq, NULL);
 		fo_fail_connection(d, &o, d->bk_error ? "the backup path failed and the peer started "
-				   "no new failover" : "the peer did not join the new failover", NULL, 0);
+				   "no new failover" : unanswered ? "the peer did not answer the handshake "
+				   "within SHIFT_FAILOVER_MS" : "the peer did not join the new failover",
+				   NULL, 0);
 		return true;
 	}
 	return false;

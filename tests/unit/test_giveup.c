@@ -256,11 +256,51 @@ static void test_handshake_message_refused(void **state)
 	assert_both_fail(3, 0, wb, &nb);
 }
 
+/*
+ * work.c (episode_expired): A fails over and its handshake message reaches
+ * B's backup QP, but B's SHIFT never answers (its process is stuck: no
+ * pass of B's runs, B's application never polls). Within the handshake
+ * bound (SHIFT_FAILOVER_MS; 512 passes of A's logical clock here) A's writes complete in error, in
+ * order, once each, and A's QP ends in ERR: a wait for ever before.
+ */
+static void test_unanswered_handshake_ends(void **state)
+{
+	struct ibv_wc wa[32];
+	int na = 0;
+	struct shift_dqp *da;
+	struct shift_rnic *ra = shift_rnic_of(a.ctx);
+	(void)state;
+
+	shift_config.handshake_wait_ms = 512; /* (passes: the logical clock) */
+	connect_with(8);
+	da = shift_dqp_of_qp(a.qp);
+	sim_pair_expect_errors(3);
+	for (int i = 0; i < 3; i++)
+		post_write(1000 + i, i);
+	sim_dev_kill(sim_host_dev(host[0], 0), 0);
+	/* A only: its passes and polls; B's stay still */
+	for (int r = 0; r < 20000 && (na < 3 || qp_state(a.qp) != IBV_QPS_ERR); r++) {
+		for (int i = 0; i < 8; i++)
+			sim_world_step(world);
+		shift_rnic_pass(ra);
+		while (na < 32 && sim_pair_poll1("A", &a, wa + na))
+			na++;
+	}
+	assert_true(da->failovers >= 1);
+	assert_int_equal(na, 3);
+	for (int k = 0; k < na; k++) {
+		assert_int_equal(wa[k].wr_id, 1000 + k);
+		assert_int_not_equal(wa[k].status, IBV_WC_SUCCESS);
+	}
+	assert_int_equal(qp_state(a.qp), IBV_QPS_ERR);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test_setup_teardown(test_backup_refuses_retransmit, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_backup_refuses_receive, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_unanswered_handshake_ends, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_handshake_message_refused, setup, teardown),
 	};
 	return test_env_run_group_tests(tests);
