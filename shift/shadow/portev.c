@@ -21,10 +21,17 @@
 #include <errno.h>
 #include <fcntl.h>
 
+/* (the thread reads its fds only when poll() says so, and until empty) */
+static bool nonblocking(int fd)
+{
+	int fl = fcntl(fd, F_GETFL);
+
+	return fl >= 0 && fcntl(fd, F_SETFL, fl | O_NONBLOCK) >= 0;
+}
+
 void shift_portev_open(struct shift_rnic *r)
 {
 	struct ibv_device *dev = r->sctx->ibctx->device;
-	int fl;
 
 	r->ev_ctx = dev ? shift_lower->open_device(dev) : NULL;
 	if (!r->ev_ctx) {
@@ -32,8 +39,7 @@ void shift_portev_open(struct shift_rnic *r)
 			   "pass", r->name);
 		return;
 	}
-	fl = fcntl(r->ev_ctx->async_fd, F_GETFL);
-	if (fl < 0 || fcntl(r->ev_ctx->async_fd, F_SETFL, fl | O_NONBLOCK) < 0) {
+	if (!nonblocking(r->ev_ctx->async_fd)) {
 		shift_lower->close_device(r->ev_ctx);
 		r->ev_ctx = NULL;
 	}
@@ -108,16 +114,13 @@ bool shift_rnic_port_event_down(struct shift_rnic *r, unsigned port)
  */
 void shift_bkev_open(struct shift_rnic *r)
 {
-	int fl;
-
 	r->bk_ev = shift_lower->create_comp_channel(r->bk_ctx);
 	if (!r->bk_ev) {
 		shift_info("%s: no completion channel on %s: backup CQs are polled every pass",
 			   r->name, r->bk_name);
 		return;
 	}
-	fl = fcntl(r->bk_ev->fd, F_GETFL);
-	if (fl < 0 || fcntl(r->bk_ev->fd, F_SETFL, fl | O_NONBLOCK) < 0) {
+	if (!nonblocking(r->bk_ev->fd)) {
 		shift_lower->destroy_comp_channel(r->bk_ev);
 		r->bk_ev = NULL;
 	}
