@@ -160,6 +160,9 @@ static int kv_opts(const struct shift_kv_options *in, struct shift_kv_options *o
 	KV_DEF(retry_max_ms, SHIFT_KV_DEFAULT_RETRY_MAX_MS);
 	KV_DEF(poll_max_ms, SHIFT_KV_DEFAULT_POLL_MAX_MS);
 	KV_DEF(secret_file, shift_config.kv_secret_file);
+	KV_DEF(tls_ca, shift_config.kv_tls_ca);
+	KV_DEF(tls_cert, shift_config.kv_tls_cert);
+	KV_DEF(tls_key, shift_config.kv_tls_key);
 #undef KV_DEF
 	if (o->retry_min_ms > o->retry_max_ms)
 		return kv_err(-EINVAL, "kv: retry_min_ms > retry_max_ms");

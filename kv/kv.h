@@ -54,6 +54,7 @@
 
 /* Parse and validate url (NULL or "" -> SHIFT_KV_DEFAULT_URL) into *out.
  * Accepted: redis://[user:password@]host[:port][/db], redis://:password@...,
+ * rediss://... (the same over TLS),
  * mem://NAME.  User and password may use %XX escapes.  Returns 0 or -EINVAL. */
 int shift_kv_url_parse(const char *url, struct shift_kv_url *out);
 

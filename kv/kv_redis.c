@@ -45,6 +45,8 @@
 
 struct kv_redis {
 	redisContext *c;       /* NULL while disconnected */
+	SSL_CTX *tls_ctx;      /* rediss:// only */
+	SSL *ssl;              /* rediss:// only: c's session */
 	uint64_t next_try_ns;  /* no reconnect attempt before this */
 	int backoff_ms;        /* 0 = healthy; else next back-off step */
 	uint64_t big_log_ns;   /* last "reply refused" log line, 0 none */
@@ -75,6 +77,8 @@ static struct timeval kv_tv(int ms)
 
 static void kv_redis_drop(struct kv_redis *r)
 {
+	kv_tls_free(r->ssl);
+	r->ssl = NULL;
 	if (r->c) {
 		redisFree(r->c);
 		r->c = NULL;
@@ -155,7 +159,7 @@ static redisReply *kv_redis_run(shift_kv *h, struct kv_redis *r,
 			     r->where);
 		return NULL;
 	}
-	rep = kv_rio_roundtrip(r->c, cmd, (size_t)len, deadline,
+	rep = kv_rio_roundtrip(r->c, r->ssl, cmd, (size_t)len, deadline,
 			       h->opts.max_reply, SHIFT_KV_MGET_MAX, &e);
 	redisFreeCommand(cmd);
 	if (rep)
@@ -274,6 +278,32 @@ static int kv_redis_check_primary(shift_kv *h, struct kv_redis *r,
 	return kv_err(-ENOTCONN, "%s: %s", r->where, w);
 }
 
+/* The TCP connection to host:port (at most to ms) and, for rediss://, the
+ * TLS handshake (before deadline): r->c, or a failure counted and said. */
+static int kv_redis_dial(shift_kv *h, struct kv_redis *r, const char *host, int port, int to,
+			 uint64_t deadline)
+{
+	char why[200];
+
+	r->c = redisConnectWithTimeout(host, port, kv_tv(to > 0 ? to : 1));
+	if (!r->c || r->c->err || kv_rio_nonblock(r->c)) {
+		snprintf(why, sizeof(why), "connect (limit %d ms): %s", to,
+			 !r->c ? "out of memory"
+			 : r->c->err ? r->c->errstr
+				     : "cannot make the socket non-blocking");
+		kv_redis_fail(h, r, why);
+		return kv_err(-ENOTCONN, "%s: %s", r->where, why);
+	}
+	if (h->url.tls) {
+		r->ssl = kv_tls_start(r->tls_ctx, r->c->fd, host, deadline, why, sizeof(why));
+		if (!r->ssl) {
+			kv_redis_fail(h, r, why);
+			return kv_err(-ENOTCONN, "%s: %s", r->where, why);
+		}
+	}
+	return 0;
+}
+
 /* Make sure r->c is a connected, authenticated context on the right db,
  * all before the deadline. */
 static int kv_redis_connect(shift_kv *h, struct kv_redis *r, uint64_t deadline)
@@ -305,18 +335,9 @@ static int kv_redis_connect(shift_kv *h, struct kv_redis *r, uint64_t deadline)
 		left = kv_ms_left(deadline);
 		to = left < to ? left : to;
 	}
-	r->c = redisConnectWithTimeout(host, port, kv_tv(to > 0 ? to : 1));
-	if (!r->c || r->c->err || kv_rio_nonblock(r->c)) {
-		char why[160];
-
-		snprintf(why, sizeof(why), "connect (limit %d ms): %s", to,
-			 !r->c ? "out of memory"
-			 : r->c->err ? r->c->errstr
-				     : "cannot make the socket non-blocking");
-		kv_redis_fail(h, r, why);
-		return kv_err(-ENOTCONN, "%s: %s", r->where, why);
-	}
-
+	rc = kv_redis_dial(h, r, host, port, to, deadline);
+	if (rc)
+		return rc;
 	if (h->url.password[0]) {
 		if (h->url.user[0])
 			rep = kv_redis_cmd(h, r, deadline, &rc, NULL, "AUTH %b %b",
@@ -396,13 +417,23 @@ static int kv_redis_open(shift_kv *h)
 	if (h->url.scheme == SHIFT_KV_SCHEME_SENTINEL) {
 		kv_redis_sentinel_where(h, r);
 	} else {
-		fmt = strchr(h->url.host, ':') ? "redis://%s%s[%s]:%d/%d"
-					       : "redis://%s%s%s:%d/%d";
-		snprintf(r->where, sizeof(r->where), fmt, h->url.user,
+		fmt = strchr(h->url.host, ':') ? "%s://%s%s[%s]:%d/%d" : "%s://%s%s%s:%d/%d";
+		snprintf(r->where, sizeof(r->where), fmt, h->url.tls ? "rediss" : "redis", h->url.user,
 			 h->url.user[0] ? "@" : "", h->url.host, h->url.port,
 			 h->url.db);
 	}
 	snprintf(r->last_err, sizeof(r->last_err), "not connected yet");
+	if (h->url.tls) {
+		char why[300];
+
+		r->tls_ctx = kv_tls_ctx_new(h->opts.tls_ca, h->opts.tls_cert, h->opts.tls_key, why,
+					    sizeof(why));
+		if (!r->tls_ctx) {
+			rc = kv_err(-EINVAL, "%s: %s", r->where, why);
+			free(r);
+			return rc;
+		}
+	}
 	h->priv = r;
 	if (h->opts.lazy_connect)
 		return 0;
@@ -410,8 +441,8 @@ static int kv_redis_open(shift_kv *h)
 				     (uint64_t)h->opts.command_timeout_ms *
 					     1000000ull);
 	if (rc) {
-		if (r->c)
-			redisFree(r->c);
+		kv_redis_drop(r);
+		kv_tls_ctx_free(r->tls_ctx);
 		free(r);
 		h->priv = NULL;
 	}
@@ -424,8 +455,8 @@ static void kv_redis_close(shift_kv *h)
 
 	if (!r)
 		return;
-	if (r->c)
-		redisFree(r->c);
+	kv_redis_drop(r);
+	kv_tls_ctx_free(r->tls_ctx);
 	free(r);
 	h->priv = NULL;
 }

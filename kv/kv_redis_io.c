@@ -208,28 +208,64 @@ static int kv_rio_wait(int fd, short ev, uint64_t deadline,
 	}
 }
 
-static int kv_rio_send(int fd, const char *cmd, size_t len, uint64_t deadline,
+/* One send (or TLS write) of up to len bytes: bytes written, 0 when the
+ * socket must be ready for *ev first, -1 with *e. */
+static ssize_t kv_rio_put(int fd, SSL *ssl, const char *buf, size_t len, short *ev,
+			  struct kv_rio_err *e)
+{
+	if (ssl) {
+		ssize_t n = kv_tls_send(ssl, buf, len, ev, e->why, sizeof(e->why));
+
+		if (n < 0)
+			e->kind = KV_RIO_IO;
+		return n;
+	}
+	ssize_t n = send(fd, buf, len, MSG_NOSIGNAL);
+
+	*ev = POLLOUT;
+	if (n > 0 || (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)))
+		return n > 0 ? n : 0;
+	kv_rio_set(e, KV_RIO_IO, "send: %s", n < 0 ? strerror(errno) : "nothing written");
+	return -1;
+}
+
+static int kv_rio_send(int fd, SSL *ssl, const char *cmd, size_t len, uint64_t deadline,
 		       struct kv_rio_err *e)
 {
 	size_t off = 0;
 
 	while (off < len) {
-		ssize_t n = send(fd, cmd + off, len - off, MSG_NOSIGNAL);
+		short ev = POLLOUT;
+		ssize_t n = kv_rio_put(fd, ssl, cmd + off, len - off, &ev, e);
 
-		if (n > 0) {
-			off += (size_t)n;
-		} else if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
-			if (kv_rio_wait(fd, POLLOUT, deadline, e))
-				return -1;
-		} else if (n < 0 && errno == EINTR) {
-			continue;
-		} else {
-			kv_rio_set(e, KV_RIO_IO, "send: %s",
-				   n < 0 ? strerror(errno) : "nothing written");
+		if (n < 0)
 			return -1;
-		}
+		off += (size_t)n;
+		if (!n && kv_rio_wait(fd, ev, deadline, e))
+			return -1;
 	}
 	return 0;
+}
+
+/* One recv (or TLS read) into buf: bytes read, 0 when the socket must be
+ * ready for *ev first, -1 with *e (an error, or the server's close). */
+static ssize_t kv_rio_get(int fd, SSL *ssl, char *buf, size_t cap, short *ev,
+			  struct kv_rio_err *e)
+{
+	if (ssl) {
+		ssize_t n = kv_tls_recv(ssl, buf, cap, ev, e->why, sizeof(e->why));
+
+		if (n < 0)
+			e->kind = KV_RIO_IO;
+		return n;
+	}
+	ssize_t n = recv(fd, buf, cap, 0);
+
+	*ev = POLLIN;
+	if (n > 0 || (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)))
+		return n > 0 ? n : 0;
+	kv_rio_set(e, KV_RIO_IO, "%s", n ? strerror(errno) : "connection closed by the server");
+	return -1;
 }
 
 /* The scanner's verdict on one received chunk: 1 = reply complete, 0 =
@@ -263,27 +299,23 @@ static int kv_rio_check(struct kv_scan *s, const char *buf, size_t n,
 	}
 }
 
-static redisReply *kv_rio_recv(redisContext *c, uint64_t deadline,
+static redisReply *kv_rio_recv(redisContext *c, SSL *ssl, uint64_t deadline,
 			       struct kv_scan *s, struct kv_rio_err *e)
 {
 	char buf[4096];
 
 	for (;;) {
-		ssize_t n = recv(c->fd, buf, sizeof(buf), 0);
+		short ev = POLLIN;
+		ssize_t n = kv_rio_get(c->fd, ssl, buf, sizeof(buf), &ev, e);
 		void *rep = NULL;
 		int done;
 
-		if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
-			if (kv_rio_wait(c->fd, POLLIN, deadline, e))
+		if (n < 0)
+			return NULL;
+		if (n == 0) {
+			if (kv_rio_wait(c->fd, ev, deadline, e))
 				return NULL;
 			continue;
-		}
-		if (n < 0 && errno == EINTR)
-			continue;
-		if (n <= 0) {
-			kv_rio_set(e, KV_RIO_IO, "%s",
-				   n ? strerror(errno) : "connection closed by the server");
-			return NULL;
 		}
 		e->received += (size_t)n;
 		done = kv_rio_check(s, buf, (size_t)n, e);
@@ -308,7 +340,7 @@ static redisReply *kv_rio_recv(redisContext *c, uint64_t deadline,
 	}
 }
 
-redisReply *kv_rio_roundtrip(redisContext *c, const char *cmd, size_t len,
+redisReply *kv_rio_roundtrip(redisContext *c, SSL *ssl, const char *cmd, size_t len,
 			     uint64_t deadline_ns, size_t max_value,
 			     size_t max_elems, struct kv_rio_err *e)
 {
@@ -316,7 +348,7 @@ redisReply *kv_rio_roundtrip(redisContext *c, const char *cmd, size_t len,
 
 	memset(e, 0, sizeof(*e));
 	kv_scan_init(&s, max_value, max_elems);
-	if (kv_rio_send(c->fd, cmd, len, deadline_ns, e))
+	if (kv_rio_send(c->fd, ssl, cmd, len, deadline_ns, e))
 		return NULL;
-	return kv_rio_recv(c, deadline_ns, &s, e);
+	return kv_rio_recv(c, ssl, deadline_ns, &s, e);
 }

@@ -22,6 +22,8 @@
 
 #include <hiredis/hiredis.h>
 
+#include "kv/kv_tls.h"
+
 enum kv_rio_kind {
 	KV_RIO_TIMEOUT = 1, /* the deadline passed (nothing or part received) */
 	KV_RIO_IO,          /* send/recv/poll failed, or EOF */
@@ -42,14 +44,15 @@ struct kv_rio_err {
 int kv_rio_nonblock(redisContext *c);
 
 /*
- * Send the formatted command cmd[0..len) and read its one reply before
+ * Send the formatted command cmd[0..len) (through TLS session ssl unless
+ * NULL) and read its one reply before
  * deadline_ns (CLOCK_MONOTONIC).  Every bulk string and status/error line of
  * the reply must be at most max_value bytes, and an array at most
  * max_elems elements.  Returns the reply (freeReplyObject) or NULL with *e
  * filled; after NULL the connection is in an unknown state and must be
  * dropped.  Never raises SIGPIPE (MSG_NOSIGNAL).
  */
-redisReply *kv_rio_roundtrip(redisContext *c, const char *cmd, size_t len,
+redisReply *kv_rio_roundtrip(redisContext *c, SSL *ssl, const char *cmd, size_t len,
 			     uint64_t deadline_ns, size_t max_value,
 			     size_t max_elems, struct kv_rio_err *e);
 

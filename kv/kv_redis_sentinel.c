@@ -60,7 +60,7 @@ static redisReply *kv_sent_cmd(redisContext *c, uint64_t deadline, int argc,
 		snprintf(why, whycap, "cannot format %s", argv[0]);
 		return NULL;
 	}
-	rep = kv_rio_roundtrip(c, cmd, (size_t)len, deadline,
+	rep = kv_rio_roundtrip(c, NULL, cmd, (size_t)len, deadline,
 			       max, 4, &e);
 	redisFreeCommand(cmd);
 	if (!rep)

@@ -39,6 +39,10 @@ struct shift_kv_options {
 	/* per-job secret file: records are sealed and checked with
 	 * HMAC-SHA256 (kv_auth.c); NULL = SHIFT_KV_SECRET_FILE, "" = none */
 	const char *secret_file;
+	/* rediss:// only: the CA file the server is verified against (NULL =
+	 * SHIFT_KV_TLS_CA; "" = the system's trust store) and the client
+	 * certificate and key (NULL = SHIFT_KV_TLS_CERT/KEY; "" = none) */
+	const char *tls_ca, *tls_cert, *tls_key;
 };
 
 enum shift_kv_scheme {
@@ -70,6 +74,7 @@ struct shift_kv_url {
 	int nsentinels;
 	struct shift_kv_addr sentinel[SHIFT_KV_SENTINELS_MAX];
 	char master[SHIFT_KV_MASTER_MAX + 1];
+	bool tls;         /* rediss://: TLS (kv_tls.c) */
 };
 
 #endif /* SHIFT_KV_TYPES_H */

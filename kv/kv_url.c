@@ -2,6 +2,7 @@
  * kv/kv_url.c - strict parsing of kv store URLs and namespaces.
  *
  *   redis://[user:password@]host[:port][/db]   (also redis://:password@...)
+ *   rediss://...                               (the same over TLS, kv_tls.c)
  *   redis-sentinel://[user:password@]s1[:port][,s2[:port]...]/MASTER[/db]
  *       (sentinel port 26379 when omitted; at most SHIFT_KV_SENTINELS_MAX;
  *       the credentials are the primary's)
@@ -324,6 +325,10 @@ int shift_kv_url_parse(const char *url, struct shift_kv_url *out)
 	if (!strncmp(url, "redis://", 8)) {
 		u.scheme = SHIFT_KV_SCHEME_REDIS;
 		rc = kv_parse_redis(url + 8, &u);
+	} else if (!strncmp(url, "rediss://", 9)) {
+		u.scheme = SHIFT_KV_SCHEME_REDIS;
+		u.tls = true;
+		rc = kv_parse_redis(url + 9, &u);
 	} else if (!strncmp(url, "redis-sentinel://", 17)) {
 		u.scheme = SHIFT_KV_SCHEME_SENTINEL;
 		rc = kv_parse_sentinel(url + 17, &u);
@@ -338,7 +343,7 @@ int shift_kv_url_parse(const char *url, struct shift_kv_url *out)
 			memcpy(u.name, url + 6, len - 6 + 1);
 	} else {
 		rc = kv_err(-EINVAL,
-			    "kv URL must start with redis://, redis-sentinel:// or mem://");
+			    "kv URL must start with redis://, rediss://, redis-sentinel:// or mem://");
 	}
 	if (rc)
 		return rc;

@@ -26,6 +26,10 @@ static int check_kv(void)
 
 	if (rc == 0)
 		rc = shift_kv_get(h, "shiftctl-check", &val, &len);
+	/* (why, from the library: never the password) */
+	char why[300];
+
+	snprintf(why, sizeof(why), "%s", rc && rc != -ENOENT ? shift_kv_last_error() : "");
 	free(val);
 	shift_kv_close(h);
 	char url[1200];
@@ -38,7 +42,8 @@ static int check_kv(void)
 		       shift_config.kv_namespace[0] ? shift_config.kv_namespace : "(default)");
 		return 0;
 	}
-	printf("FAIL  KV store %s: %s\n", url[0] ? url : "(default)", shift_kv_strerror(rc));
+	printf("FAIL  KV store %s: %s%s%s%s\n", url[0] ? url : "(default)", shift_kv_strerror(rc),
+	       why[0] ? " (" : "", why, why[0] ? ")" : "");
 	return 1;
 }
 

@@ -24,6 +24,9 @@ struct shift_config {
 	unsigned kv_timeout_ms;   /* SHIFT_KV_TIMEOUT_MS */
 	size_t kv_max_reply;      /* SHIFT_KV_MAX_REPLY */
 	char kv_secret_file[512]; /* SHIFT_KV_SECRET_FILE */
+	char kv_tls_ca[512];      /* SHIFT_KV_TLS_CA */
+	char kv_tls_cert[512];    /* SHIFT_KV_TLS_CERT */
+	char kv_tls_key[512];     /* SHIFT_KV_TLS_KEY */
 	unsigned probe_ms;        /* SHIFT_PROBE_MS */
 	unsigned port_down_ms;    /* SHIFT_PORT_DOWN_MS */
 	unsigned kv_wait_ms;      /* SHIFT_KV_WAIT_MS */

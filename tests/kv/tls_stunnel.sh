@@ -12,44 +12,7 @@
 #   5. the password appears in no output.
 #   tls_stunnel.sh BIN_DIR
 set -u
-bin=$(cd "$1" && pwd)
-tmp=$(mktemp -d /tmp/shift-tls.XXXXXX)
-pids=
-# (terminator runs in a command substitution: its stunnel pids go to files)
-cleanup() {
-	for p in $pids $(cat "$tmp"/*.pid 2>/dev/null); do kill "$p" 2>/dev/null; done
-	rm -rf "$tmp"
-}
-trap cleanup EXIT
-fails=0
-fail() { echo "FAIL: $*"; fails=$((fails + 1)); }
-for t in redis-server stunnel openssl; do
-	command -v $t >/dev/null || { echo "FAIL: $t not installed (scripts/deps installs it)"; exit 1; }
-done
-port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
-cd "$tmp"
-ca() { openssl req -x509 -newkey rsa:2048 -nodes -keyout "$1.key" -out "$1.crt" -days 2 \
-	-subj "/CN=$1" >/dev/null 2>&1; }
-leaf() { # leaf NAME CA
-	openssl req -newkey rsa:2048 -nodes -keyout "$1.key" -out "$1.csr" -subj "/CN=localhost" \
-		>/dev/null 2>&1 &&
-	printf 'subjectAltName=DNS:localhost,IP:127.0.0.1\n' >"$1.ext" &&
-	openssl x509 -req -in "$1.csr" -CA "$2.crt" -CAkey "$2.key" -CAcreateserial -out "$1.crt" \
-		-days 2 -extfile "$1.ext" >/dev/null 2>&1
-}
-ca jobca && ca otherca && leaf server jobca && leaf client jobca || { echo "FAIL: openssl"; exit 1; }
-pw=tls-pw-marker-$$
-tls=$(port)
-redis-server --port 0 --tls-port "$tls" --bind 127.0.0.1 --tls-cert-file server.crt \
-	--tls-key-file server.key --tls-ca-cert-file jobca.crt --tls-auth-clients yes \
-	--requirepass "$pw" --save '' --appendonly no --daemonize no >redis.log 2>&1 &
-pids="$pids $!"
-i=0
-until redis-cli --tls --cacert jobca.crt --cert client.crt --key client.key -p "$tls" -a "$pw" \
-	--no-auth-warning ping >/dev/null 2>&1; do
-	i=$((i + 1)); [ $i -lt 100 ] || { echo "FAIL: TLS redis-server did not start"; cat redis.log; exit 1; }
-	sleep 0.1
-done
+. "$(dirname "$0")/tls_lib.sh" "$1"
 
 # terminator NAME CAFILE [CERT]: stunnel client on a free port; echoes it
 terminator() {

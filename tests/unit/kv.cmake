@@ -30,3 +30,8 @@ shift_unit_test(test_kv_auth
 # missing client certificate refused; the password in no output.
 add_test(NAME kv_tls_stunnel COMMAND ${CMAKE_SOURCE_DIR}/tests/kv/tls_stunnel.sh ${CMAKE_BINARY_DIR}/bin)
 set_tests_properties(kv_tls_stunnel PROPERTIES LABELS unit TIMEOUT 60)
+# kv_tls_native: rediss:// in SHIFT's own client (kv/kv_tls.c) against the
+# same TLS-only redis-server; another CA, a host the certificate does not
+# name, no client certificate, plaintext either way refused.
+add_test(NAME kv_tls_native COMMAND ${CMAKE_SOURCE_DIR}/tests/kv/tls_native.sh ${CMAKE_BINARY_DIR}/bin)
+set_tests_properties(kv_tls_native PROPERTIES LABELS unit TIMEOUT 60)

@@ -71,6 +71,16 @@ static void test_url_good(void **state)
 	assert_int_equal(shift_kv_url_parse("redis://kvhost", &u), 0);
 	assert_string_equal(u.host, "kvhost");
 	assert_int_equal(u.port, 6379);
+	assert_false(u.tls);
+
+	assert_int_equal(shift_kv_url_parse("rediss://:pw@kvhost:6380/2", &u), 0);
+	assert_int_equal(u.scheme, SHIFT_KV_SCHEME_REDIS);
+	assert_true(u.tls);
+	assert_string_equal(u.host, "kvhost");
+	assert_string_equal(u.password, "pw");
+	assert_int_equal(u.port, 6380);
+	assert_int_equal(u.db, 2);
+	assert_int_not_equal(shift_kv_url_parse("redisss://kvhost", &u), 0);
 
 	assert_int_equal(shift_kv_url_parse("redis://:s3cret@10.0.0.2:7000/3", &u), 0);
 	assert_string_equal(u.user, "");
