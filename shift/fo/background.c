@@ -228,7 +228,13 @@ static void answer_peer(struct shift_ctx *s, struct shift_dqp *d, uint64_t now)
 		return;
 	if (!d->ctrl_seen_ms)
 		d->ctrl_seen_ms = now;
-	if (!grace_passed(s, d->ctrl_seen_ms, now))
+	/* (a QP that failed over itself waits for this answer: its context
+	 * went slow at its failure, the grace counts from there) */
+	uint64_t since = d->ctrl_seen_ms, te = d->t_error_us / 1000u;
+
+	if (d->send_state != SHIFT_SEND_DEFAULT && d->t_error_us && te < since)
+		since = te;
+	if (!grace_passed(s, since, now))
 		return;
 	fo_lock_cqs(d);
 	if (d->ctrl_pending) {
@@ -307,13 +313,28 @@ static void fast_again(struct shift_ctx *s, struct shift_cq *head)
 	}
 }
 
+/* Does a failed-over QP of s wait for its peer's handshake message (a
+ * passive application's, which never polls, is answered from here)? */
+static bool waits_for_peer(struct shift_ctx *s)
+{
+	for (int i = 0; i < s->nfo; i++) {
+		struct shift_dqp *d = s->fo[i];
+
+		if (d && d->send_state == SHIFT_SEND_FALLBACK && !d->handshake_done)
+			return true;
+	}
+	return false;
+}
+
 /* A peer's handshake message lands in a backup CQ nobody else polls while
- * this side is in the Default state. Each is armed before it is polled,
- * while no poll of the application looks at it (not slow): a completion
- * after this poll wakes the thread (shadow/portev.c). Armed? */
+ * this side is in the Default state, or waits for it. Each is armed before
+ * it is polled: a completion after this poll wakes the thread
+ * (shadow/portev.c). Not while the context is slow otherwise: the
+ * application's polls look at the backups then, and every completion of
+ * its traffic there would wake the thread. Armed? */
 static bool poll_backups(struct shift_ctx *s, struct shift_cq *head)
 {
-	bool arm = !__atomic_load_n(&s->slow, __ATOMIC_ACQUIRE);
+	bool arm = !__atomic_load_n(&s->slow, __ATOMIC_ACQUIRE) || waits_for_peer(s);
 
 	for (struct shift_cq *c = head; c; c = c->next) {
 		if (!c->bk || SHIFT_SHADOW_DEAD(c) || pthread_mutex_trylock(&c->dp_lock))
