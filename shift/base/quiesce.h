@@ -11,7 +11,11 @@
  * path, and when every thread but SHIFT's own is, the grace may end at
  * once. Any other state (running, runnable: it may have been preempted
  * there; D: a page fault inside it), too many threads or /proc unreadable
- * mean no.
+ * mean no. (A thread that entered the slow path from the fast one and
+ * waits there for slow_lock sleeps too: it is the slow path's, as when
+ * the grace runs out under it. The premise is a provider whose poll_cq
+ * makes no system call that sleeps, as every userspace-queue provider:
+ * mlx5, rxe, siw, efa, hns.)
  */
 #ifndef SHIFT_BASE_QUIESCE_H
 #define SHIFT_BASE_QUIESCE_H
