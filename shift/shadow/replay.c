@@ -295,10 +295,12 @@ void shift_rnic_reap(struct shift_rnic *r)
 		if (o->dmabuf_fd >= 0)
 			close(o->dmabuf_fd);
 	});
-	/* (no backup QP of a dead CQ is left to complete on it: an event of
-	 * it read later would name a CQ destroyed meanwhile) */
-	shift_bkev_drain(r);
 	REAP(cqs, struct shift_cq, {
+		/* (its backup QPs are gone, so nothing completes on it any
+		 * more: an event of it read later would name a CQ destroyed
+		 * meanwhile; only a CQ on the thread's channel has any) */
+		if (o->bk && o->bk->channel && o->bk->channel == r->bk_ev)
+			shift_bkev_drain(r);
 		if (o->bk)
 			shift_lower->destroy_cq(o->bk);
 		if (o->bk_channel)
