@@ -119,7 +119,10 @@ struct shift_fo_stash; /* (shift/fo/fo_int.h) */
 /* A peer's backup rkey for one of its application rkeys (fo/kvq.c). */
 struct shift_rkey {
 	uint32_t app, bk;
+	uint32_t prev_bk;  /* the backup key an earlier read gave (has_prev) */
 	uint8_t st;        /* SHIFT_RK_* */
+	bool has_prev;     /* prev_bk: the fallback when the store cannot tell */
+	bool ahead;        /* wanted by the read-ahead, not by a failover */
 	uint64_t at_ms;    /* when its read was issued (known, absent) */
 	uint64_t want_ms;  /* since when it is wanted */
 };
@@ -213,6 +216,9 @@ struct shift_dqp {
 	unsigned rk_n, rk_cap;
 	uint64_t rk_since_ms;         /* read before this (the failover's start): stale */
 	bool rk_want;                 /* an entry waits for its read */
+	uint64_t rk_scan_at;          /* (background) next read-ahead of the mirror's keys */
+	uint64_t rk_scan_head;        /* (background) sq_head at the last read-ahead */
+	bool rk_earlier_said;         /* an earlier key used in this failover: logged */
 	/* my episode record, written by the background thread (fo/kvq.c):
 	 * encoded as ep_seq, ep_done written (under rk_lock) */
 	char ep_key[80], ep_val[64];

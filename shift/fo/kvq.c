@@ -19,11 +19,31 @@
  * wanted (the store gone, slow or empty) counts as absent: the WR fails as
  * a key the peer never published fails on the default path, no wait
  * without bound.
+ *
+ * The read-ahead: once a second the background pass notes the peer keys of
+ * the newest send WRs in each Default-state QP's mirror and reads them, so
+ * that a failover while the store is gone, dripping, emptied or garbled
+ * still has a backup key: the one read before (prev_bk) is used when the
+ * store cannot give one now (an error, the wait above, a key now absent or
+ * unreadable). That key cannot send data anywhere else: a backup key names
+ * a backup MR of the same peer process and PD, which registers the same
+ * virtual memory as the application's MR; one the peer has deregistered
+ * since fails at the peer's NIC (remote access error), as the
+ * application's own stale key would on the default path.
  */
 #include "shift/fo/fo_int.h"
 
 #define RK_MAX 4096       /* keys one QP keeps */
 #define KVQ_PUBS 64       /* records one pass writes */
+#define RK_AHEAD_MS 1000  /* read-ahead period, per QP */
+#define RK_AHEAD_WALK 64  /* newest mirrored send WRs one read-ahead looks at */
+
+/* A send WR that names a peer key. */
+static bool remote_op(unsigned opcode)
+{
+	return opcode == IBV_WR_RDMA_WRITE || opcode == IBV_WR_RDMA_WRITE_WITH_IMM ||
+	       opcode == IBV_WR_RDMA_READ || shift_wr_is_atomic(opcode);
+}
 
 static struct shift_rkey *rk_find(struct shift_dqp *d, uint32_t app)
 {
@@ -53,10 +73,40 @@ static struct shift_rkey *rk_add(struct shift_dqp *d, uint32_t app)
 	return e;
 }
 
+/*
+ * The store cannot give e's backup key now (unreachable, too slow, the key
+ * absent or unreadable): use the one an earlier read gave, if any (see the
+ * read-ahead above); else e is absent. rk_lock held. True if known now;
+ * *say: the caller logs it (rk_earlier_say(), after rk_lock), the first of
+ * this failover.
+ */
+static bool rk_earlier(struct shift_dqp *d, struct shift_rkey *e, uint64_t now, bool *say)
+{
+	*say = !d->rk_earlier_said;
+	d->rk_earlier_said = true;
+	e->at_ms = now;
+	if (!e->has_prev) {
+		e->st = SHIFT_RK_ABSENT;
+		return false;
+	}
+	e->st = SHIFT_RK_KNOWN;
+	e->bk = e->prev_bk;
+	__atomic_fetch_add(&shift_stats.rkeys_earlier, 1, __ATOMIC_RELAXED);
+	return true;
+}
+
+static void rk_earlier_say(const struct shift_dqp *d, uint32_t app, bool known)
+{
+	shift_warn("%s QP %u: the KV store cannot give the peer's backup key for rkey %u now: "
+		   "%s (and for any other such key of this failover)", d->dev, d->qpn, app,
+		   known ? "the one read before the failover is used" :
+			   "none was read before, its WR fails as on the default path");
+}
+
 int fo_rk_lookup(struct shift_dqp *d, uint32_t app, uint32_t *bk)
 {
 	struct shift_rkey *e;
-	bool timed_out = false;
+	bool timed_out = false, say = false;
 	int rc;
 
 	pthread_mutex_lock(&d->rk_lock);
@@ -70,17 +120,18 @@ int fo_rk_lookup(struct shift_dqp *d, uint32_t app, uint32_t *bk)
 	} else if (!e && !(e = rk_add(d, app))) {
 		rc = -1;
 	} else {
-		if (e->st != SHIFT_RK_WANT) { /* (stale: read it again) */
+		if (e->st != SHIFT_RK_WANT || e->ahead) { /* (stale: read it again) */
 			e->st = SHIFT_RK_WANT;
 			e->want_ms = now;
+			e->ahead = false;
 		}
 		rc = now >= e->want_ms && now - e->want_ms >= shift_config.kv_wait_ms ? -1 : 1;
 		if (rc > 0) {
 			d->rk_want = true;
 		} else { /* (given up for this failover: said once) */
-			e->st = SHIFT_RK_ABSENT;
-			e->at_ms = now;
-			timed_out = true;
+			timed_out = !rk_earlier(d, e, now, &say);
+			rc = timed_out ? -1 : 0;
+			*bk = e->bk;
 		}
 	}
 	pthread_mutex_unlock(&d->rk_lock);
@@ -91,6 +142,8 @@ int fo_rk_lookup(struct shift_dqp *d, uint32_t app, uint32_t *bk)
 		shift_warn("%s QP %u: the peer's backup key for rkey %u could not be read from the "
 			   "KV store within %u ms (SHIFT_KV_WAIT_MS): its WR fails as on the "
 			   "default path", d->dev, d->qpn, app, shift_config.kv_wait_ms);
+	else if (say)
+		rk_earlier_say(d, app, true);
 	if (rc > 0)
 		__atomic_fetch_add(&shift_stats.rkeys_waited, 1, __ATOMIC_RELAXED);
 	return rc;
@@ -121,14 +174,14 @@ void fo_rk_failover(struct shift_dqp *d)
 
 	pthread_mutex_lock(&d->rk_lock);
 	d->rk_since_ms = shift_clock_ms();
+	d->rk_earlier_said = false;
 	pthread_mutex_unlock(&d->rk_lock);
 	shift_dqp_lock(d);
 	shift_dqp_sync_locked(d);
 	for (uint64_t i = d->sq_tail; i < d->sq_head; i++) {
 		struct shift_swqe *e = shift_dqp_swqe(d, i);
 
-		if (e->opcode == IBV_WR_RDMA_WRITE || e->opcode == IBV_WR_RDMA_WRITE_WITH_IMM ||
-		    e->opcode == IBV_WR_RDMA_READ || shift_wr_is_atomic(e->opcode))
+		if (remote_op(e->opcode))
 			(void)fo_rk_lookup(d, e->rkey, &bk);
 	}
 	shift_dqp_unlock(d);
@@ -170,8 +223,61 @@ struct kvq {
 	bool more; /* left for the next pass */
 };
 
+/*
+ * The read-ahead (see the top; background, slow_lock): the peer keys of the
+ * newest send WRs mirrored since the last one (outstanding or completed),
+ * wanted if new, and those still unread wanted again. It holds post_lock for a walk of at most
+ * RK_AHEAD_WALK entries, no I/O.
+ */
+static void rk_read_ahead(struct shift_dqp *d, uint64_t now)
+{
+	if (!d->shadow || d->send_state != SHIFT_SEND_DEFAULT || now < d->rk_scan_at)
+		return;
+	d->rk_scan_at = now + RK_AHEAD_MS;
+	shift_dqp_lock(d);
+	/* (completed WRs too: the ring keeps the last sq_size WRs posted) */
+	uint64_t head = d->sq_head, walk = d->sq_size < RK_AHEAD_WALK ? d->sq_size : RK_AHEAD_WALK;
+	uint64_t from = head > walk ? head - walk : 0;
+
+	if (from < d->rk_scan_head)
+		from = d->rk_scan_head;
+	d->rk_scan_head = head;
+	pthread_mutex_lock(&d->rk_lock);
+	for (unsigned i = 0; i < d->rk_n; i++) {
+		struct shift_rkey *e = &d->rk[i];
+
+		/* (read again: a read that failed, a key the peer had not
+		 * published yet) */
+		if (e->ahead && e->st == SHIFT_RK_ABSENT)
+			e->st = SHIFT_RK_WANT;
+		if (e->st == SHIFT_RK_WANT)
+			d->rk_want = true;
+	}
+	uint32_t last = 0;
+	bool any = false;
+
+	for (uint64_t i = from; i < head; i++) {
+		const struct shift_swqe *w = shift_dqp_swqe(d, i);
+		struct shift_rkey *e;
+
+		if (!remote_op(w->opcode) || (any && w->rkey == last))
+			continue;
+		last = w->rkey;
+		any = true;
+		if (rk_find(d, w->rkey))
+			continue;
+		if (!(e = rk_add(d, w->rkey)))
+			break;
+		e->ahead = true;
+		d->rk_want = true;
+	}
+	pthread_mutex_unlock(&d->rk_lock);
+	shift_dqp_unlock(d);
+}
+
 static void collect_qp(struct shift_dqp *d, struct kvq *q, uint64_t now)
 {
+	rk_read_ahead(d, now);
 	pthread_mutex_lock(&d->rk_lock);
 	if (d->ep_seq != d->ep_done) {
 		if (q->npub < KVQ_PUBS) {
@@ -306,21 +412,37 @@ static void io(shift_kv *kv, struct kvq *q)
 static void apply_rk(struct shift_dqp *d, struct kvq_item *it)
 {
 	uint32_t bk = 0;
-	bool known = it->v && !shift_exchange_mr_decode(it->v, it->vlen, &bk);
+	bool known = it->v && !shift_exchange_mr_decode(it->v, it->vlen, &bk), say = false;
+	bool e_known = false;
 
 	pthread_mutex_lock(&d->rk_lock);
 	struct shift_rkey *e = rk_find(d, it->app);
 
 	if (e && e->st == SHIFT_RK_WANT) {
-		if (it->rc) {
-			d->rk_want = true; /* (again at the next pass) */
-		} else {
-			e->st = known ? SHIFT_RK_KNOWN : SHIFT_RK_ABSENT;
-			e->bk = bk;
+		if (known) {
+			e->st = SHIFT_RK_KNOWN;
+			e->bk = e->prev_bk = bk;
+			e->has_prev = true;
 			e->at_ms = it->at;
+			e->ahead = false;
+		} else if (e->ahead) {
+			/* (read ahead: absent is absent; an error is read again
+			 * at the next read-ahead) */
+			if (!it->rc) {
+				e->st = SHIFT_RK_ABSENT;
+				e->at_ms = it->at;
+			}
+		} else if (!it->rc || e->has_prev) {
+			/* (absent or unreadable now, or the store cannot answer:
+			 * the key read before, if any) */
+			e_known = rk_earlier(d, e, it->at, &say);
+		} else {
+			d->rk_want = true; /* (again at the next pass) */
 		}
 	}
 	pthread_mutex_unlock(&d->rk_lock);
+	if (say)
+		rk_earlier_say(d, it->app, e_known);
 	shift_debug("%s QP %u: the peer's backup key for rkey %u: %s (%d)", d->dev, d->qpn,
 		    it->app, it->rc ? "not read" : known ? "read" : "none", it->rc);
 	__atomic_fetch_add(&shift_stats.rkeys_read, 1, __ATOMIC_RELAXED);

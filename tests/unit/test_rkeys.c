@@ -5,6 +5,8 @@
  * it, and goes out once the background pass has read it; a key that cannot
  * be read within SHIFT_KV_WAIT_MS, or that the peer never published, fails
  * its WR as the default path would have: never a wait without bound.
+ * Keys the QP used before its failure are read ahead; one of those is used
+ * when the store cannot give it at the failover (gone, emptied, garbled).
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -164,12 +166,74 @@ static void test_key_never_published_refused_at_once(void **state)
 	sim_pair_close(&pair);
 }
 
+/* A writes into B under B's key on the default path, and the background
+ * passes run until they have read that key ahead (at most 5 s). */
+static void write_and_read_ahead(void)
+{
+	struct ibv_send_wr *bad;
+	struct ibv_sge s = { .addr = (uintptr_t)a.buf, .length = 64, .lkey = a.mr->lkey };
+	struct ibv_send_wr wr = { .wr_id = 90, .sg_list = &s, .num_sge = 1,
+				  .opcode = IBV_WR_RDMA_WRITE, .send_flags = IBV_SEND_SIGNALED,
+				  .wr.rdma = { .remote_addr = (uintptr_t)b.buf, .rkey = b.mr->rkey } };
+	struct ibv_wc wc[2];
+	unsigned long read = shift_stats.rkeys_read;
+	uint64_t end = now_ms() + 5000;
+
+	assert_int_equal(ibv_post_send(a.qp, &wr, &bad), 0);
+	assert_int_equal(drive(wc, 1, 1000000, 5000), 1);
+	assert_int_equal(wc[0].status, IBV_WC_SUCCESS);
+	while (shift_stats.rkeys_read == read && now_ms() < end) {
+		sim_world_step(pair.world);
+		shift_rnic_pass_all();
+	}
+	assert_true(shift_stats.rkeys_read > read);
+}
+
+/* The key was read ahead, then the store goes (down: how) before A's NIC
+ * dies: the failover's write uses the key read before and completes with
+ * its data, no error reaches the application. */
+static void earlier_key_used(bool down)
+{
+	struct ibv_wc wc[4];
+	unsigned long earlier = shift_stats.rkeys_earlier;
+
+	open_pair();
+	write_and_read_ahead();
+	if (down)
+		assert_int_equal(shift_kv_mem_set_down(kvname, true), 0);
+	else
+		assert_int_equal(shift_kv_mem_clear(kvname), 0);
+	write_after_failure(b.mr->rkey, 0x6b);
+	assert_int_equal(drive(wc, 1, 1000000, 10000), 1);
+	assert_int_equal(wc[0].wr_id, 91);
+	assert_int_equal(wc[0].status, IBV_WC_SUCCESS);
+	assert_written(0x6b);
+	assert_true(shift_stats.rkeys_earlier > earlier);
+	if (down)
+		assert_int_equal(shift_kv_mem_set_down(kvname, false), 0);
+	sim_pair_close(&pair);
+}
+
+static void test_read_ahead_key_used_store_down(void **state)
+{
+	(void)state;
+	earlier_key_used(true);
+}
+
+static void test_read_ahead_key_used_store_emptied(void **state)
+{
+	(void)state;
+	earlier_key_used(false);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_write_waits_for_its_key),
 		cmocka_unit_test(test_key_unreadable_fails_in_bounded_time),
 		cmocka_unit_test(test_key_never_published_refused_at_once),
+		cmocka_unit_test(test_read_ahead_key_used_store_down),
+		cmocka_unit_test(test_read_ahead_key_used_store_emptied),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);
