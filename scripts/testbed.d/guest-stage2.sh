@@ -59,6 +59,11 @@ for r in 0 1 2; do ip link set eth$r up || fail "link up eth$r"; done
 rdma link add rxe0 type rxe netdev eth0 || fail "rdma link add rxe0"
 rdma link add rxe1 type rxe netdev eth1 || fail "rdma link add rxe1"
 
+# the job secret of scenarios with authenticated records
+# (SHIFT_KV_SECRET_FILE=/run/shift-e2e.secret): the same on both guests
+(umask 077; printf '%s' "$TB_REDIS_PASSWORD" | sha256sum | cut -c1-64 > /run/shift-e2e.secret) ||
+    fail "secret file"
+
 if [ "$H" = A ]; then
     # protected mode refuses remote clients without a password: give it one
     redis-server --bind 198.19.0.1 --port 6379 --requirepass "$TB_REDIS_PASSWORD" \

@@ -10,6 +10,10 @@ runs, and restore() puts a clean one back before and after every scenario.
                       (the TTL is kept)
   kv-drip             replace redis-server by a server that accepts commands
                       and answers one byte per second (kvdrip.py)
+  kv-forge            start a forger in guest B (kvforge.py): it keeps the
+                      job's mr: and qp: records pointing at its own memory
+  kv-forge-end        stop it; the injection fails if it planted nothing or
+                      if any byte of its memory changed
 
 kv-del and kv-garble fail the injection when no key matches: a fault that
 hit nothing would make the scenario pass for the wrong reason.
@@ -17,11 +21,13 @@ hit nothing would make the scenario pass for the wrong reason.
 import os
 import shlex
 
-ACTIONS = ("kv-kill", "kv-start", "kv-del", "kv-garble", "kv-drip")
+ACTIONS = ("kv-kill", "kv-start", "kv-del", "kv-garble", "kv-drip", "kv-forge", "kv-forge-end")
 ADDR = "198.19.0.1"
 PORT = 6379
 HERE = os.path.dirname(os.path.abspath(__file__))
 DRIP_PID = "/run/kvdrip.pid"
+FORGE_PID = "/run/kvforge.pid"
+FORGE_REPORT = "/run/kvforge.json"
 
 
 def _cli(pw):
@@ -65,9 +71,40 @@ def _each_key(pw, ns, patterns, action):
         shlex.quote("shift:%s:%s" % (ns, p)) for p in patterns))
 
 
-def inject(ga, action, args, ns, pw):
-    """Carry out ACTION in guest A (handle GA); return fields for the
-    injection record."""
+def _background(script, args, pidfile, ready):
+    """Shell: start SCRIPT (in this directory) detached; wait up to 20 s for
+    its READY file."""
+    return ("rm -f %s; setsid /usr/bin/python3 %s %s >%s.log 2>&1 < /dev/null & echo $! > %s; "
+            "for i in $(seq 200); do [ -f %s ] && exit 0; kill -0 $(cat %s) 2>/dev/null || break; "
+            "sleep 0.1; done; echo '%s not ready:' >&2; cat %s.log >&2; exit 1"
+            % (ready, os.path.join(HERE, script), " ".join(shlex.quote(str(a)) for a in args),
+               pidfile, pidfile, ready, pidfile, script, pidfile))
+
+
+def _forge_end(gb):
+    import json
+    out = gb.check("[ -f %s ] || { echo 'no forger running' >&2; exit 1; }; kill -TERM $(cat %s); "
+                   "for i in $(seq 100); do [ -f %s ] && break; sleep 0.1; done; rm -f %s; cat %s"
+                   % (FORGE_PID, FORGE_PID, FORGE_REPORT, FORGE_PID, FORGE_REPORT), 30)
+    rep = json.loads(out.strip().splitlines()[-1])
+    if not rep.get("planted"):
+        raise ValueError("kv-forge: the forger planted no record")
+    if rep.get("changed_bytes"):
+        raise ValueError("kv-forge: %d bytes reached the forger's memory" % rep["changed_bytes"])
+    return {"forger": rep}
+
+
+def inject(g, action, args, ns, pw):
+    """Carry out ACTION in guest A (the KV store's) or B (the forger's);
+    return fields for the injection record."""
+    ga, gb = g["A"], g["B"]
+    if action == "kv-forge":
+        gb.check("rm -f %s; " % FORGE_REPORT + _background(
+            "kvforge.py", [ADDR, PORT, pw, ns, "/run/kvforge.ready", FORGE_REPORT],
+            FORGE_PID, "/run/kvforge.ready"), 40)
+        return {}
+    if action == "kv-forge-end":
+        return _forge_end(gb)
     if action == "kv-kill":
         ga.check(_stop_cmd(pw), 20)
         return {}
@@ -91,6 +128,12 @@ def inject(ga, action, args, ns, pw):
                     DRIP_PID, ready), 30)
         return {}
     raise ValueError("unknown KV action %s" % action)
+
+
+def restore_forger_cmd():
+    """Shell for guest B: no forger left running."""
+    return ("if [ -f %s ]; then kill -TERM $(cat %s) 2>/dev/null; rm -f %s; fi; true"
+            % (FORGE_PID, FORGE_PID, FORGE_PID))
 
 
 def restore_cmd(pw):
