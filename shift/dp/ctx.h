@@ -268,7 +268,7 @@ struct shift_stats {
 	unsigned long ep_records_read, ep_read_commands;
 	/* peers' backup rkeys read by the background thread, and lookups
 	 * on the failover paths that found theirs not read yet (fo/kvq.c) */
-	unsigned long rkeys_read, rkeys_waited, rkeys_earlier;
+	unsigned long rkeys_read, rkeys_waited, rkeys_earlier, rkeys_outside;
 };
 extern struct shift_stats shift_stats;
 

@@ -117,12 +117,20 @@ struct shift_rwqe {
 struct shift_fo_stash; /* (shift/fo/fo_int.h) */
 
 /* A peer's backup rkey for one of its application rkeys (fo/kvq.c). */
+/* A backup key as read: the key, and the range of remote addresses the
+ * peer's MR answers to ([addr, addr + len); ranged false: any) */
+struct shift_rkey_val {
+	uint32_t bk;
+	bool ranged;
+	uint64_t addr, len;
+};
 struct shift_rkey {
-	uint32_t app, bk;
-	uint32_t prev_bk;  /* the backup key an earlier read gave (has_prev) */
+	uint32_t app;
 	uint8_t st;        /* SHIFT_RK_* */
-	bool has_prev;     /* prev_bk: the fallback when the store cannot tell */
+	bool has_prev;     /* prev: the fallback when the store cannot tell */
 	bool ahead;        /* wanted by the read-ahead, not by a failover */
+	struct shift_rkey_val v;    /* SHIFT_RK_KNOWN: the one in use */
+	struct shift_rkey_val prev; /* the one an earlier read gave (has_prev) */
 	uint64_t at_ms;    /* when its read was issued (known, absent) */
 	uint64_t want_ms;  /* since when it is wanted */
 };

@@ -196,11 +196,13 @@ static int doom(struct shift_dqp *d, uint64_t idx)
 
 /* ---- posting on the backup QP ------------------------------------------ */
 
-/* The peer's backup key for app: 0; 1 it has none (or it could not be read
- * in time); 2 not read yet (fo/kvq.c). Never KV I/O. */
-static int remote_key(struct shift_dqp *d, uint32_t app, uint32_t *bk)
+/* The peer's backup key for app, for len bytes at remote addr: 0; 1 it has
+ * none (or it could not be read in time, or the bytes are not in its MR);
+ * 2 not read yet (fo/kvq.c). Never KV I/O. */
+static int remote_key(struct shift_dqp *d, uint32_t app, uint64_t addr, uint64_t len,
+		      uint32_t *bk)
 {
-	int rc = fo_rk_lookup(d, app, bk);
+	int rc = fo_rk_lookup(d, app, addr, len, bk);
 
 	return rc < 0 ? 1 : rc > 0 ? 2 : 0;
 }
@@ -248,7 +250,7 @@ static int build_mirrored(struct shift_dqp *d, uint64_t idx, bool dflt, struct i
 		/* a zero-length write touches no remote memory: its key is not used */
 		wr.wr.rdma.rkey = e->rkey;
 		if (bytes && !dflt)
-			unknown = remote_key(d, e->rkey, &wr.wr.rdma.rkey);
+			unknown = remote_key(d, e->rkey, e->remote_addr, bytes, &wr.wr.rdma.rkey);
 	}
 	if (shift_wr_is_atomic(e->opcode)) {
 		/* only posted here once failed over: never a retransmission */
@@ -257,7 +259,7 @@ static int build_mirrored(struct shift_dqp *d, uint64_t idx, bool dflt, struct i
 		wr.wr.atomic.swap = e->swap;
 		wr.wr.atomic.rkey = e->rkey;
 		if (!dflt)
-			unknown = remote_key(d, e->rkey, &wr.wr.atomic.rkey);
+			unknown = remote_key(d, e->rkey, e->remote_addr, 8, &wr.wr.atomic.rkey);
 	}
 	*wrp = wr;
 	return unknown;

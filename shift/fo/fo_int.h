@@ -82,8 +82,9 @@ int fo_post_bk_placeholder(struct shift_dqp *d, uint64_t idx);
 bool fo_bk_carries(struct shift_dqp *d, uint64_t from, uint64_t to, bool reads);
 int fo_post_bk_send(struct shift_dqp *d, uint64_t idx);
 int fo_post_bk_sends(struct shift_dqp *d, uint64_t from, uint64_t *failed);
-/* the KV store off the application's threads (fo/kvq.c) */
-int fo_rk_lookup(struct shift_dqp *d, uint32_t app, uint32_t *bk);
+/* the KV store off the application's threads (fo/kvq.c): the peer's
+ * backup key for app, for len bytes at remote addr (len 0: no check) */
+int fo_rk_lookup(struct shift_dqp *d, uint32_t app, uint64_t addr, uint64_t len, uint32_t *bk);
 bool fo_rk_any(struct shift_dqp *d, uint32_t *bk);
 void fo_rk_failover(struct shift_dqp *d);
 void fo_kvq_publish(struct shift_ctx *s, struct shift_dqp *d, const char *key,

@@ -23,7 +23,7 @@
  * The read-ahead: once a second the background pass notes the peer keys of
  * the newest send WRs in each Default-state QP's mirror and reads them, so
  * that a failover while the store is gone, dripping, emptied or garbled
- * still has a backup key: the one read before (prev_bk) is used when the
+ * still has a backup key: the one read before (prev) is used when the
  * store cannot give one now (an error, the wait above, a key now absent or
  * unreadable). That key cannot send data anywhere else: a backup key names
  * a backup MR of the same peer process and PD, which registers the same
@@ -90,7 +90,7 @@ static bool rk_earlier(struct shift_dqp *d, struct shift_rkey *e, uint64_t now, 
 		return false;
 	}
 	e->st = SHIFT_RK_KNOWN;
-	e->bk = e->prev_bk;
+	e->v = e->prev;
 	__atomic_fetch_add(&shift_stats.rkeys_earlier, 1, __ATOMIC_RELAXED);
 	return true;
 }
@@ -103,10 +103,16 @@ static void rk_earlier_say(const struct shift_dqp *d, uint32_t app, bool known)
 			   "none was read before, its WR fails as on the default path");
 }
 
-int fo_rk_lookup(struct shift_dqp *d, uint32_t app, uint32_t *bk)
+/* [addr, addr + len) inside the range v's MR answers to (if it told)? */
+static bool rk_covers(const struct shift_rkey_val *v, uint64_t addr, uint64_t len)
+{
+	return !v->ranged || (addr >= v->addr && len <= v->len && addr - v->addr <= v->len - len);
+}
+
+int fo_rk_lookup(struct shift_dqp *d, uint32_t app, uint64_t addr, uint64_t len, uint32_t *bk)
 {
 	struct shift_rkey *e;
-	bool timed_out = false, say = false;
+	bool timed_out = false, say = false, outside = false;
 	int rc;
 
 	pthread_mutex_lock(&d->rk_lock);
@@ -116,7 +122,7 @@ int fo_rk_lookup(struct shift_dqp *d, uint32_t app, uint32_t *bk)
 	e = rk_find(d, app);
 	if (e && e->st != SHIFT_RK_WANT && e->at_ms >= d->rk_since_ms) {
 		rc = e->st == SHIFT_RK_KNOWN ? 0 : -1;
-		*bk = e->bk;
+		*bk = e->v.bk;
 	} else if (!e && !(e = rk_add(d, app))) {
 		rc = -1;
 	} else {
@@ -131,10 +137,22 @@ int fo_rk_lookup(struct shift_dqp *d, uint32_t app, uint32_t *bk)
 		} else { /* (given up for this failover: said once) */
 			timed_out = !rk_earlier(d, e, now, &say);
 			rc = timed_out ? -1 : 0;
-			*bk = e->bk;
+			*bk = e->v.bk;
 		}
 	}
+	if (rc == 0 && len && !rk_covers(&e->v, addr, len)) {
+		/* (not memory of that MR: refused as the peer's NIC refuses
+		 * it on the default path, whatever the backup key allows) */
+		outside = true;
+		rc = -1;
+	}
 	pthread_mutex_unlock(&d->rk_lock);
+	if (outside) {
+		__atomic_fetch_add(&shift_stats.rkeys_outside, 1, __ATOMIC_RELAXED);
+		shift_debug("%s QP %u: %llu bytes at %#llx are outside the peer's MR of rkey %u: "
+			    "refused", d->dev, d->qpn, (unsigned long long)len,
+			    (unsigned long long)addr, app);
+	}
 	if (rc < 0 && !e)
 		shift_warn("%s QP %u: more than %u peer keys: rkey %u counts as unknown", d->dev,
 			   d->qpn, RK_MAX, app);
@@ -157,7 +175,7 @@ bool fo_rk_any(struct shift_dqp *d, uint32_t *bk)
 	pthread_mutex_lock(&d->rk_lock);
 	for (unsigned i = 0; i < d->rk_n && !found; i++) {
 		if (d->rk[i].st == SHIFT_RK_KNOWN && d->rk[i].at_ms >= d->rk_since_ms) {
-			*bk = d->rk[i].bk;
+			*bk = d->rk[i].v.bk;
 			found = true;
 		}
 	}
@@ -182,7 +200,7 @@ void fo_rk_failover(struct shift_dqp *d)
 		struct shift_swqe *e = shift_dqp_swqe(d, i);
 
 		if (remote_op(e->opcode))
-			(void)fo_rk_lookup(d, e->rkey, &bk);
+			(void)fo_rk_lookup(d, e->rkey, 0, 0, &bk);
 	}
 	shift_dqp_unlock(d);
 }
@@ -411,8 +429,8 @@ static void io(shift_kv *kv, struct kvq *q)
 
 static void apply_rk(struct shift_dqp *d, struct kvq_item *it)
 {
-	uint32_t bk = 0;
-	bool known = it->v && !shift_exchange_mr_decode(it->v, it->vlen, &bk), say = false;
+	struct shift_mr_value mv;
+	bool known = it->v && !shift_exchange_mr_decode(it->v, it->vlen, &mv), say = false;
 	bool e_known = false;
 
 	pthread_mutex_lock(&d->rk_lock);
@@ -421,7 +439,9 @@ static void apply_rk(struct shift_dqp *d, struct kvq_item *it)
 	if (e && e->st == SHIFT_RK_WANT) {
 		if (known) {
 			e->st = SHIFT_RK_KNOWN;
-			e->bk = e->prev_bk = bk;
+			e->v = (struct shift_rkey_val){ .bk = mv.bk_rkey, .ranged = mv.has_range,
+							.addr = mv.addr, .len = mv.len };
+			e->prev = e->v;
 			e->has_prev = true;
 			e->at_ms = it->at;
 			e->ahead = false;

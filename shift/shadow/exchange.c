@@ -68,14 +68,19 @@ int shift_exchange_qp_encode(const struct shift_qp_value *v, char *buf, size_t c
 			    g, v->qpn, v->psn, v->mtu), cap);
 }
 
-int shift_exchange_mr_encode(uint32_t bk_rkey, char *buf, size_t cap)
+int shift_exchange_mr_encode(const struct shift_mr_value *v, char *buf, size_t cap)
 {
-	return fit(snprintf(buf, cap, SHIFT_EXCHANGE_VERSION " mr rkey=%u", bk_rkey), cap);
+	if (!v->has_range)
+		return fit(snprintf(buf, cap, SHIFT_EXCHANGE_VERSION " mr rkey=%u", v->bk_rkey),
+			   cap);
+	return fit(snprintf(buf, cap, SHIFT_EXCHANGE_VERSION " mr rkey=%u addr=%llu len=%llu",
+			    v->bk_rkey, (unsigned long long)v->addr, (unsigned long long)v->len),
+		   cap);
 }
 
 /* Parse "name=<decimal>" at *p into *out (bounded by max), advance *p. */
-static int field_u32(const char **p, const char *end, const char *name,
-		     uint32_t max, uint32_t *out)
+static int field_u64(const char **p, const char *end, const char *name,
+		     uint64_t max, uint64_t *out)
 {
 	size_t n = strlen(name);
 	uint64_t v = 0;
@@ -87,15 +92,28 @@ static int field_u32(const char **p, const char *end, const char *name,
 	if (q >= end || *q < '0' || *q > '9')
 		return -EINVAL;
 	while (q < end && *q >= '0' && *q <= '9') {
-		v = v * 10 + (uint64_t)(*q++ - '0');
-		if (v > max)
-			return -EINVAL;
+		unsigned d = (unsigned)(*q++ - '0');
+
+		if (d > max || v > (max - d) / 10)
+			return -EINVAL; /* (above max, without overflowing) */
+		v = v * 10 + d;
 	}
 	if (q < end && *q != ' ')
 		return -EINVAL;
-	*out = (uint32_t)v;
+	*out = v;
 	*p = q < end ? q + 1 : q;
 	return 0;
+}
+
+static int field_u32(const char **p, const char *end, const char *name,
+		     uint32_t max, uint32_t *out)
+{
+	uint64_t v;
+	int rc = field_u64(p, end, name, max, &v);
+
+	if (!rc)
+		*out = (uint32_t)v;
+	return rc;
 }
 
 static int prefix(const char **p, const char *end, const char *want)
@@ -127,15 +145,22 @@ int shift_exchange_qp_decode(const char *s, size_t len, struct shift_qp_value *v
 	return 0;
 }
 
-int shift_exchange_mr_decode(const char *s, size_t len, uint32_t *bk_rkey)
+int shift_exchange_mr_decode(const char *s, size_t len, struct shift_mr_value *v)
 {
 	const char *p = s, *end = s + len;
-	uint32_t r;
+	struct shift_mr_value out = { 0 };
 
 	if (prefix(&p, end, SHIFT_EXCHANGE_VERSION " mr ") ||
-	    field_u32(&p, end, "rkey", 0xffffffffu, &r) || p != end)
+	    field_u32(&p, end, "rkey", 0xffffffffu, &out.bk_rkey))
 		return -EINVAL;
-	*bk_rkey = r;
+	if (p != end) {
+		if (field_u64(&p, end, "addr", UINT64_MAX, &out.addr) ||
+		    field_u64(&p, end, "len", UINT64_MAX, &out.len) || p != end ||
+		    out.len > UINT64_MAX - out.addr)
+			return -EINVAL;
+		out.has_range = true;
+	}
+	*v = out;
 	return 0;
 }
 

@@ -58,11 +58,20 @@ int shift_exchange_mr_key(const union ibv_gid *gid, uint32_t rkey, char *buf,
 			  size_t cap);
 /* Encoders return the length written, or -EMSGSIZE. */
 int shift_exchange_qp_encode(const struct shift_qp_value *v, char *buf, size_t cap);
-int shift_exchange_mr_encode(uint32_t bk_rkey, char *buf, size_t cap);
+/* An MR's record: its backup rkey, and the remote address range the
+ * application's MR answers to ([addr, addr + len): its address, or its
+ * IOVA), which the peer checks a failed-over WR against. A record without
+ * the range (has_range false: an older writer) is read too. */
+struct shift_mr_value {
+	uint32_t bk_rkey;
+	bool has_range;
+	uint64_t addr, len;
+};
+int shift_exchange_mr_encode(const struct shift_mr_value *v, char *buf, size_t cap);
 /* Decoders return 0, or -EINVAL for anything but a well-formed value of
  * this version. s need not be NUL-terminated. */
 int shift_exchange_qp_decode(const char *s, size_t len, struct shift_qp_value *v);
-int shift_exchange_mr_decode(const char *s, size_t len, uint32_t *bk_rkey);
+int shift_exchange_mr_decode(const char *s, size_t len, struct shift_mr_value *v);
 
 void shift_gid_hex(const union ibv_gid *gid, char out[33]);
 

@@ -181,7 +181,13 @@ static void publish_mr(struct shift_rnic *r, struct shift_mr *m)
 		if (m->published & (1u << i))
 			continue;
 		int kl = shift_exchange_mr_key(&r->gids[i], m->app_rkey, key, sizeof(key));
-		int vl = shift_exchange_mr_encode(m->bk->rkey, val, sizeof(val));
+		/* (the range the application's remote peers address it by) */
+		struct shift_mr_value mv = {
+			.bk_rkey = m->bk->rkey, .len = m->length,
+			.has_range = !(m->access & IBV_ACCESS_ZERO_BASED),
+			.addr = m->kind == SHIFT_MR_PLAIN ? (uint64_t)(uintptr_t)m->addr : m->iova,
+		};
+		int vl = shift_exchange_mr_encode(&mv, val, sizeof(val));
 
 		if (kl < 0 || vl < 0)
 			continue;

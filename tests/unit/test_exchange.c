@@ -61,17 +61,42 @@ static void test_qp_decode_rejects(void **state)
 
 static void test_mr(void **state)
 {
-	char buf[64], key[SHIFT_EXCHANGE_KEY_MAX];
-	uint32_t r;
+	char buf[SHIFT_EXCHANGE_VALUE_MAX], key[SHIFT_EXCHANGE_KEY_MAX];
+	struct shift_mr_value r, v = { .bk_rkey = 4000000000u };
 	union ibv_gid g;
 	(void)state;
 
 	memset(&g, 0xab, sizeof(g));
-	int n = shift_exchange_mr_encode(4000000000u, buf, sizeof(buf));
+	/* without a range (an older writer's record) */
+	int n = shift_exchange_mr_encode(&v, buf, sizeof(buf));
 	assert_int_equal(shift_exchange_mr_decode(buf, (size_t)n, &r), 0);
-	assert_true(r == 4000000000u);
-	assert_int_equal(shift_exchange_mr_decode("shift1 mr rkey=", 15, &r), -EINVAL);
-	assert_int_equal(shift_exchange_mr_decode("shift1 mr rkey=4294967296", 25, &r), -EINVAL);
+	assert_true(r.bk_rkey == 4000000000u && !r.has_range);
+	/* with one, up to the largest values */
+	v = (struct shift_mr_value){ .bk_rkey = 7, .has_range = true,
+				     .addr = 0x7f0000001000ull, .len = 1ull << 40 };
+	n = shift_exchange_mr_encode(&v, buf, sizeof(buf));
+	assert_string_equal(buf, "shift1 mr rkey=7 addr=139637976731648 len=1099511627776");
+	assert_int_equal(shift_exchange_mr_decode(buf, (size_t)n, &r), 0);
+	assert_true(r.has_range && r.addr == v.addr && r.len == v.len && r.bk_rkey == 7);
+	const char *max = "shift1 mr rkey=1 addr=0 len=18446744073709551615";
+	assert_int_equal(shift_exchange_mr_decode(max, strlen(max), &r), 0);
+	assert_true(r.len == UINT64_MAX);
+	const char *bad[] = {
+		"shift1 mr rkey=",
+		"shift1 mr rkey=4294967296",
+		"shift1 mr rkey=1 addr=0 len=18446744073709551616", /* (2^64) */
+		"shift1 mr rkey=1 addr=1 len=18446744073709551615", /* (wraps) */
+		"shift1 mr rkey=1 addr=5",
+		"shift1 mr rkey=1 len=5 addr=0",
+		"shift1 mr rkey=1 addr=5 len=5 x=1",
+		"shift1 mr rkey=1 addr=-5 len=5",
+	};
+	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++)
+		assert_int_equal(shift_exchange_mr_decode(bad[i], strlen(bad[i]), &r), -EINVAL);
+	/* a small bound is kept for every digit (mtu: at most 5) */
+	struct shift_qp_value q;
+	const char *mtu9 = "shift1 qp gid=00112233445566778899aabbccddeeff qpn=1 psn=2 mtu=9";
+	assert_int_equal(shift_exchange_qp_decode(mtu9, strlen(mtu9), &q), -EINVAL);
 	assert_true(shift_exchange_mr_key(&g, 9, key, sizeof(key)) > 0);
 	assert_string_equal(key, "mr:abababababababababababababababab:9");
 }

@@ -21,6 +21,8 @@
 #include "shift/dp/ctx.h"
 #include "shift/base/clock.h"
 #include "kv/kv.h"
+#include "shift/shadow/exchange.h"
+#include "shift/base/lower.h"
 
 static struct sim_ep a, b;
 static struct sim_pair pair;
@@ -226,6 +228,55 @@ static void test_read_ahead_key_used_store_emptied(void **state)
 	earlier_key_used(false);
 }
 
+/* B's record for its MR (the range told: the whole MR), rewritten to tell
+ * only its first 4 KiB. */
+static void narrow_record(void)
+{
+	shift_kv *h;
+	union ibv_gid gid;
+	char key[SHIFT_EXCHANGE_KEY_MAX], val[SHIFT_EXCHANGE_VALUE_MAX];
+	struct shift_mr_value mv;
+	void *v;
+	size_t len;
+
+	assert_int_equal(shift_kv_open_from_env(NULL, &h), 0);
+	assert_int_equal(shift_lower->query_gid(b.ctx, 1, 1, &gid), 0);
+	shift_exchange_mr_key(&gid, b.mr->rkey, key, sizeof(key));
+	assert_int_equal(shift_kv_get(h, key, &v, &len), 0);
+	assert_int_equal(shift_exchange_mr_decode(v, len, &mv), 0);
+	free(v);
+	assert_true(mv.has_range);
+	assert_true(mv.addr == (uintptr_t)b.mr->addr && mv.len == b.mr->length);
+	mv.len = 4096;
+	int n = shift_exchange_mr_encode(&mv, val, sizeof(val));
+
+	assert_true(n > 0);
+	assert_int_equal(shift_kv_put(h, key, val, (size_t)n, 0), 0);
+	shift_kv_close(h);
+}
+
+/* A failover's write to bytes outside the range the peer's MR record
+ * tells is refused, as the peer's NIC refuses a write outside the MR on
+ * the default path, though the backup key (registered over the whole
+ * buffer here) would take it. */
+static void test_write_outside_the_peer_mr_refused(void **state)
+{
+	struct ibv_wc wc[4];
+	unsigned long outside = shift_stats.rkeys_outside;
+	(void)state;
+
+	open_pair();
+	narrow_record();
+	write_after_failure(b.mr->rkey, 0x42); /* (at 4096: past the first 4 KiB) */
+	sim_pair_expect_errors(1);
+	assert_int_equal(drive(wc, 1, 1000000, 10000), 1);
+	assert_int_equal(wc[0].wr_id, 91);
+	assert_int_not_equal(wc[0].status, IBV_WC_SUCCESS);
+	assert_int_equal(b.buf[4096], 0);
+	assert_true(shift_stats.rkeys_outside > outside);
+	sim_pair_close(&pair);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -234,6 +285,7 @@ int main(void)
 		cmocka_unit_test(test_key_never_published_refused_at_once),
 		cmocka_unit_test(test_read_ahead_key_used_store_down),
 		cmocka_unit_test(test_read_ahead_key_used_store_emptied),
+		cmocka_unit_test(test_write_outside_the_peer_mr_refused),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);

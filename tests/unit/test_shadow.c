@@ -158,8 +158,11 @@ static int kv_backup_rkey(struct ibv_context *ctx, uint32_t rkey, uint32_t *out)
 	shift_exchange_mr_key(&gid, rkey, key, sizeof(key));
 	rc = shift_kv_get(h, key, &v, &len);
 	if (!rc) {
-		rc = shift_exchange_mr_decode(v, len, out);
+		struct shift_mr_value mv;
+
+		rc = shift_exchange_mr_decode(v, len, &mv);
 		free(v);
+		*out = mv.bk_rkey;
 	}
 	shift_kv_close(h);
 	return rc;
