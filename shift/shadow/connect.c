@@ -242,6 +242,8 @@ static bool replay_qp_describe(struct shift_rnic *r, struct shift_qp *q,
 			       app->path_mtu : pa.active_mtu;
 	q->peer_key.gid = app->ah_attr.grh.dgid;
 	q->peer_key.qpn = app->dest_qp_num;
+	q->my_bk.has_peer = true; /* (my record names whom I connect to) */
+	q->my_bk.peer = q->peer_key;
 	return true;
 }
 
@@ -304,6 +306,21 @@ static bool replay_qp_peer(struct shift_rnic *r, struct shift_qp *q)
 	free(v);
 	if (rc) {
 		qp_fail(r, q, "the peer's backup attributes are malformed or of another version", EPROTO);
+		return false;
+	}
+	if (q->peer_bk.has_peer && (q->peer_bk.peer.qpn != q->my_key.qpn ||
+				    memcmp(&q->peer_bk.peer.gid, &q->my_key.gid, sizeof(union ibv_gid)))) {
+		/* (a record of another connection under this key: an earlier
+		 * job's, left in the namespace, or a forged one; the peer's own
+		 * replaces it) */
+		if (!q->warned_other) {
+			q->warned_other = true;
+			shift_warn("%s: QP %u: the peer's record (QPN %u) is for a connection to QPN "
+				   "%u, not to this QP (an earlier job's?): ignored, waiting for the "
+				   "peer's own", r->name, q->app_qpn, q->peer_key.qpn,
+				   q->peer_bk.peer.qpn);
+		}
+		stat_add(&shift_shadow_counters.records_other, 1);
 		return false;
 	}
 	q->peer_known = true;

@@ -61,11 +61,16 @@ int shift_exchange_mr_key(const union ibv_gid *gid, uint32_t rkey, char *buf,
 
 int shift_exchange_qp_encode(const struct shift_qp_value *v, char *buf, size_t cap)
 {
-	char g[33];
+	char g[33], pg[33];
 
 	shift_gid_hex(&v->gid, g);
-	return fit(snprintf(buf, cap, SHIFT_EXCHANGE_VERSION " qp gid=%s qpn=%u psn=%u mtu=%u",
-			    g, v->qpn, v->psn, v->mtu), cap);
+	if (!v->has_peer)
+		return fit(snprintf(buf, cap, SHIFT_EXCHANGE_VERSION " qp gid=%s qpn=%u psn=%u mtu=%u",
+				    g, v->qpn, v->psn, v->mtu), cap);
+	shift_gid_hex(&v->peer.gid, pg);
+	return fit(snprintf(buf, cap, SHIFT_EXCHANGE_VERSION
+			    " qp gid=%s qpn=%u psn=%u mtu=%u pgid=%s pqpn=%u",
+			    g, v->qpn, v->psn, v->mtu, pg, v->peer.qpn), cap);
 }
 
 int shift_exchange_mr_encode(const struct shift_mr_value *v, char *buf, size_t cap)
@@ -138,9 +143,19 @@ int shift_exchange_qp_decode(const char *s, size_t len, struct shift_qp_value *v
 	p += 33;
 	if (field_u32(&p, end, "qpn", 0xffffff, &out.qpn) ||
 	    field_u32(&p, end, "psn", 0xffffff, &out.psn) ||
-	    field_u32(&p, end, "mtu", IBV_MTU_4096, &out.mtu) || p != end ||
+	    field_u32(&p, end, "mtu", IBV_MTU_4096, &out.mtu) ||
 	    out.mtu < IBV_MTU_256 || out.qpn == 0)
 		return -EINVAL;
+	if (p != end) {
+		if (prefix(&p, end, "pgid=") || end - p < 33 || gid_parse(p, &out.peer.gid) ||
+		    p[32] != ' ')
+			return -EINVAL;
+		p += 33;
+		if (field_u32(&p, end, "pqpn", 0xffffff, &out.peer.qpn) || p != end ||
+		    out.peer.qpn == 0)
+			return -EINVAL;
+		out.has_peer = true;
+	}
 	*v = out;
 	return 0;
 }

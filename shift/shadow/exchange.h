@@ -29,6 +29,11 @@ struct shift_qp_value {
 	uint32_t qpn;      /* backup QPN */
 	uint32_t psn;      /* backup QP's initial send PSN */
 	uint32_t mtu;      /* enum ibv_mtu of the backup port */
+	/* the default QP the writer's default QP is connected to: the reader
+	 * takes the record only if that is its own (a record without it, from
+	 * an older writer, is read too) */
+	bool has_peer;
+	struct shift_qp_key peer;
 };
 
 int shift_exchange_qp_key(const struct shift_qp_key *k, char *buf, size_t cap);

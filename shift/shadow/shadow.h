@@ -115,6 +115,7 @@ void shift_shadow_set_background(void (*fn)(struct shift_ctx *s));
 /* Counters over all RNICs, for shiftctl and tests. */
 struct shift_shadow_stats {
 	unsigned long qps_ready, qps_unprotected, mrs_ready, kv_errors;
+	unsigned long records_other; /* peer records of another connection, ignored */
 };
 void shift_shadow_stats_get(struct shift_shadow_stats *out);
 

@@ -117,6 +117,7 @@ struct shift_qp {
 	bool peer_known;
 	uint64_t waiting_since_ms;
 	bool warned_peer;
+	bool warned_other;           /* (thread) a record of another connection seen */
 
 	enum shift_shadow_state state; /* (L) */
 	const char *why;               /* (L) reason when UNPROTECTED */

@@ -408,6 +408,72 @@ static void test_peer_without_shift(void **state)
 	sim_ep_close(&b);
 }
 
+/* Plant a record under (b's GID, b's QPN) for backup QPN bk_qpn, written
+ * by an end connected to (a's GID, peer_qpn). */
+static void plant_qp_record(struct sim_ep *a, struct sim_ep *b, uint32_t bk_qpn,
+			    uint32_t peer_qpn)
+{
+	struct shift_qp_key k = { .qpn = b->qp->qp_num };
+	struct shift_qp_value v = { .qpn = bk_qpn, .psn = 1, .mtu = IBV_MTU_1024,
+				    .has_peer = true, .peer.qpn = peer_qpn };
+	char key[SHIFT_EXCHANGE_KEY_MAX], val[SHIFT_EXCHANGE_VALUE_MAX], url[64];
+	shift_kv *h;
+
+	snprintf(url, sizeof(url), "mem://%s", kvname);
+	assert_int_equal(shift_kv_open(url, "job42", NULL, &h), 0);
+	assert_int_equal(shift_lower->query_gid(b->ctx, 1, 1, &k.gid), 0);
+	assert_int_equal(shift_lower->query_gid(b->ctx, 1, 1, &v.gid), 0);
+	assert_int_equal(shift_lower->query_gid(a->ctx, 1, 1, &v.peer.gid), 0);
+	int kl = shift_exchange_qp_key(&k, key, sizeof(key));
+	int vl = shift_exchange_qp_encode(&v, val, sizeof(val));
+
+	assert_true(kl > 0 && vl > 0);
+	assert_int_equal(shift_kv_put(h, key, val, (size_t)vl, 0), 0);
+	shift_kv_close(h);
+}
+
+/* A record under the peer's name that another connection wrote (an
+ * earlier job's QP with the same number, connected elsewhere) is not
+ * taken: the QP keeps waiting, unprotected; a record written for this
+ * very connection is taken. (B runs without SHIFT: only the planted
+ * records are there.) */
+static void test_other_connection_record_ignored(void **state)
+{
+	struct sim_ep a, b;
+	struct sim_ep_info ia, ib;
+	struct shift_qp_info qi;
+	struct shift_shadow_stats st;
+	(void)state;
+
+	shift_shadow_stats_get(&st);
+	unsigned long other = st.records_other;
+
+	assert_int_equal(sim_ep_open(&a, &shift_verbs, sim_dev_name(sim_host_dev(host[0], 0)),
+				     4096, ACCESS, &cap, 64, 0), 0);
+	assert_int_equal(sim_ep_open(&b, &both, sim_dev_name(sim_host_dev(host[1], 0)), 4096,
+				     ACCESS, &cap, 64, 0), 0); /* plain */
+	sim_ep_info(&a, 1, &ia);
+	sim_ep_info(&b, 2, &ib);
+	plant_qp_record(&a, &b, 4242, a.qp->qp_num + 7);
+	assert_int_equal(sim_ep_connect(&a, &ia, &ib, NULL), 0);
+	assert_int_equal(sim_ep_connect(&b, &ib, &ia, NULL), 0);
+	for (int i = 0; i < 8; i++)
+		shift_rnic_pass(shift_rnic_of(a.ctx));
+	assert_int_equal(shift_shadow_qp_info(a.qp, &qi), 0);
+	assert_int_equal(qi.state, SHIFT_SHADOW_PENDING);
+	assert_int_equal(qi.peer_bk_qpn, 0);
+	shift_shadow_stats_get(&st);
+	assert_true(st.records_other > other);
+
+	plant_qp_record(&a, &b, 4243, a.qp->qp_num);
+	for (int i = 0; i < 8; i++)
+		shift_rnic_pass(shift_rnic_of(a.ctx));
+	assert_int_equal(shift_shadow_qp_info(a.qp, &qi), 0);
+	assert_int_equal(qi.peer_bk_qpn, 4243);
+	sim_ep_close(&a);
+	sim_ep_close(&b);
+}
+
 /* No backup NIC (one NIC per host): everything runs unprotected, the
  * application works. */
 static void test_no_backup_nic(void **state)
@@ -434,6 +500,8 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_cross_dependency, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_kv_outage, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_peer_without_shift, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_other_connection_record_ignored, setup,
+						teardown),
 		cmocka_unit_test_setup_teardown(test_no_backup_nic, setup, teardown),
 	};
 	return test_env_run_group_tests(tests);
