@@ -112,7 +112,7 @@ static int kv_build_key(const shift_kv *h, const char *key, char *buf,
 	return (int)(h->prefix_len + klen);
 }
 
-#define KV_FULLKEY_CAP (SHIFT_KV_NS_MAX + 8 + SHIFT_KV_KEY_MAX + 1)
+#define KV_FULLKEY_CAP (2 * SHIFT_KV_NS_MAX + 9 + SHIFT_KV_KEY_MAX + 1)
 
 int shift_kv_full_key(const shift_kv *h, const char *key, char *buf,
 		      size_t cap)
@@ -163,6 +163,7 @@ static int kv_opts(const struct shift_kv_options *in, struct shift_kv_options *o
 	KV_DEF(tls_ca, shift_config.kv_tls_ca);
 	KV_DEF(tls_cert, shift_config.kv_tls_cert);
 	KV_DEF(tls_key, shift_config.kv_tls_key);
+	KV_DEF(job_id, shift_config.job_id);
 #undef KV_DEF
 	if (o->retry_min_ms > o->retry_max_ms)
 		return kv_err(-EINVAL, "kv: retry_min_ms > retry_max_ms");
@@ -198,9 +199,14 @@ int shift_kv_open(const char *url, const char *ns,
 		free(h);
 		return rc;
 	}
+	if (*h->opts.job_id && (rc = shift_kv_validate_namespace(h->opts.job_id))) {
+		free(h);
+		return rc;
+	}
 	strcpy(h->ns, ns); /* length checked above */
 	h->prefix_len = (size_t)snprintf(h->prefix, sizeof(h->prefix),
-					 "shift:%s:", ns);
+					 *h->opts.job_id ? "shift:%s:%s:" : "shift:%s:", ns,
+					 h->opts.job_id);
 	h->be = h->url.scheme == SHIFT_KV_SCHEME_MEM ? &kv_backend_mem
 						     : &kv_backend_redis;
 	if (pthread_mutex_init(&h->lock, NULL)) {

@@ -55,7 +55,7 @@ struct shift_kv {
 	struct shift_kv_url url;
 	struct shift_kv_options opts; /* defaults filled in */
 	char ns[SHIFT_KV_NS_MAX + 1];
-	char prefix[SHIFT_KV_NS_MAX + 8]; /* "shift:<ns>:" */
+	char prefix[2 * SHIFT_KV_NS_MAX + 9]; /* "shift:<ns>:" or "shift:<ns>:<job>:" */
 	size_t prefix_len;
 	/* Serialises backend commands (hiredis contexts are not thread-safe)
 	 * and guards own. */

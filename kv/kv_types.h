@@ -43,6 +43,9 @@ struct shift_kv_options {
 	 * SHIFT_KV_TLS_CA; "" = the system's trust store) and the client
 	 * certificate and key (NULL = SHIFT_KV_TLS_CERT/KEY; "" = none) */
 	const char *tls_ca, *tls_cert, *tls_key;
+	/* the job's run, in every key after the namespace ("shift:NS:JOB:"),
+	 * same rules as a namespace; NULL = shift_config.job_id, "" = none */
+	const char *job_id;
 };
 
 enum shift_kv_scheme {

@@ -81,6 +81,38 @@ static int parse_namespace(const struct config_row *row, const char *v)
 	return parse_string(row, v);
 }
 
+/* SHIFT_JOB_ID: as a namespace, or empty (then the scheduler's, below) */
+static int parse_job_id(const struct config_row *row, const char *v)
+{
+	return *v ? parse_namespace(row, v) : parse_string(row, v);
+}
+
+/* The job id of the scheduler's environment, if one is there and valid
+ * (untrusted: the same rules as SHIFT_JOB_ID, else none). */
+static void job_id_derive(void)
+{
+	const char *slurm = getenv("SLURM_JOB_ID"), *step = getenv("SLURM_STEP_ID");
+	const char *te = getenv("TORCHELASTIC_RUN_ID");
+	char id[sizeof(shift_config.job_id)];
+	const char *from = NULL;
+	int n = -1;
+
+	if (slurm && *slurm) {
+		n = step && *step ? snprintf(id, sizeof(id), "%s.%s", slurm, step)
+				  : snprintf(id, sizeof(id), "%s", slurm);
+		from = step && *step ? "SLURM_JOB_ID.SLURM_STEP_ID" : "SLURM_JOB_ID";
+	} else if (te && *te) {
+		n = snprintf(id, sizeof(id), "%s", te);
+		from = "TORCHELASTIC_RUN_ID";
+	}
+	if (n <= 0 || n > 64 ||
+	    strspn(id, "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789._-") !=
+		    (size_t)n)
+		return;
+	memcpy(shift_config.job_id, id, (size_t)n + 1);
+	snprintf(shift_config.job_id_from, sizeof(shift_config.job_id_from), "%s", from);
+}
+
 static int parse_uint(const struct config_row *row, const char *v)
 {
 	char *end;
@@ -158,6 +190,11 @@ static const struct config_row rows[] = {
 	{ "SHIFT_KV_NAMESPACE", "default",
 	  "job id; every KV key carries it (1..64 of A-Z a-z 0-9 . _ -)",
 	  parse_namespace, FIELD(kv_namespace) },
+	{ "SHIFT_JOB_ID", "",
+	  "this run of the job, in every KV key after the namespace, so that a job never reads "
+	  "an earlier run's records (1..64 of A-Z a-z 0-9 . _ -; default: SLURM_JOB_ID.SLURM_STEP_ID, "
+	  "else TORCHELASTIC_RUN_ID, else none)",
+	  parse_job_id, FIELD(job_id) },
 	{ "SHIFT_KV_TIMEOUT_MS", "300",
 	  "total deadline of one KV command in ms (reconnect, write and the whole reply; "
 	  "10..10000): a store that does not answer, or answers slowly, fails the command "
@@ -335,6 +372,10 @@ int shift_config_load(const char *real_lib_default)
 	}
 	if (bad)
 		shift_config.enable = false;
+	if (shift_config.job_id[0])
+		snprintf(shift_config.job_id_from, sizeof(shift_config.job_id_from), "SHIFT_JOB_ID");
+	else
+		job_id_derive();
 	shift_config.handshake_wait_ms = shift_config.episode_wait_ms;
 	shift_config.bg_grace_ms = 20;
 	shift_config.bk_restart_ms = 500;

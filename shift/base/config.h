@@ -21,6 +21,8 @@ struct shift_config {
 	char backup[256];         /* SHIFT_BACKUP */
 	char kv_url[512];         /* SHIFT_KV_URL */
 	char kv_namespace[128];   /* SHIFT_KV_NAMESPACE */
+	char job_id[72];          /* SHIFT_JOB_ID, else the scheduler's (job_id_from) */
+	char job_id_from[32];     /* where job_id came from; "" if none */
 	unsigned kv_timeout_ms;   /* SHIFT_KV_TIMEOUT_MS */
 	size_t kv_max_reply;      /* SHIFT_KV_MAX_REPLY */
 	char kv_secret_file[512]; /* SHIFT_KV_SECRET_FILE */

@@ -220,9 +220,18 @@ static void kv_connect(struct shift_rnic *r)
 	/* said once per process: without a secret, whoever can write the
 	 * job's keys steers where a failover sends data (docs/security.md) */
 	static bool said;
-	if (!shift_kv_authenticated(r->kv) && !__atomic_exchange_n(&said, true, __ATOMIC_RELAXED))
+	if (__atomic_exchange_n(&said, true, __ATOMIC_RELAXED))
+		return;
+	if (!shift_kv_authenticated(r->kv))
 		shift_info("KV records are not authenticated (no SHIFT_KV_SECRET_FILE): SHIFT "
 			   "trusts every writer of namespace '%s'", shift_config.kv_namespace);
+	if (shift_config.job_id[0])
+		shift_info("KV records of job run '%s' (%s)", shift_config.job_id,
+			   shift_config.job_id_from);
+	else
+		shift_info("no job id (SHIFT_JOB_ID, SLURM_JOB_ID, TORCHELASTIC_RUN_ID): records "
+			   "an earlier run left in namespace '%s' are told apart only by the "
+			   "connection and memory they name", shift_config.kv_namespace);
 }
 
 /* Wake r's thread (r->lock held). */

@@ -25,6 +25,11 @@ shift_unit_test(test_kv_sentinel
 shift_unit_test(test_kv_auth
   SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_kv_auth.c
   LIBS shift_kv)
+# test_kv_job: the job run in every key (SHIFT_JOB_ID, else the
+# scheduler's job id): runs of one job in one namespace never see each other.
+shift_unit_test(test_kv_job
+  SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_kv_job.c
+  LIBS shift_kv)
 # kv_tls_stunnel: TLS to Redis through a per-host stunnel (redis-server with
 # only a TLS port and client certificates); plaintext, a wrong CA and a
 # missing client certificate refused; the password in no output.
