@@ -112,6 +112,41 @@ static __attribute__((noinline)) int poll_retire(struct shift_ctx *s, struct shi
 }
 
 /*
+ * 2..8 successful completions, all of cached QP d (NCCL polls 4 at once):
+ * retired in one go, with no test per completion but what it takes to
+ * know they qualify. Per completion: its status, opcode and QPN are
+ * ORed into one word, and its opcode summed. All qualify if the status
+ * bits and QPN differences are all 0 and every opcode is a send-side one
+ * (0..15) or a receive-side one (128..143, IBV_WC_RECV set); then, with at
+ * most 8, the sum of opcodes divided by 128 is the number of receives
+ * (the others add at most 8 x 15 < 128). Else false: the caller's loop.
+ */
+static inline __attribute__((always_inline)) bool
+retire_many(struct shift_dqp *d, const struct ibv_wc *wc, int n)
+{
+	const uint64_t qpn = d->qpn;
+	uint64_t any = 0, sum = 0;
+
+	for (int i = 0; i < n; i++) {
+		uint64_t x = (uint64_t)wc[i].opcode << 32 | (uint32_t)wc[i].status;
+
+		any |= x | (wc[i].qp_num ^ qpn);
+		sum += x;
+	}
+	if (shift_unlikely((uint32_t)any | ((any >> 32) & ~(uint64_t)0x8f)))
+		return false;
+	uint32_t recvs = (uint32_t)(sum >> 39);
+
+	if (recvs)
+		__atomic_fetch_add(&d->rq_tail, recvs, __ATOMIC_RELAXED);
+	if ((uint32_t)n != recvs)
+		__atomic_fetch_add(&d->sig_tail, (uint32_t)n - recvs, __ATOMIC_RELAXED);
+	return true;
+}
+_Static_assert(IBV_WC_RECV == 128 && IBV_WC_RECV_RDMA_WITH_IMM == 129,
+	       "retire_many(): receive-side opcodes have bit 7 set");
+
+/*
  * Default state: the provider's poll, then count what completed. A lean
  * poll keeps only wc across the provider's call (one saved register, no
  * stack adjustment); the full one keeps cq too, for contexts with a
@@ -134,6 +169,9 @@ static inline __attribute__((always_inline)) int poll_fast(shift_poll_fn prov,
 			return 1;
 		}
 	} else if (n <= 0) {
+		return n;
+	} else if (shift_likely(n <= 8) &&
+		   retire_many(__atomic_load_n(last, __ATOMIC_RELAXED), wc, n)) {
 		return n;
 	}
 	return poll_retire(__atomic_load_n(sp, __ATOMIC_ACQUIRE), last, lean ? NULL : cq, wc, n);

@@ -52,6 +52,10 @@ if(TARGET shift_sim)
     LIBS shift_core shift_sim)
 endif()
 if(TARGET shift_sim)
+  shift_unit_test(test_poll SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/test_poll.c
+    LIBS shift_core shift_sim)
+endif()
+if(TARGET shift_sim)
   shift_unit_test(test_rkeys SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/test_rkeys.c
     LIBS shift_core shift_sim)
 endif()
