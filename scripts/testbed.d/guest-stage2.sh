@@ -22,7 +22,9 @@ mkdir -p /tb/$H
 exec >/tb/$H/stage2.log 2>&1 </dev/null
 set -x
 fail() { echo "$*" > /tb/$H/failed; echo "stage2 FAILED: $*" >/dev/console; sleep 2; poweroff -f; }
+set +x # (guest.env holds the store's password: not traced into this log)
 . /tb/guest.env || fail "no guest.env"
+set -x
 hostname host$H
 
 # The build tree as its own 9p mount without caching, so a rebuild on the
@@ -59,6 +61,9 @@ for r in 0 1 2; do ip link set eth$r up || fail "link up eth$r"; done
 rdma link add rxe0 type rxe netdev eth0 || fail "rdma link add rxe0"
 rdma link add rxe1 type rxe netdev eth1 || fail "rdma link add rxe1"
 
+# (no trace while the password is on a command line: it stays out of
+# stage2.log, which tests/tools/no_secrets.sh checks)
+set +x
 # the job secret of scenarios with authenticated records
 # (SHIFT_KV_SECRET_FILE=/run/shift-e2e.secret): the same on both guests
 (umask 077; printf '%s' "$TB_REDIS_PASSWORD" | sha256sum | cut -c1-64 > /run/shift-e2e.secret) ||
@@ -70,6 +75,7 @@ if [ "$H" = A ]; then
         --save "" --appendonly no --daemonize yes --dir /run \
         --logfile /tb/A/redis.log --pidfile /run/redis.pid || fail "redis-server"
 fi
+set -x
 rdma link show
 ip -br addr
 

@@ -1,6 +1,6 @@
 """KV-store faults for the testbed (issue #19): the Redis server that SHIFT
 uses runs in guest A (guest-stage2.sh); these actions break it while a job
-runs, and restore() puts a clean one back before and after every scenario.
+runs, and restore_cmd() (in the runner's reset) puts a clean one back before and after every scenario.
 
   kv-kill             stop redis-server (it stays down)
   kv-start            start an empty redis-server (no persistence: a restart
@@ -30,15 +30,22 @@ FORGE_PID = "/run/kvforge.pid"
 FORGE_REPORT = "/run/kvforge.json"
 
 
-def _cli(pw):
-    return "redis-cli --no-auth-warning -a %s -h %s -p %d" % (shlex.quote(pw), ADDR, PORT)
+# The password never appears in a command's text (an error message quotes
+# the command): the commands read it from their environment (_env), which
+# redis-cli takes as REDISCLI_AUTH.
+def _env(pw):
+    return {"REDISCLI_AUTH": pw, "TB_REDIS_PW": pw}
 
 
-def _start(pw):
+def _cli(_pw=None):
+    return "redis-cli -h %s -p %d" % (ADDR, PORT)
+
+
+def _start(_pw=None):
     # the same server as guest-stage2.sh starts: no persistence, so empty
-    return ("redis-server --bind %s --port %d --requirepass %s --save '' --appendonly no "
-            "--daemonize yes --dir /run --logfile /tb/A/redis.log --pidfile /run/redis.pid"
-            % (ADDR, PORT, shlex.quote(pw)))
+    return ("redis-server --bind %s --port %d --requirepass \"$TB_REDIS_PW\" --save '' "
+            "--appendonly no --daemonize yes --dir /run --logfile /tb/A/redis.log "
+            "--pidfile /run/redis.pid" % (ADDR, PORT))
 
 
 def _wait(pw, up):
@@ -100,21 +107,21 @@ def inject(g, action, args, ns, pw):
     ga, gb = g["A"], g["B"]
     if action == "kv-forge":
         gb.check("rm -f %s; " % FORGE_REPORT + _background(
-            "kvforge.py", [ADDR, PORT, pw, ns, "/run/kvforge.ready", FORGE_REPORT],
-            FORGE_PID, "/run/kvforge.ready"), 40)
+            "kvforge.py", [ADDR, PORT, ns, "/run/kvforge.ready", FORGE_REPORT],
+            FORGE_PID, "/run/kvforge.ready"), 40, _env(pw))
         return {}
     if action == "kv-forge-end":
         return _forge_end(gb)
     if action == "kv-kill":
-        ga.check(_stop_cmd(pw), 20)
+        ga.check(_stop_cmd(pw), 20, _env(pw))
         return {}
     if action == "kv-start":
-        ga.check(_start(pw) + " && " + _wait(pw, True), 20)
+        ga.check(_start(pw) + " && " + _wait(pw, True), 20, _env(pw))
         return {}
     if action in ("kv-del", "kv-garble"):
         if not args:
             raise ValueError("%s PATTERN..." % action)
-        out = ga.check(_each_key(pw, ns, args, action), 30).split()
+        out = ga.check(_each_key(pw, ns, args, action), 30, _env(pw)).split()
         n = int(out[-1]) if out and out[-1].isdigit() else 0
         if n == 0:
             raise ValueError("%s %s: no key of namespace %s matched" % (action, " ".join(args), ns))
@@ -125,7 +132,7 @@ def inject(g, action, args, ns, pw):
                  "echo $! > %s; for i in $(seq 50); do [ -f %s ] && exit 0; sleep 0.1; done; "
                  "echo 'kvdrip not listening after 5 s' >&2; exit 1"
                  % (_stop_cmd(pw), ready, os.path.join(HERE, "kvdrip.py"), ADDR, PORT, ready,
-                    DRIP_PID, ready), 30)
+                    DRIP_PID, ready), 30, _env(pw))
         return {}
     raise ValueError("unknown KV action %s" % action)
 
@@ -136,8 +143,17 @@ def restore_forger_cmd():
             % (FORGE_PID, FORGE_PID, FORGE_PID))
 
 
-def restore_cmd(pw):
-    """Shell for guest A: no dripping server, a redis-server answering."""
+def restore_cmd():
+    """Shell for guest A, to run with env(password) and go on after it: no
+    dripping server left, a redis-server answering (started empty if none
+    does). Part of the runner's reset, so it costs no round trip of its
+    own."""
+    up = "%s ping 2>/dev/null | grep -q PONG" % _cli()
     return ("if [ -f %s ]; then kill $(cat %s) 2>/dev/null; rm -f %s; sleep 0.2; fi; "
-            "%s ping 2>/dev/null | grep -q PONG || { %s && %s; }"
-            % (DRIP_PID, DRIP_PID, DRIP_PID, _cli(pw), _start(pw), _wait(pw, True)))
+            "if ! %s; then %s; for i in $(seq 50); do %s && break; sleep 0.1; done; fi"
+            % (DRIP_PID, DRIP_PID, DRIP_PID, up, _start(), up))
+
+
+def env(pw):
+    """The environment the KV actions' commands read the password from."""
+    return _env(pw)

@@ -9,7 +9,8 @@ has planted its first record. On SIGTERM it writes its report:
 how many records it planted, and how many bytes of its memory changed
 (anything but 0 means data reached it).
 
-Usage: kvforge.py ADDR PORT PASSWORD NAMESPACE READY_FILE REPORT_FILE
+Usage: kvforge.py ADDR PORT NAMESPACE READY_FILE REPORT_FILE
+(the store's password in the environment, REDISCLI_AUTH)
 """
 import json
 import os
@@ -77,7 +78,8 @@ def say(what):
 
 
 def main():
-    addr, port, pw, ns, ready, report = sys.argv[1:7]
+    addr, port, ns, ready, report = sys.argv[1:6]
+    pw = os.environ.get("REDISCLI_AUTH", "")
     say("started")
     ctx = pyverbs.device.Context(name="rxe1")
     pd = pyverbs.pd.PD(ctx)

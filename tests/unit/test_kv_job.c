@@ -75,7 +75,7 @@ static void test_bad_job_id_refused(void **state)
 	}
 }
 
-static void load(void)
+static void clear_job_env(void)
 {
 	test_unsetenv("SHIFT_JOB_ID");
 	test_unsetenv("SLURM_JOB_ID");
@@ -89,7 +89,7 @@ static void test_job_id_from_env(void **state)
 {
 	(void)state;
 
-	load();
+	clear_job_env();
 	assert_int_equal(shift_config_load(NULL), 0);
 	assert_string_equal(shift_config.job_id, "");
 	test_setenv("TORCHELASTIC_RUN_ID", "te-run_7");
@@ -125,7 +125,7 @@ static void test_bad_env_job_id(void **state)
 {
 	(void)state;
 
-	load();
+	clear_job_env();
 	test_setenv("SLURM_JOB_ID", "12:34");
 	assert_int_equal(shift_config_load(NULL), 0);
 	assert_true(shift_config.enable);
