@@ -96,6 +96,9 @@ def _forge_end(gb):
     rep = json.loads(out.strip().splitlines()[-1])
     if not rep.get("planted"):
         raise ValueError("kv-forge: the forger planted no record")
+    unused = [f for f, n in rep.get("forms", {}).items() if not n]
+    if unused:
+        raise ValueError("kv-forge: the forger never planted %s" % ", ".join(unused))
     if rep.get("changed_bytes"):
         raise ValueError("kv-forge: %d bytes reached the forger's memory" % rep["changed_bytes"])
     return {"forger": rep}

@@ -1,10 +1,11 @@
 """A forger on the testbed (issue #20): someone who can write the job's KV
 namespace but does not hold its secret. Runs in guest B, next to the
 receiver: it registers 1 MiB of its own memory on the backup NIC (rxe1)
-and, every 100 ms, overwrites each of the job's `mr:` and `qp:` records
+and, every 300 ms, overwrites each of the job's `mr:` and `qp:` records
 with one that sends the job's backup traffic its way (its own rkey, a QPN
-of its own choosing), in a valid format, alternately without the MAC
-envelope and inside one with a wrong MAC. It touches READY_FILE once it
+of its own choosing), in a valid format, in turn without the MAC envelope,
+inside one with a wrong MAC, and as a genuine record of the job moved from
+another key (replayed: its MAC is right, for that other key). It touches READY_FILE once it
 has planted its first record. On SIGTERM it writes its report:
 how many records it planted, and how many bytes of its memory changed
 (anything but 0 means data reached it).
@@ -92,29 +93,45 @@ def main():
     stop = []
     signal.signal(signal.SIGTERM, lambda *_: stop.append(1))
     planted, mine, keys, first = 0, {}, set(), None
+    forms = {"plain": 0, "bad_mac": 0, "replayed": 0}
+    turn = {}
+    legit = {b"mr": {}, b"qp": {}}  # the job's own records, as first seen
     records = {b"mr": "%s mr rkey=%d" % (VERSION, mr.rkey),
                b"qp": "%s qp gid=%s qpn=%d psn=4242 mtu=3" % (VERSION, GID, 0xabcd)}
     while not stop:
         for kind in (b"mr", b"qp"):
             for k in r.cmd("KEYS", "shift:%s:%s:*" % (ns, kind.decode())) or []:
-                if r.cmd("GET", k) == mine.get(k):
-                    continue  # (still ours)
-                rec = records[kind]
-                v = (rec if planted % 2 == 0 else
-                     "m1:%s:%s" % (os.urandom(32).hex(), rec)).encode()
+                cur = r.cmd("GET", k)
+                if cur is not None and cur != mine.get(k):
+                    legit[kind].setdefault(k, cur)
+                # each round the next of: a record of its own without the
+                # MAC envelope, one with a wrong MAC, and a genuine record
+                # of the job (its MAC right for its own key) moved here
+                other = [v for o, v in legit[kind].items() if o != k]
+                turn[k] = turn.get(k, len(turn)) + 1
+                form = ("plain", "bad_mac", "replayed")[turn[k] % 3]
+                if form == "replayed" and not other:
+                    form = "plain"
+                if form == "plain":
+                    v = records[kind].encode()
+                elif form == "bad_mac":
+                    v = ("m1:%s:%s" % (os.urandom(32).hex(), records[kind])).encode()
+                else:
+                    v = other[turn[k] % len(other)]
                 r.cmd("SET", k, v, "KEEPTTL")
                 mine[k] = v
                 keys.add(k)
+                forms[form] += 1
                 planted += 1
                 if not first:
                     first = time.time()
                     say("first record planted")
                     open(ready, "w").close()
-        time.sleep(0.1)
+        time.sleep(0.3)
     data = mr.read(SIZE, 0)
     changed = SIZE - data.count(0)
     with open(report + ".tmp", "w") as f:
-        json.dump({"planted": planted, "keys": len(keys), "rkey": mr.rkey,
+        json.dump({"planted": planted, "forms": forms, "keys": len(keys), "rkey": mr.rkey,
                    "first_planted": first, "changed_bytes": changed}, f)
     os.rename(report + ".tmp", report)
 
