@@ -72,11 +72,16 @@ static int parse_string(const struct config_row *row, const char *v)
 
 /* A job id as kv accepts it (docs/kv.md): 1..64 of letters, digits, . _ -
  * (no ':', which would forge another namespace's key prefix). */
+static bool valid_id(const char *v)
+{
+	return *v && strlen(v) <= 64 &&
+	       strspn(v, "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
+			 "0123456789._-") == strlen(v);
+}
+
 static int parse_namespace(const struct config_row *row, const char *v)
 {
-	if (!*v || strlen(v) > 64 ||
-	    strspn(v, "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
-		      "0123456789._-") != strlen(v))
+	if (!valid_id(v))
 		return -1;
 	return parse_string(row, v);
 }
@@ -105,9 +110,7 @@ static void job_id_derive(void)
 		n = snprintf(id, sizeof(id), "%s", te);
 		from = "TORCHELASTIC_RUN_ID";
 	}
-	if (n <= 0 || n > 64 ||
-	    strspn(id, "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789._-") !=
-		    (size_t)n)
+	if (n <= 0 || (size_t)n >= sizeof(id) || !valid_id(id))
 		return;
 	memcpy(shift_config.job_id, id, (size_t)n + 1);
 	snprintf(shift_config.job_id_from, sizeof(shift_config.job_id_from), "%s", from);

@@ -116,7 +116,6 @@ struct shift_rwqe {
 
 struct shift_fo_stash; /* (shift/fo/fo_int.h) */
 
-/* A peer's backup rkey for one of its application rkeys (fo/kvq.c). */
 /* A backup key as read: the key, and the range of remote addresses the
  * peer's MR answers to ([addr, addr + len); ranged false: any) */
 struct shift_rkey_val {
@@ -124,6 +123,7 @@ struct shift_rkey_val {
 	bool ranged;
 	uint64_t addr, len;
 };
+/* A peer's backup rkey for one of its application rkeys (fo/kvq.c). */
 struct shift_rkey {
 	uint32_t app;
 	uint8_t st;        /* SHIFT_RK_* */

@@ -244,8 +244,8 @@ struct kvq {
 /*
  * The read-ahead (see the top; background, slow_lock): the peer keys of the
  * newest send WRs mirrored since the last one (outstanding or completed),
- * wanted if new, and those still unread wanted again. It holds post_lock for a walk of at most
- * RK_AHEAD_WALK entries, no I/O.
+ * wanted if new, and those still unread wanted again. It holds post_lock
+ * for a walk of at most RK_AHEAD_WALK entries, no I/O.
  */
 static void rk_read_ahead(struct shift_dqp *d, uint64_t now)
 {
