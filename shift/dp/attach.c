@@ -105,6 +105,7 @@ struct shift_ctx *shift_ctx_attach(struct ibv_context *ibctx)
 	s->ibctx = ibctx;
 	s->poll_last = &shift_dqp_none;
 	pthread_mutex_init(&s->slow_lock, NULL);
+	pthread_spin_init(&s->early_lock, PTHREAD_PROCESS_PRIVATE);
 
 	/* Save first, publish, then swap: a data-path call that arrives
 	 * through a swapped op must find the shift_ctx. */
@@ -117,6 +118,7 @@ struct shift_ctx *shift_ctx_attach(struct ibv_context *ibctx)
 	if (!take_slot(s)) {
 		pthread_mutex_unlock(&shift_ctx_lock);
 		pthread_mutex_destroy(&s->slow_lock);
+		pthread_spin_destroy(&s->early_lock);
 		free(s);
 		shift_warn("%s: out of memory: context left unprotected",
 			   ibctx->device ? ibctx->device->name : "?");
@@ -183,6 +185,7 @@ static void ctx_free(void *p)
 	}
 	free(s->fo);
 	pthread_mutex_destroy(&s->slow_lock);
+	pthread_spin_destroy(&s->early_lock);
 	free(s);
 }
 

@@ -34,6 +34,21 @@
 
 struct shift_rnic;
 
+/*
+ * Completions a fast poll took from the provider and hands to the slow path
+ * (an error among them, fo/poll.c), which waits for slow_lock: they are
+ * older than anything left in their CQ, so whoever polls that CQ in the
+ * slow path meanwhile (the background pass draining it for a failover)
+ * takes them first. On the handing poll's stack; linked in its context's
+ * early list, oldest first, until that poll has the locks.
+ */
+struct shift_early {
+	struct shift_early *next;
+	struct ibv_cq *cq;
+	const struct ibv_wc *wc;
+	unsigned n, taken; /* (taken: under early_lock) */
+};
+
 struct shift_ctx {
 	struct ibv_context *ibctx; /* the provider's context, as the app sees it */
 
@@ -77,6 +92,11 @@ struct shift_ctx {
 	 * pass): it may complete WRs on any CQ of a QP, the one polled or
 	 * not; taken before any CQ's dp_lock */
 	pthread_mutex_t slow_lock;
+	/* the early list (struct shift_early); a spinlock, never held across a
+	 * call: a poll between taking its batch and handing it over is never
+	 * seen asleep (base/quiesce.h), so the grace covers it */
+	pthread_spinlock_t early_lock;
+	struct shift_early *early;
 	/* a protected QP has different send and receive CQs: the full fast
 	 * poll, which keeps its cq (dp/poll.c, cq_of) */
 	bool split_cqs;

@@ -400,8 +400,11 @@ static void background(struct shift_ctx *s)
 			continue;
 		fo_lock_cqs(d);
 		fo_failback_work(s, d, fbt);
+		/* (waiting for the peer: its record, or its handshake
+		 * message on the backup) */
 		if (d->send_state != SHIFT_SEND_UNPROTECTED &&
-		    (d->ep_wait != SHIFT_EP_RUNNING || d->bk_error))
+		    (d->ep_wait != SHIFT_EP_RUNNING || d->bk_error ||
+		     (d->send_state == SHIFT_SEND_FALLBACK && !d->handshake_done)))
 			__atomic_store_n(&waiting_seen, true, __ATOMIC_RELEASE);
 		fo_unlock_cqs(d);
 	}

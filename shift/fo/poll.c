@@ -273,36 +273,106 @@ void fo_poll_backup(struct shift_ctx *s, struct shift_cq *c, struct out *o, bool
 	bk_batches = b.up;
 }
 
+/* ---- completions a fast poll hands over (struct shift_early) ------------- */
+
+static void early_link(struct shift_ctx *s, struct shift_early *e)
+{
+	struct shift_early **p;
+
+	pthread_spin_lock(&s->early_lock);
+	for (p = &s->early; *p; p = &(*p)->next)
+		;
+	__atomic_store_n(p, e, __ATOMIC_RELEASE); /* (early_take's unlocked look) */
+	pthread_spin_unlock(&s->early_lock);
+}
+
+static void early_unlink(struct shift_ctx *s, struct shift_early *e)
+{
+	pthread_spin_lock(&s->early_lock);
+	for (struct shift_early **p = &s->early; *p; p = &(*p)->next) {
+		if (*p == e) {
+			__atomic_store_n(p, e->next, __ATOMIC_RELEASE);
+			break;
+		}
+	}
+	pthread_spin_unlock(&s->early_lock);
+}
+
+/* Up to max handed-over completions of c's application CQ, oldest first. */
+static int early_take(struct shift_ctx *s, struct shift_cq *c, int max, struct ibv_wc *wc)
+{
+	int n = 0;
+
+	if (!__atomic_load_n(&s->early, __ATOMIC_ACQUIRE))
+		return 0;
+	pthread_spin_lock(&s->early_lock);
+	for (struct shift_early *e = s->early; e && n < max; e = e->next) {
+		while (e->cq == c->app && e->taken < e->n && n < max)
+			wc[n++] = e->wc[e->taken++];
+	}
+	pthread_spin_unlock(&s->early_lock);
+	return n;
+}
+
+int fo_poll_default(struct shift_ctx *s, struct shift_cq *c, int max, struct ibv_wc *wc)
+{
+	int n = early_take(s, c, max, wc);
+
+	return n ? n : s->poll_cq(c->app, max, wc);
+}
+
+/*
+ * The slow poll. A fast poll that found an error among its completions
+ * comes here with them (wc[done..have)) and hands them over before it
+ * waits for any lock: the background pass may be about to drain this CQ for
+ * a failover, and must see them first, ahead of what the provider still
+ * holds (else it would retransmit WRs these completed, or pass the
+ * provider's flushes of a connection it failed on to the application).
+ */
 int shift_poll_slow(struct shift_ctx *s, struct ibv_cq *cq, int num_entries,
 		    struct ibv_wc *wc, int done, int have)
 {
-	struct shift_cq *c = s->rnic ? shift_shadow_cq_of(s->rnic, cq) : NULL;
-	struct out o = { .wc = wc, .n = done, .max = num_entries, .c = c };
-	struct ibv_wc tmp[TMP_WC];
+	struct ibv_wc held[TMP_WC], tmp[TMP_WC];
+	struct shift_early mine = { .next = NULL, .cq = cq, .wc = held, .n = 0, .taken = 0 };
 	int n;
 
+	if (have > done) {
+		unsigned m = (unsigned)(have - done);
+		struct ibv_wc *b = m <= TMP_WC ? held : malloc(sizeof(*wc) * m);
+
+		if (!b)
+			return have; /* cannot look: the application gets them as they are */
+		memcpy(b, wc + done, sizeof(*wc) * m);
+		mine.wc = b;
+		mine.n = m;
+		early_link(s, &mine);
+	}
+
+	struct shift_cq *c = s->rnic ? shift_shadow_cq_of(s->rnic, cq) : NULL;
+	struct out o = { .wc = wc, .n = done, .max = num_entries, .c = c };
+
 	if (!c) {
-		/* not shadowed: nothing can be failed over on it */
+		/* not shadowed: nothing can be failed over on it (and nobody
+		 * took what this poll handed over) */
+		if (mine.n) {
+			early_unlink(s, &mine);
+			if (mine.wc != held)
+				free((void *)mine.wc);
+		}
 		if (have)
 			return have;
 		return s->poll_cq(cq, num_entries, wc);
 	}
 	pthread_mutex_lock(&s->slow_lock);
 	pthread_mutex_lock(&c->dp_lock);
-	/* completions the fast path already took from the provider */
-	if (have > done) {
-		int m = have - done;
-		struct ibv_wc *src = m <= TMP_WC ? tmp : malloc(sizeof(*wc) * (size_t)m);
-
-		if (!src) {
-			pthread_mutex_unlock(&c->dp_lock);
-			pthread_mutex_unlock(&s->slow_lock);
-			return have; /* cannot look: the application gets them as they are */
-		}
-		memcpy(src, wc + done, sizeof(*wc) * (size_t)m);
-		fo_from_default_batch(s, src, (size_t)m, &o);
-		if (src != tmp)
-			free(src);
+	if (mine.n) {
+		/* mine and any handed over before (whatever a drain left of
+		 * them: what it took is in the kept completions, in order) */
+		while ((n = early_take(s, c, TMP_WC, tmp)) > 0)
+			fo_from_default_batch(s, tmp, (size_t)n, &o);
+		early_unlink(s, &mine);
+		if (mine.wc != held)
+			free((void *)mine.wc);
 	}
 	while (o.n < o.max && c->kept_tail != c->kept_head)
 		o.wc[o.n++] = c->kept[c->kept_tail++ % c->kept_cap];
@@ -315,7 +385,8 @@ int shift_poll_slow(struct shift_ctx *s, struct ibv_cq *cq, int num_entries,
 				fo_on_ctrl(s, d, &o);
 	while (o.n < o.max && c->kept_tail != c->kept_head)
 		o.wc[o.n++] = c->kept[c->kept_tail++ % c->kept_cap];
-	while (o.n < o.max && (n = s->poll_cq(cq, TMP_WC < o.max - o.n ? TMP_WC : o.max - o.n, tmp)) > 0)
+	while (o.n < o.max &&
+	       (n = fo_poll_default(s, c, TMP_WC < o.max - o.n ? TMP_WC : o.max - o.n, tmp)) > 0)
 		fo_from_default_batch(s, tmp, (size_t)n, &o);
 	fo_poll_backup(s, c, &o, true);
 	pthread_mutex_unlock(&c->dp_lock);

@@ -82,7 +82,7 @@ void fo_drain_default(struct shift_ctx *s, struct shift_cq *c, struct out *up)
 		p->nrest = 0;
 		break; /* only the innermost batch of c can have a rest */
 	}
-	while ((n = s->poll_cq(c->app, TMP_WC, tmp)) > 0) {
+	while ((n = fo_poll_default(s, c, TMP_WC, tmp)) > 0) {
 		if (n_all + (size_t)n > cap) {
 			size_t ncap = cap ? cap * 2 : 64;
 

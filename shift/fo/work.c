@@ -19,7 +19,7 @@ static void poll_default_cqs(struct shift_ctx *s, struct shift_dqp *d)
 		struct out o = { .wc = NULL, .n = 0, .max = 0, .c = cs[k] };
 		/* as a batch: an error in it that starts a failover drains
 		 * the rest of it first (from_default_batch) */
-		while ((n = s->poll_cq(cs[k]->app, TMP_WC, tmp)) > 0)
+		while ((n = fo_poll_default(s, cs[k], TMP_WC, tmp)) > 0)
 			fo_from_default_batch(s, tmp, (size_t)n, &o);
 	}
 }
