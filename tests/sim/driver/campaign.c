@@ -31,7 +31,7 @@ struct opts {
 	int kind;		/* -1: rotate over all workloads */
 	bool shift, verbose, trace, check_determinism, expect_errors;
 	bool no_faults, reexec, rxe_stale_read, refuse_err, split_cq, backup_faults, srq;
-	bool ex_verbs;
+	bool ex_verbs, threads;
 	bool app_errors, compare_plain;
 	double min_rate;
 };
@@ -60,7 +60,7 @@ static void usage(void)
 		"                      [--shift] [--no-faults] [--verbose] [--trace]\n"
 		"                      [--selftest-reexecute] [--rxe-stale-read]\n"
 		"                      [--refuse-err-posts] [--split-cq] [--backup-faults] [--srq]\n"
-		"                      [--ex-verbs]\n"
+		"                      [--ex-verbs] [--threads]\n"
 		"                      [--check-determinism] [--expect-app-errors]"
 		" [--min-rate SCHED_PER_MIN]\n"
 		"                      [--app-errors] [--compare-plain]\n");
@@ -153,6 +153,24 @@ static void plan_backup_faults(struct sim_world *w, struct sim_dev *d[2], struct
 	sim_world_schedule_fault(w, tb, SIM_FAULT_KILL, bk[y], NULL, 0);
 }
 
+/* The campaign's own calls into the world (in threads mode SHIFT's threads
+ * call into it too: campaign_front_enter/leave). */
+static bool world_step(struct sim_world *w)
+{
+	campaign_front_enter();
+	bool moved = sim_world_step(w) != 0;
+	campaign_front_leave();
+	return moved;
+}
+
+static uint64_t world_faults(struct sim_world *w)
+{
+	campaign_front_enter();
+	uint64_t n = sim_world_stats(w)->faults;
+	campaign_front_leave();
+	return n;
+}
+
 /* Runs one schedule; returns 0, or -1 on a setup failure. */
 static int run_schedule(const struct opts *o, uint64_t seed,
 			struct totals *t, struct wl_report *rep,
@@ -167,7 +185,6 @@ static int run_schedule(const struct opts *o, uint64_t seed,
 	struct wl_params p;
 	struct wl *wl;
 	const char *why = NULL;
-	unsigned idle = 0;
 
 	splitmix(&rs);
 	wo.reexecute_duplicates = o->reexec;
@@ -186,6 +203,8 @@ static int run_schedule(const struct opts *o, uint64_t seed,
 	p.srq = o->srq;
 	p.ex_verbs = o->ex_verbs;
 	p.poison = o->app_errors;
+	p.enter = campaign_front_enter;
+	p.leave = campaign_front_leave;
 	*kind_out = p.kind;
 
 	w = sim_world_create(&wo);
@@ -214,8 +233,7 @@ static int run_schedule(const struct opts *o, uint64_t seed,
 	 * their connection; network time here is much shorter, so let them
 	 * finish before the first fault (a failure during that window leaves
 	 * the QP unprotected by design, which the unit tests cover). */
-	for (int i = 0; o->shift && i < 8; i++)
-		campaign_front_progress(true);
+	campaign_front_settle(o->shift, 2 * p.nconn);
 	if (!o->no_faults) {
 		/* the retry budget of the workload's QPs: (retry_cnt + 1)
 		 * timeouts of timeout 14 */
@@ -229,33 +247,33 @@ static int run_schedule(const struct opts *o, uint64_t seed,
 	/* Interleave application actions and network events at random until
 	 * neither can move. With SHIFT, "cannot move" must outlast its
 	 * background timers too: a failover waiting for its peer's part
-	 * (KV reads at the probe period) gets up to 256 quiet passes. */
-	bool waiting = false;
-	for (uint64_t it = 0; it < 20000000 && idle < (waiting ? 256u : 4u); it++) {
+	 * (KV reads at the probe period) gets more (campaign_front_at_rest). */
+	for (uint64_t it = 0; it < 20000000; it++) {
 		bool app_first = splitmix(&rs) % 4 == 0;
 
-		uint64_t faults = sim_world_stats(w)->faults;
+		uint64_t faults = world_faults(w);
 
 		if (o->shift && it % 16 == 0)
-			campaign_front_progress(true);
-		bool ev = app_first ? wl_step(wl) : sim_world_step(w) != 0;
+			campaign_front_progress(true, false);
+		bool app = app_first && wl_step(wl);
+		bool ev = app || (!app_first && world_step(w));
 
-		if (!ev)
-			ev = app_first ? sim_world_step(w) != 0 : wl_step(wl);
+		if (!ev) {
+			ev = app_first ? world_step(w) : (app = wl_step(wl));
+		}
 		/* SHIFT's thread watches the ports every 100 ms at most; a
 		 * device down for longer (every fault here: 64 ticks of about
 		 * 1 ms at least) is seen down before it comes back. Network
 		 * time jumps over idle periods, so make it so. */
-		if (o->shift && sim_world_stats(w)->faults != faults)
-			campaign_front_progress(true);
+		if (o->shift && world_faults(w) != faults)
+			campaign_front_fault(true);
 		if (!ev && o->shift) {
 			/* SHIFT's background thread runs when all else is quiet too */
-			campaign_front_progress(true);
-			ev = wl_step(wl) || sim_world_step(w) != 0;
+			campaign_front_progress(true, true);
+			ev = (app = wl_step(wl)) || world_step(w);
 		}
-		idle = ev ? 0 : idle + 1;
-		if (!ev && o->shift)
-			waiting = campaign_front_waiting(true);
+		if (campaign_front_at_rest(o->shift, ev, app))
+			break;
 	}
 	wl_finish(wl, rep);
 	wl_destroy(wl);
@@ -413,6 +431,8 @@ int main(int argc, char **argv)
 			o.srq = true; /* each side's QPs share one SRQ */
 		} else if (!strcmp(a, "--ex-verbs")) {
 			o.ex_verbs = true; /* ibv_create_cq_ex/start_poll, ibv_create_qp_ex/ibv_wr_* */
+		} else if (!strcmp(a, "--threads")) {
+			o.threads = true; /* SHIFT's real threads: front.h */
 		} else if (!strcmp(a, "--split-cq")) {
 			o.split_cq = true; /* receives on CQs of their own */
 		} else if (!strcmp(a, "--refuse-err-posts")) {
@@ -440,6 +460,14 @@ int main(int argc, char **argv)
 			return 2;
 		}
 	}
+	if (o.threads && (!o.shift || o.srq || o.ex_verbs || o.check_determinism)) {
+		/* (the thread-safe simulator wraps the classic verbs only; a
+		 * run with threads is not deterministic) */
+		fprintf(stderr, "shift-campaign: --threads needs --shift, and takes no --srq, "
+			"--ex-verbs or --check-determinism\n");
+		return 2;
+	}
+	campaign_front_threads(o.threads);
 	rc = run_all(&o, &t, &secs);
 	if (rc)
 		return rc;

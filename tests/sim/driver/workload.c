@@ -202,6 +202,16 @@ static const char *wc_status_name(enum ibv_wc_status st)
 	}
 }
 
+/* A note in the world's trace (what the application saw, in order). */
+static void wl_note(struct wl *wl, uint32_t tag, uint64_t a, uint64_t b)
+{
+	if (wl->p.enter)
+		wl->p.enter();
+	sim_world_note(wl->w, tag, a, b);
+	if (wl->p.leave)
+		wl->p.leave();
+}
+
 static void violation(struct wl *wl, const char *fmt, ...)
 {
 	va_list ap;
@@ -789,7 +799,7 @@ static void on_recv(struct wl_ep *e, const struct ibv_wc *wc)
 	memset((uint8_t *)data, 0xee, SLOT);	/* consumed: poison */
 	if (wl->p.srq)
 		sd->free_slot[sd->nfree++] = slot;
-	sim_world_note(wl->w, 0x56434552 /* "RECV" */, e->conn << 1 | e->side, m);
+	wl_note(wl, 0x56434552 /* "RECV" */, e->conn << 1 | e->side, m);
 	e->rx_next++;
 	wl->rep.msgs++;
 	wl->rep.bytes += len;
@@ -928,8 +938,8 @@ static bool poll_cq_of(struct wl *wl, unsigned side, struct ibv_cq *cq)
 	for (int i = 0; i < n; i++) {
 		struct wl_ep *e = ep_of(wl, side, wc[i].qp_num);
 
-		sim_world_note(wl->w, 0x4c4c4f50 /* "POLL" */, wc[i].wr_id,
-			       (uint64_t)wc[i].status << 32 | wc[i].qp_num);
+		wl_note(wl, 0x4c4c4f50 /* "POLL" */, wc[i].wr_id,
+			(uint64_t)wc[i].status << 32 | wc[i].qp_num);
 		if (!e) {
 			violation(wl, "side %u: completion for unknown qp %u",
 				  side, wc[i].qp_num);

@@ -54,6 +54,9 @@ struct wl_params {
 	 * the remote access error on that WR, every later WR of both ends of
 	 * that connection flushed, both QPs in ERR, exactly as without SHIFT */
 	bool poison;
+	/* around the workload's own calls into the world (its trace notes),
+	 * when other threads call into it too; NULL: none */
+	void (*enter)(void), (*leave)(void);
 };
 
 struct wl_report {
