@@ -60,6 +60,10 @@ if(TARGET shift_sim)
     LIBS shift_core shift_sim)
 endif()
 if(TARGET shift_sim)
+  shift_unit_test(test_early SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/test_early.c
+    LIBS shift_core shift_sim)
+endif()
+if(TARGET shift_sim)
   shift_unit_test(test_reentry SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/test_reentry.c
     LIBS shift_core shift_sim)
 endif()
