@@ -288,13 +288,10 @@ bool fo_bk_carries(struct shift_dqp *d, uint64_t from, uint64_t to, bool reads)
 
 /* Post mirrored send WR idx again (build_mirrored): 0, -1 (cannot), or 1
  * for the backup when its peer key is not read yet (not posted). */
-int fo_post_mirrored(struct shift_dqp *d, uint64_t idx, bool dflt)
+static int post_built(struct shift_dqp *d, uint64_t idx, bool dflt, int rc,
+		      struct ibv_send_wr *wrp)
 {
-	struct shift_swqe *e = shift_dqp_swqe(d, idx);
-	struct ibv_sge sge[e->num_sge ? e->num_sge : 1];
-	struct ibv_send_wr wr, *bad;
-
-	int rc = build_mirrored(d, idx, dflt, &wr, sge);
+	struct ibv_send_wr wr = *wrp, *bad;
 
 	if (rc < 0)
 		return -1;
@@ -320,6 +317,15 @@ int fo_post_mirrored(struct shift_dqp *d, uint64_t idx, bool dflt)
 	if (!dflt)
 		d->retransmitted++;
 	return 0;
+}
+
+int fo_post_mirrored(struct shift_dqp *d, uint64_t idx, bool dflt)
+{
+	struct shift_swqe *e = shift_dqp_swqe(d, idx);
+	struct ibv_sge sge[e->num_sge ? e->num_sge : 1];
+	struct ibv_send_wr wr;
+
+	return post_built(d, idx, dflt, build_mirrored(d, idx, dflt, &wr, sge), &wr);
 }
 
 /* The work completion opcode of a send WR's opcode. */
@@ -359,6 +365,19 @@ int fo_post_bk_placeholder(struct shift_dqp *d, uint64_t idx)
 	return ibv_post_send(d->bk, &wr, &bad);
 }
 
+/* WR idx waits for its peer key (fo_post_mirrored said 1). */
+static int bk_hold(struct shift_dqp *d, uint64_t idx)
+{
+	/* its peer key is not read yet: it and all after it wait for the
+	 * background pass (fo/kvq.c), which this wakes */
+	d->sq_held_from = idx;
+	__atomic_store_n(&d->sq_held, true, __ATOMIC_RELEASE);
+	shift_debug("%s QP %u: WR %llu waits for the peer's backup key", d->dev, d->qpn,
+		    (unsigned long long)idx);
+	shift_rnic_wake(shift_rnic_of(d->qp->context));
+	return 0;
+}
+
 int fo_post_bk_send(struct shift_dqp *d, uint64_t idx)
 {
 	if (d->doomed && idx >= d->doomed)
@@ -367,15 +386,85 @@ int fo_post_bk_send(struct shift_dqp *d, uint64_t idx)
 		return 0; /* (behind a held one: fo_held_release() posts it) */
 	int rc = fo_post_mirrored(d, idx, false);
 
-	if (rc <= 0)
-		return rc;
-	/* its peer key is not read yet: it and all after it wait for the
-	 * background pass (fo/kvq.c), which this wakes */
-	d->sq_held_from = idx;
-	__atomic_store_n(&d->sq_held, true, __ATOMIC_RELEASE);
-	shift_debug("%s QP %u: WR %llu waits for the peer's backup key", d->dev, d->qpn,
-		    (unsigned long long)idx);
-	shift_rnic_wake(shift_rnic_of(d->qp->context));
+	return rc <= 0 ? rc : bk_hold(d, idx);
+}
+
+/* ---- a failover's retransmission as chains (struct fo_chain) ---------------- */
+
+/* Post what ch holds (0, or -1: the provider refused; what it took before
+ * the refused WR went out). */
+int fo_chain_flush(struct shift_dqp *d, struct fo_chain *ch)
+{
+	struct ibv_send_wr *bad = NULL;
+	unsigned n = ch->n, posted;
+
+	if (!n)
+		return 0;
+	ch->wr[n - 1].next = NULL;
+	int rc = ibv_post_send(d->bk, &ch->wr[0], &bad);
+
+	posted = !rc ? n : bad >= ch->wr && bad < ch->wr + n ? (unsigned)(bad - ch->wr) : 0;
+	for (unsigned i = 0; i < posted; i++)
+		d->retransmitted += ch->retx[i];
+	if (rc)
+		shift_debug("%s QP %u: backup post_send of a chain of %u: %s", d->dev, d->qpn, n,
+			    strerror(rc));
+	ch->n = ch->nsge = 0;
+	return rc ? -1 : 0;
+}
+
+/* Room for a WR of nsge SGEs: flush when full. 0 or -1. */
+static int chain_room(struct shift_dqp *d, struct fo_chain *ch, unsigned nsge)
+{
+	if (ch->n < FO_CHAIN_WR && ch->nsge + nsge <= FO_CHAIN_SGE)
+		return 0;
+	return fo_chain_flush(d, ch);
+}
+
+static void chain_link(struct fo_chain *ch, unsigned nsge, bool retx)
+{
+	if (ch->n)
+		ch->wr[ch->n - 1].next = &ch->wr[ch->n];
+	ch->retx[ch->n++] = retx;
+	ch->nsge += nsge;
+}
+
+int fo_chain_send(struct shift_dqp *d, struct fo_chain *ch, uint64_t idx)
+{
+	if ((d->doomed && idx >= d->doomed) || d->sq_held)
+		return 0; /* (as fo_post_bk_send) */
+	unsigned need = shift_dqp_swqe(d, idx)->num_sge ? shift_dqp_swqe(d, idx)->num_sge : 1;
+
+	if (need > FO_CHAIN_SGE)
+		return fo_chain_flush(d, ch) ? -1 : fo_post_bk_send(d, idx);
+	if (chain_room(d, ch, need))
+		return -1;
+	struct ibv_send_wr *wr = &ch->wr[ch->n];
+	int rc = build_mirrored(d, idx, false, wr, &ch->sge[ch->nsge]);
+
+	if (!rc) {
+		chain_link(ch, need, true);
+		return 0;
+	}
+	/* held for its key, refused or doomed: the WRs before it go first,
+	 * then it as fo_post_bk_send() (its SGEs stay where they are) */
+	if (fo_chain_flush(d, ch))
+		return -1;
+	rc = post_built(d, idx, false, rc, wr);
+	return rc <= 0 ? rc : bk_hold(d, idx);
+}
+
+int fo_chain_placeholder(struct shift_dqp *d, struct fo_chain *ch, uint64_t idx)
+{
+	if (chain_room(d, ch, 0))
+		return -1;
+	struct ibv_send_wr *wr = &ch->wr[ch->n];
+
+	memset(wr, 0, sizeof(*wr));
+	wr->wr_id = SHIFT_WRID_DATA | SHIFT_WRID_GEN(d->bk_gen) | idx;
+	wr->opcode = IBV_WR_RDMA_WRITE;
+	wr->send_flags = shift_dqp_swqe(d, idx)->send_flags & IBV_SEND_SIGNALED;
+	chain_link(ch, 0, false);
 	return 0;
 }
 

@@ -82,6 +82,22 @@ int fo_post_bk_placeholder(struct shift_dqp *d, uint64_t idx);
 bool fo_bk_carries(struct shift_dqp *d, uint64_t from, uint64_t to, bool reads);
 int fo_post_bk_send(struct shift_dqp *d, uint64_t idx);
 int fo_post_bk_sends(struct shift_dqp *d, uint64_t from, uint64_t *failed);
+/* A failover's retransmission posted as chains on the backup QP, one post
+ * (one doorbell: a system call on rxe) per FO_CHAIN_WR WRs: fo_chain_send
+ * and fo_chain_placeholder as fo_post_bk_send and fo_post_bk_placeholder
+ * (post_lock held), fo_chain_flush at the end. Each -1 if the provider
+ * refused a post. */
+#define FO_CHAIN_WR 64
+#define FO_CHAIN_SGE 128
+struct fo_chain {
+	struct ibv_send_wr wr[FO_CHAIN_WR];
+	struct ibv_sge sge[FO_CHAIN_SGE];
+	bool retx[FO_CHAIN_WR]; /* a retransmission (not a placeholder) */
+	unsigned n, nsge;
+};
+int fo_chain_send(struct shift_dqp *d, struct fo_chain *ch, uint64_t idx);
+int fo_chain_placeholder(struct shift_dqp *d, struct fo_chain *ch, uint64_t idx);
+int fo_chain_flush(struct shift_dqp *d, struct fo_chain *ch);
 /* the KV store off the application's threads (fo/kvq.c): the peer's
  * backup key for app, for len bytes at remote addr (len 0: no check) */
 int fo_rk_lookup(struct shift_dqp *d, uint32_t app, uint64_t addr, uint64_t len, uint32_t *bk);

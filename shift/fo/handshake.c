@@ -90,27 +90,28 @@ void fo_retransmit(struct shift_dqp *d, struct out *o)
 	unsigned long before = d->retransmitted;
 	uint64_t skipped = end - d->sq_tail;
 
+	struct fo_chain ch;
+	int rc = 0;
+
+	ch.n = ch.nsge = 0;
 	shift_dqp_lock(d);
 	d->handshake_done = true;
 	d->sq_held_exec = end; /* (if a WR is held for its key: fo_held_release) */
-	for (; i < end && !d->sq_held; i++) {
+	for (; !rc && i < end && !d->sq_held; i++) {
 		bool again = shift_dqp_swqe(d, i)->opcode == IBV_WR_RDMA_READ;
 
-		if (again ? fo_post_bk_send(d, i) : fo_post_bk_placeholder(d, i)) {
-			shift_dqp_unlock(d);
-			fo_give_up_late(d, o, "cannot post a WR on the backup QP");
-			return;
-		}
+		rc = again ? fo_chain_send(d, &ch, i) : fo_chain_placeholder(d, &ch, i);
 		skipped -= again;
 	}
-	for (; i < d->sq_head && !d->sq_held; i++) {
-		if (fo_post_bk_send(d, i)) {
-			shift_dqp_unlock(d);
-			fo_give_up_late(d, o, "cannot post a WR on the backup QP");
-			return;
-		}
-	}
+	for (; !rc && i < d->sq_head && !d->sq_held; i++)
+		rc = fo_chain_send(d, &ch, i);
+	if (!rc)
+		rc = fo_chain_flush(d, &ch);
 	shift_dqp_unlock(d);
+	if (rc) {
+		fo_give_up_late(d, o, "cannot post a WR on the backup QP");
+		return;
+	}
 	d->switch_us = shift_clock_us() - d->t_error_us;
 	shift_info("%s QP %u: on backup QP %u (failover %lu): %lu WRs retransmitted, %llu already "
 		   "executed at the peer completed, switch time %llu us", d->dev, d->qpn, d->bk->qp_num,
