@@ -389,10 +389,16 @@ int fo_post_bk_send(struct shift_dqp *d, uint64_t idx)
 	return rc <= 0 ? rc : bk_hold(d, idx);
 }
 
-/* ---- a failover's retransmission as chains (struct fo_chain) ---------------- */
+/* ---- mirrored send WRs posted again as chains (struct fo_chain) ------------ */
 
-/* Post what ch holds (0, or -1: the provider refused; what it took before
- * the refused WR went out). */
+void fo_chain_init(struct fo_chain *ch, bool dflt)
+{
+	ch->n = ch->nsge = 0;
+	ch->dflt = dflt;
+	ch->failed = 0;
+	ch->rc = 0;
+}
+
 int fo_chain_flush(struct shift_dqp *d, struct fo_chain *ch)
 {
 	struct ibv_send_wr *bad = NULL;
@@ -401,16 +407,20 @@ int fo_chain_flush(struct shift_dqp *d, struct fo_chain *ch)
 	if (!n)
 		return 0;
 	ch->wr[n - 1].next = NULL;
-	int rc = ibv_post_send(d->bk, &ch->wr[0], &bad);
+	int rc = ch->dflt ? d->prov_post_send(d->qp, &ch->wr[0], &bad) :
+			    ibv_post_send(d->bk, &ch->wr[0], &bad);
 
 	posted = !rc ? n : bad >= ch->wr && bad < ch->wr + n ? (unsigned)(bad - ch->wr) : 0;
 	for (unsigned i = 0; i < posted; i++)
 		d->retransmitted += ch->retx[i];
-	if (rc)
-		shift_debug("%s QP %u: backup post_send of a chain of %u: %s", d->dev, d->qpn, n,
-			    strerror(rc));
 	ch->n = ch->nsge = 0;
-	return rc ? -1 : 0;
+	if (!rc)
+		return 0;
+	shift_debug("%s QP %u: %s post_send of a chain of %u: %s", d->dev, d->qpn,
+		    ch->dflt ? "default" : "backup", n, strerror(rc));
+	ch->failed = ch->idx[posted < n ? posted : 0];
+	ch->rc = rc;
+	return -1;
 }
 
 /* Room for a WR of nsge SGEs: flush when full. 0 or -1. */
@@ -421,19 +431,54 @@ static int chain_room(struct shift_dqp *d, struct fo_chain *ch, unsigned nsge)
 	return fo_chain_flush(d, ch);
 }
 
-static void chain_link(struct fo_chain *ch, unsigned nsge, bool retx)
+static void chain_link(struct fo_chain *ch, uint64_t idx, unsigned nsge, bool retx)
 {
 	if (ch->n)
 		ch->wr[ch->n - 1].next = &ch->wr[ch->n];
+	ch->idx[ch->n] = idx;
 	ch->retx[ch->n++] = retx;
 	ch->nsge += nsge;
+}
+
+static unsigned chain_sges(struct shift_dqp *d, uint64_t idx)
+{
+	unsigned n = shift_dqp_swqe(d, idx)->num_sge;
+
+	return n ? n : 1;
+}
+
+int fo_chain_default(struct shift_dqp *d, struct fo_chain *ch, uint64_t idx)
+{
+	unsigned need = chain_sges(d, idx);
+
+	if (need > FO_CHAIN_SGE) {
+		/* (too many SGEs for a chain: alone, after the chain) */
+		if (fo_chain_flush(d, ch))
+			return -1;
+		if (!fo_post_mirrored(d, idx, true))
+			return 0;
+		ch->failed = idx;
+		ch->rc = EINVAL;
+		return -1;
+	}
+	if (chain_room(d, ch, need))
+		return -1;
+	if (build_mirrored(d, idx, true, &ch->wr[ch->n], &ch->sge[ch->nsge])) {
+		if (fo_chain_flush(d, ch))
+			return -1;
+		ch->failed = idx;
+		ch->rc = 0;
+		return -1;
+	}
+	chain_link(ch, idx, need, false);
+	return 0;
 }
 
 int fo_chain_send(struct shift_dqp *d, struct fo_chain *ch, uint64_t idx)
 {
 	if ((d->doomed && idx >= d->doomed) || d->sq_held)
 		return 0; /* (as fo_post_bk_send) */
-	unsigned need = shift_dqp_swqe(d, idx)->num_sge ? shift_dqp_swqe(d, idx)->num_sge : 1;
+	unsigned need = chain_sges(d, idx);
 
 	if (need > FO_CHAIN_SGE)
 		return fo_chain_flush(d, ch) ? -1 : fo_post_bk_send(d, idx);
@@ -443,7 +488,7 @@ int fo_chain_send(struct shift_dqp *d, struct fo_chain *ch, uint64_t idx)
 	int rc = build_mirrored(d, idx, false, wr, &ch->sge[ch->nsge]);
 
 	if (!rc) {
-		chain_link(ch, need, true);
+		chain_link(ch, idx, need, true);
 		return 0;
 	}
 	/* held for its key, refused or doomed: the WRs before it go first,
@@ -464,7 +509,7 @@ int fo_chain_placeholder(struct shift_dqp *d, struct fo_chain *ch, uint64_t idx)
 	wr->wr_id = SHIFT_WRID_DATA | SHIFT_WRID_GEN(d->bk_gen) | idx;
 	wr->opcode = IBV_WR_RDMA_WRITE;
 	wr->send_flags = shift_dqp_swqe(d, idx)->send_flags & IBV_SEND_SIGNALED;
-	chain_link(ch, 0, false);
+	chain_link(ch, idx, 0, false);
 	return 0;
 }
 

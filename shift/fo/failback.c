@@ -228,22 +228,24 @@ void fo_switch_back(struct shift_dqp *d)
 static void notified(struct shift_dqp *d)
 {
 	uint64_t first = d->fence + 1;
+	struct fo_chain ch;
+	int rc = 0;
 
-	for (uint64_t i = first; i < d->sq_head; i++) {
-		int rc = fo_post_mirrored(d, i, true);
-
-		if (rc && fo_take_refused(d, rc, i, d->rq_head)) {
-			/* it failed again: the next failover retransmits them */
-			shift_info("%s QP %u: the default QP failed again while my held WRs moved back",
-				   d->dev, d->qpn);
-			break;
-		}
-		if (rc) {
-			/* (those before it are on the default QP) */
-			fo_fail_mark(d, "the default QP refused a WR while failing back", i,
-				     FO_BY_STATE);
-			return;
-		}
+	/* (as chains: one doorbell per post) */
+	fo_chain_init(&ch, true);
+	for (uint64_t i = first; !rc && i < d->sq_head; i++)
+		rc = fo_chain_default(d, &ch, i);
+	if (!rc)
+		rc = fo_chain_flush(d, &ch);
+	if (rc && ch.rc && fo_take_refused(d, ch.rc, ch.failed, d->rq_head)) {
+		/* it failed again: the next failover retransmits them */
+		shift_info("%s QP %u: the default QP failed again while my held WRs moved back",
+			   d->dev, d->qpn);
+	} else if (rc) {
+		/* (those before it are on the default QP) */
+		fo_fail_mark(d, "the default QP refused a WR while failing back", ch.failed,
+			     FO_BY_STATE);
+		return;
 	}
 	shift_dqp_set_send_state(d, SHIFT_SEND_DEFAULT, "failback done");
 	d->failbacks++;

@@ -82,21 +82,30 @@ int fo_post_bk_placeholder(struct shift_dqp *d, uint64_t idx);
 bool fo_bk_carries(struct shift_dqp *d, uint64_t from, uint64_t to, bool reads);
 int fo_post_bk_send(struct shift_dqp *d, uint64_t idx);
 int fo_post_bk_sends(struct shift_dqp *d, uint64_t from, uint64_t *failed);
-/* A failover's retransmission posted as chains on the backup QP, one post
- * (one doorbell: a system call on rxe) per FO_CHAIN_WR WRs: fo_chain_send
- * and fo_chain_placeholder as fo_post_bk_send and fo_post_bk_placeholder
- * (post_lock held), fo_chain_flush at the end. Each -1 if the provider
- * refused a post. */
+/* Mirrored send WRs posted again as chains, one post (one doorbell: a
+ * system call on rxe) per FO_CHAIN_WR WRs (post_lock held). On the backup
+ * QP (a failover's retransmission): fo_chain_send and fo_chain_placeholder
+ * as fo_post_bk_send and fo_post_bk_placeholder. On the default QP (the
+ * held WRs of a failback): fo_chain_default. fo_chain_flush at the end.
+ * Each -1 if a WR could not be built or the provider refused a post: then
+ * failed is that WR's index (those before it are posted), rc the
+ * provider's error (0: not posted for another reason). */
 #define FO_CHAIN_WR 64
 #define FO_CHAIN_SGE 128
 struct fo_chain {
 	struct ibv_send_wr wr[FO_CHAIN_WR];
 	struct ibv_sge sge[FO_CHAIN_SGE];
+	uint64_t idx[FO_CHAIN_WR];
 	bool retx[FO_CHAIN_WR]; /* a retransmission (not a placeholder) */
 	unsigned n, nsge;
+	bool dflt;
+	uint64_t failed;
+	int rc;
 };
+void fo_chain_init(struct fo_chain *ch, bool dflt);
 int fo_chain_send(struct shift_dqp *d, struct fo_chain *ch, uint64_t idx);
 int fo_chain_placeholder(struct shift_dqp *d, struct fo_chain *ch, uint64_t idx);
+int fo_chain_default(struct shift_dqp *d, struct fo_chain *ch, uint64_t idx);
 int fo_chain_flush(struct shift_dqp *d, struct fo_chain *ch);
 /* the KV store off the application's threads (fo/kvq.c): the peer's
  * backup key for app, for len bytes at remote addr (len 0: no check) */

@@ -93,7 +93,7 @@ void fo_retransmit(struct shift_dqp *d, struct out *o)
 	struct fo_chain ch;
 	int rc = 0;
 
-	ch.n = ch.nsge = 0;
+	fo_chain_init(&ch, false);
 	shift_dqp_lock(d);
 	d->handshake_done = true;
 	d->sq_held_exec = end; /* (if a WR is held for its key: fo_held_release) */
