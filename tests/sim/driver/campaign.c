@@ -258,9 +258,8 @@ static int run_schedule(const struct opts *o, uint64_t seed,
 		bool app = app_first && wl_step(wl);
 		bool ev = app || (!app_first && world_step(w));
 
-		if (!ev) {
+		if (!ev)
 			ev = app_first ? world_step(w) : (app = wl_step(wl));
-		}
 		/* SHIFT's thread watches the ports every 100 ms at most; a
 		 * device down for longer (every fault here: 64 ticks of about
 		 * 1 ms at least) is seen down before it comes back. Network
@@ -372,7 +371,7 @@ static int run_all(const struct opts *o, struct totals *t, double *secs)
 			printf("VIOLATION seed=%" PRIu64 " workload=%s: %s\n", seed,
 			       wl_kind_name(k), rep.first);
 			printf("reproduce: tests/sim/campaign --schedules 1 --seed %"
-			       PRIu64 " --workload %s%s%s%s%s%s%s%s%s%s%s --verbose --trace\n", seed,
+			       PRIu64 " --workload %s%s%s%s%s%s%s%s%s%s%s%s --verbose --trace\n", seed,
 			       wl_kind_name(k), o->shift ? " --shift" :
 			       o->reexec ? " --selftest-reexecute" : "",
 			       o->rxe_stale_read ? " --rxe-stale-read" : "",
@@ -383,7 +382,8 @@ static int run_all(const struct opts *o, struct totals *t, double *secs)
 			       o->ex_verbs ? " --ex-verbs" : "",
 			       o->app_errors ? " --app-errors" : "",
 			       o->no_faults ? " --no-faults" : "",
-			       o->compare_plain ? " --compare-plain" : "");
+			       o->compare_plain ? " --compare-plain" : "",
+			       o->threads ? " --threads (not deterministic: run it a few times)" : "");
 		}
 	}
 	clock_gettime(CLOCK_MONOTONIC, &b);
