@@ -353,15 +353,19 @@ enum ibv_wc_opcode fo_send_wc_opcode(unsigned opcode)
 
 /* In place of mirrored send WR idx, which the peer has executed: an empty
  * WRITE on the backup QP, signaled like it, whose completion is idx's. */
+static void placeholder_wr(struct shift_dqp *d, uint64_t idx, struct ibv_send_wr *wr)
+{
+	memset(wr, 0, sizeof(*wr));
+	wr->wr_id = SHIFT_WRID_DATA | SHIFT_WRID_GEN(d->bk_gen) | idx;
+	wr->opcode = IBV_WR_RDMA_WRITE;
+	wr->send_flags = shift_dqp_swqe(d, idx)->send_flags & IBV_SEND_SIGNALED;
+}
+
 int fo_post_bk_placeholder(struct shift_dqp *d, uint64_t idx)
 {
-	struct shift_swqe *e = shift_dqp_swqe(d, idx);
 	struct ibv_send_wr wr, *bad;
 
-	memset(&wr, 0, sizeof(wr));
-	wr.wr_id = SHIFT_WRID_DATA | SHIFT_WRID_GEN(d->bk_gen) | idx;
-	wr.opcode = IBV_WR_RDMA_WRITE;
-	wr.send_flags = e->send_flags & IBV_SEND_SIGNALED;
+	placeholder_wr(d, idx, &wr);
 	return ibv_post_send(d->bk, &wr, &bad);
 }
 
@@ -503,12 +507,7 @@ int fo_chain_placeholder(struct shift_dqp *d, struct fo_chain *ch, uint64_t idx)
 {
 	if (chain_room(d, ch, 0))
 		return -1;
-	struct ibv_send_wr *wr = &ch->wr[ch->n];
-
-	memset(wr, 0, sizeof(*wr));
-	wr->wr_id = SHIFT_WRID_DATA | SHIFT_WRID_GEN(d->bk_gen) | idx;
-	wr->opcode = IBV_WR_RDMA_WRITE;
-	wr->send_flags = shift_dqp_swqe(d, idx)->send_flags & IBV_SEND_SIGNALED;
+	placeholder_wr(d, idx, &ch->wr[ch->n]);
 	chain_link(ch, idx, 0, false);
 	return 0;
 }

@@ -314,6 +314,15 @@ static int early_take(struct shift_ctx *s, struct shift_cq *c, int max, struct i
 	return n;
 }
 
+/* The handing poll takes its batch back out of the list (what others took
+ * of it is theirs now) and frees its copy if it was not on its stack. */
+static void early_done(struct shift_ctx *s, struct shift_early *e, const struct ibv_wc *stack)
+{
+	early_unlink(s, e);
+	if (e->wc != stack)
+		free((void *)e->wc);
+}
+
 int fo_poll_default(struct shift_ctx *s, struct shift_cq *c, int max, struct ibv_wc *wc)
 {
 	int n = early_take(s, c, max, wc);
@@ -354,11 +363,8 @@ int shift_poll_slow(struct shift_ctx *s, struct ibv_cq *cq, int num_entries,
 	if (!c) {
 		/* not shadowed: nothing can be failed over on it (and nobody
 		 * took what this poll handed over) */
-		if (mine.n) {
-			early_unlink(s, &mine);
-			if (mine.wc != held)
-				free((void *)mine.wc);
-		}
+		if (mine.n)
+			early_done(s, &mine, held);
 		if (have)
 			return have;
 		return s->poll_cq(cq, num_entries, wc);
@@ -370,9 +376,7 @@ int shift_poll_slow(struct shift_ctx *s, struct ibv_cq *cq, int num_entries,
 		 * them: what it took is in the kept completions, in order) */
 		while ((n = early_take(s, c, TMP_WC, tmp)) > 0)
 			fo_from_default_batch(s, tmp, (size_t)n, &o);
-		early_unlink(s, &mine);
-		if (mine.wc != held)
-			free((void *)mine.wc);
+		early_done(s, &mine, held);
 	}
 	while (o.n < o.max && c->kept_tail != c->kept_head)
 		o.wc[o.n++] = c->kept[c->kept_tail++ % c->kept_cap];

@@ -16,6 +16,7 @@
 #include <time.h>
 
 #include "kv/kv.h"
+#include "shift/base/clock.h"
 #include "shift/base/config.h"
 #include "shift_inline.h"
 #include "shift/fo/failover.h"
@@ -41,14 +42,6 @@ void campaign_front_leave(void)
 {
 	if (threads)
 		sim_locked_leave();
-}
-
-static uint64_t now_ms(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
 }
 
 static void sleep_ms(unsigned ms)
@@ -131,7 +124,7 @@ void campaign_front_settle(bool shift, unsigned nqps)
 	struct shift_shadow_stats st;
 
 	memset(&rest, 0, sizeof(rest));
-	rest.start = rest.app = rest.wait = now_ms();
+	rest.start = rest.app = rest.wait = shift_clock_ms();
 	if (!shift)
 		return;
 	if (!threads) {
@@ -156,7 +149,7 @@ bool campaign_front_at_rest(bool shift, bool moved, bool app)
 			rest.waiting = shift_failover_waiting();
 		return rest.idle >= (rest.waiting ? 256u : 4u);
 	}
-	uint64_t now = now_ms();
+	uint64_t now = shift_clock_ms();
 
 	if (app)
 		rest.app = now;
