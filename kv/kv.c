@@ -207,8 +207,9 @@ int shift_kv_open(const char *url, const char *ns,
 	h->prefix_len = (size_t)snprintf(h->prefix, sizeof(h->prefix),
 					 *h->opts.job_id ? "shift:%s:%s:" : "shift:%s:", ns,
 					 h->opts.job_id);
-	h->be = h->url.scheme == SHIFT_KV_SCHEME_MEM ? &kv_backend_mem
-						     : &kv_backend_redis;
+	h->be = h->url.scheme == SHIFT_KV_SCHEME_MEM	   ? &kv_backend_mem
+		: h->url.scheme == SHIFT_KV_SCHEME_CLUSTER ? &kv_backend_redis_cluster
+							   : &kv_backend_redis;
 	if (pthread_mutex_init(&h->lock, NULL)) {
 		free(h);
 		return kv_err(-ENOMEM, "kv: mutex init failed");

@@ -147,7 +147,8 @@ int shift_kv_refresh_own(shift_kv *h, size_t max);
 int shift_kv_full_key(const shift_kv *h, const char *key, char *buf,
 		      size_t cap);
 
-/* The handle's namespace and backend name ("redis" or "mem"). */
+/* The handle's namespace and backend name ("redis", "redis-cluster" or
+ * "mem"). */
 const char *shift_kv_namespace(const shift_kv *h);
 const char *shift_kv_backend_name(const shift_kv *h);
 

@@ -93,6 +93,7 @@ int kv_auth_seal(const shift_kv *h, const char *fk, size_t klen, const void *v,
 int kv_auth_open(shift_kv *h, const char *fk, size_t klen, void **v, size_t *vlen);
 
 extern const struct kv_backend kv_backend_redis;
+extern const struct kv_backend kv_backend_redis_cluster;
 extern const struct kv_backend kv_backend_mem;
 
 /* ---- helpers (kv.c) ---- */

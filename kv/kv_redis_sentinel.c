@@ -143,13 +143,13 @@ static int kv_sent_ask(const shift_kv *h, const struct shift_kv_addr *s,
 int kv_sentinel_primary(const shift_kv *h, int *next, uint64_t deadline,
 			struct shift_kv_addr *out, char *why, size_t whycap)
 {
-	int n = h->url.nsentinels;
+	int n = h->url.naddrs;
 	size_t used = 0;
 
 	why[0] = '\0';
 	for (int i = 0; i < n; i++) {
 		int k = (*next + i) % n;
-		const struct shift_kv_addr *s = &h->url.sentinel[k];
+		const struct shift_kv_addr *s = &h->url.addr[k];
 		char one[200];
 		int ms = kv_sent_ms(deadline, h->opts.connect_timeout_ms, n - i);
 
@@ -167,8 +167,7 @@ int kv_sentinel_primary(const shift_kv *h, int *next, uint64_t deadline,
 	return -1;
 }
 
-int kv_sentinel_check_role(redisContext *c, uint64_t deadline, char *why,
-			   size_t whycap)
+int kv_sentinel_check_role(redisContext *c, uint64_t deadline, char *why, size_t whycap)
 {
 	/* INFO, not ROLE: ROLE's reply nests arrays, which the bounded
 	 * reader refuses */

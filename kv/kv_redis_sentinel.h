@@ -1,6 +1,6 @@
 /*
  * kv/kv_redis_sentinel.h - the primary of a redis-sentinel:// URL, asked
- * of its sentinels (kv_redis_sentinel.c).  Internal to kv_redis.c.
+ * of its sentinels (kv_redis_sentinel.c).  Internal to kv_redis_conn.c.
  */
 #ifndef SHIFT_KV_REDIS_SENTINEL_H
 #define SHIFT_KV_REDIS_SENTINEL_H

@@ -16,7 +16,7 @@
 #define SHIFT_KV_URL_MAX 1024
 #define SHIFT_KV_MEM_NAME_MAX 64  /* mem://NAME: 1..64 of [A-Za-z0-9_.-] */
 #define SHIFT_KV_MGET_MAX 256     /* most keys one shift_kv_mget() takes */
-#define SHIFT_KV_SENTINELS_MAX 8  /* redis-sentinel://: most sentinel addresses */
+#define SHIFT_KV_ADDRS_MAX 8      /* redis-sentinel://, redis-cluster://: most addresses */
 #define SHIFT_KV_MASTER_MAX 64    /* redis-sentinel://: master name, [A-Za-z0-9_.-] */
 
 typedef struct shift_kv shift_kv;
@@ -54,9 +54,12 @@ enum shift_kv_scheme {
 	/* Redis behind Sentinel: the primary is asked of the sentinels at
 	 * every (re)connect (kv_redis_sentinel.c) */
 	SHIFT_KV_SCHEME_SENTINEL = 3,
+	/* Redis Cluster: the slot map is asked of the seed nodes, each key
+	 * goes to its slot's primary (kv_redis_cluster.c) */
+	SHIFT_KV_SCHEME_CLUSTER = 4,
 };
 
-/* One sentinel's address. */
+/* One server's address (a sentinel, a cluster node). */
 struct shift_kv_addr {
 	char host[256]; /* hostname or IP (IPv6 without brackets) */
 	int port;
@@ -73,9 +76,9 @@ struct shift_kv_url {
 	int db;           /* redis: 0..65535 (0 when omitted) */
 	char name[SHIFT_KV_MEM_NAME_MAX + 1]; /* mem: store name */
 	/* sentinel: the sentinels, in the URL's order, and the master name
-	 * they monitor; host/port above are unused */
-	int nsentinels;
-	struct shift_kv_addr sentinel[SHIFT_KV_SENTINELS_MAX];
+	 * they monitor; cluster: the seed nodes; host/port above are unused */
+	int naddrs;
+	struct shift_kv_addr addr[SHIFT_KV_ADDRS_MAX];
 	char master[SHIFT_KV_MASTER_MAX + 1];
 	bool tls;         /* rediss://: TLS (kv_tls.c) */
 };

@@ -4,8 +4,11 @@
  *   redis://[user:password@]host[:port][/db]   (also redis://:password@...)
  *   rediss://...                               (the same over TLS, kv_tls.c)
  *   redis-sentinel://[user:password@]s1[:port][,s2[:port]...]/MASTER[/db]
- *       (sentinel port 26379 when omitted; at most SHIFT_KV_SENTINELS_MAX;
+ *       (sentinel port 26379 when omitted; at most SHIFT_KV_ADDRS_MAX;
  *       the credentials are the primary's)
+ *   redis-cluster://[user:password@]n1[:port][,n2[:port]...][/]
+ *       (seed nodes of a Redis Cluster, port 6379 when omitted; at most
+ *       SHIFT_KV_ADDRS_MAX; db 0 only, the one a cluster has)
  *   mem://NAME
  *
  * Anything not matching exactly (unknown scheme, stray characters, query
@@ -249,9 +252,10 @@ static int kv_parse_redis(const char *p, struct shift_kv_url *u)
 	return kv_parse_db(slash ? slash : end, end, u);
 }
 
-/* The sentinels "h1[:p1],h2[:p2],..." in hp..hend into u->sentinel. */
-static int kv_parse_sentinels(const char *hp, const char *hend,
-			      struct shift_kv_url *u)
+/* The servers "h1[:p1],h2[:p2],..." in hp..hend into u->addr (port
+ * defport when omitted). */
+static int kv_parse_addrs(const char *hp, const char *hend, int defport,
+			  struct shift_kv_url *u)
 {
 	while (hp <= hend) {
 		const char *comma = memchr(hp, ',', (size_t)(hend - hp));
@@ -259,15 +263,15 @@ static int kv_parse_sentinels(const char *hp, const char *hend,
 		struct shift_kv_addr *a;
 		int rc;
 
-		if (u->nsentinels == SHIFT_KV_SENTINELS_MAX)
-			return kv_err(-EINVAL, "kv URL: more than %d sentinels",
-				      SHIFT_KV_SENTINELS_MAX);
-		a = &u->sentinel[u->nsentinels];
-		rc = kv_parse_addr(hp, ae, u, 26379, &a->port);
+		if (u->naddrs == SHIFT_KV_ADDRS_MAX)
+			return kv_err(-EINVAL, "kv URL: more than %d servers",
+				      SHIFT_KV_ADDRS_MAX);
+		a = &u->addr[u->naddrs];
+		rc = kv_parse_addr(hp, ae, u, defport, &a->port);
 		if (rc)
 			return rc;
 		memcpy(a->host, u->host, sizeof(a->host));
-		u->nsentinels++;
+		u->naddrs++;
 		if (!comma)
 			break;
 		hp = comma + 1;
@@ -292,7 +296,7 @@ static int kv_parse_sentinel(const char *p, struct shift_kv_url *u)
 	if (!slash)
 		return kv_err(-EINVAL,
 			      "kv URL: redis-sentinel:// needs /MASTER after the sentinels");
-	rc = kv_parse_sentinels(hp, slash, u);
+	rc = kv_parse_addrs(hp, slash, 26379, u);
 	if (rc)
 		return rc;
 	mend = strchr(slash + 1, '/');
@@ -305,6 +309,24 @@ static int kv_parse_sentinel(const char *p, struct shift_kv_url *u)
 	memcpy(u->master, slash + 1, (size_t)(mend - slash - 1));
 	u->master[mend - slash - 1] = '\0';
 	return kv_parse_db(mend, end, u);
+}
+
+/* After "redis-cluster://": [userinfo@]n1[:p1][,n2[:p2]...] and at most
+ * a trailing "/" (a cluster has db 0 only). */
+static int kv_parse_cluster(const char *p, struct shift_kv_url *u)
+{
+	const char *end = p + strlen(p);
+	const char *hp, *slash;
+	int rc;
+
+	rc = kv_parse_userinfo(p, end, u, &hp);
+	if (rc)
+		return rc;
+	slash = strchr(hp, '/');
+	if (slash && slash + 1 != end)
+		return kv_err(-EINVAL,
+			      "kv URL: redis-cluster:// takes no db (a cluster has db 0 only)");
+	return kv_parse_addrs(hp, slash ? slash : end, 6379, u);
 }
 
 int shift_kv_url_parse(const char *url, struct shift_kv_url *out)
@@ -332,6 +354,9 @@ int shift_kv_url_parse(const char *url, struct shift_kv_url *out)
 	} else if (!strncmp(url, "redis-sentinel://", 17)) {
 		u.scheme = SHIFT_KV_SCHEME_SENTINEL;
 		rc = kv_parse_sentinel(url + 17, &u);
+	} else if (!strncmp(url, "redis-cluster://", 16)) {
+		u.scheme = SHIFT_KV_SCHEME_CLUSTER;
+		rc = kv_parse_cluster(url + 16, &u);
 	} else if (!strncmp(url, "mem://", 6)) {
 		u.scheme = SHIFT_KV_SCHEME_MEM;
 		rc = kv_check_name(url + 6, len - 6, SHIFT_KV_MEM_NAME_MAX);
@@ -343,7 +368,8 @@ int shift_kv_url_parse(const char *url, struct shift_kv_url *out)
 			memcpy(u.name, url + 6, len - 6 + 1);
 	} else {
 		rc = kv_err(-EINVAL,
-			    "kv URL must start with redis://, rediss://, redis-sentinel:// or mem://");
+			    "kv URL must start with redis://, rediss://, redis-sentinel://, "
+			    "redis-cluster:// or mem://");
 	}
 	if (rc)
 		return rc;

@@ -47,7 +47,7 @@ int shift_exchange_qp_key(const struct shift_qp_key *k, char *buf, size_t cap)
 	char g[33];
 
 	shift_gid_hex(&k->gid, g);
-	return fit(snprintf(buf, cap, "qp:%s:%u", g, k->qpn), cap);
+	return fit(snprintf(buf, cap, "qp:{%s}:%u", g, k->qpn), cap);
 }
 
 int shift_exchange_mr_key(const union ibv_gid *gid, uint32_t rkey, char *buf,
@@ -56,7 +56,7 @@ int shift_exchange_mr_key(const union ibv_gid *gid, uint32_t rkey, char *buf,
 	char g[33];
 
 	shift_gid_hex(gid, g);
-	return fit(snprintf(buf, cap, "mr:%s:%u", g, rkey), cap);
+	return fit(snprintf(buf, cap, "mr:{%s}:%u", g, rkey), cap);
 }
 
 int shift_exchange_qp_encode(const struct shift_qp_value *v, char *buf, size_t cap)
@@ -184,7 +184,7 @@ int shift_exchange_ep_key(const struct shift_qp_key *k, char *buf, size_t cap)
 	char g[33];
 
 	shift_gid_hex(&k->gid, g);
-	return fit(snprintf(buf, cap, "ep:%s:%u", g, k->qpn), cap);
+	return fit(snprintf(buf, cap, "ep:{%s}:%u", g, k->qpn), cap);
 }
 
 int shift_exchange_poke_key(const union ibv_gid *gid, char *buf, size_t cap)
@@ -192,7 +192,7 @@ int shift_exchange_poke_key(const union ibv_gid *gid, char *buf, size_t cap)
 	char g[33];
 
 	shift_gid_hex(gid, g);
-	return fit(snprintf(buf, cap, "poke:%s", g), cap);
+	return fit(snprintf(buf, cap, "poke:{%s}", g), cap);
 }
 
 int shift_exchange_ep_encode(unsigned gen, unsigned started, char *buf, size_t cap)

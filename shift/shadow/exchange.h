@@ -2,8 +2,12 @@
  * What the two ends of a connection exchange through the key-value store,
  * and how it is spelled. Keys derive from what the application already
  * exchanged itself:
- *   qp:<default GID, 32 hex>:<default QPN>  -> the backup QP's GID, QPN, PSN, MTU
- *   mr:<default GID, 32 hex>:<default rkey> -> the backup MR's rkey
+ *   qp:{<default GID, 32 hex>}:<default QPN>  -> the backup QP's GID, QPN, PSN, MTU
+ *   mr:{<default GID, 32 hex>}:<default rkey> -> the backup MR's rkey
+ *   ep:{<GID>}:<QPN> (failover episodes), poke:{<GID>} (wake a passive peer)
+ * The GID in braces is a Redis Cluster hash tag: every record one host
+ * publishes lands in one hash slot, so a peer reads a host's records with
+ * one MGET on one node (kv_redis_cluster.c).
  * Values are versioned text ("shift1 qp ..."), validated on read: a value
  * of another version or with a missing or out-of-range field is rejected.
  */

@@ -40,3 +40,11 @@ set_tests_properties(kv_tls_stunnel PROPERTIES LABELS unit TIMEOUT 60)
 # name, no client certificate, plaintext either way refused.
 add_test(NAME kv_tls_native COMMAND ${CMAKE_SOURCE_DIR}/tests/kv/tls_native.sh ${CMAKE_BINARY_DIR}/bin)
 set_tests_properties(kv_tls_native PROPERTIES LABELS unit TIMEOUT 60)
+# test_kv_cluster: redis-cluster:// against a real Redis Cluster the test
+# builds (three primaries, a replica): slots and hash tags as the server
+# computes them, CLUSTER NODES parsing (hand-made replies too), MOVED and
+# ASK followed, one MGET per slot, a primary killed and its replica
+# promoted under the same handle (about 2 s).
+shift_unit_test(test_kv_cluster
+  SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_kv_cluster.c ${CMAKE_CURRENT_LIST_DIR}/redis_proc.c
+  LIBS shift_kv)

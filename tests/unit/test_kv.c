@@ -137,20 +137,39 @@ static void test_url_sentinel(void **state)
 	assert_int_equal(shift_kv_url_parse("redis-sentinel://u:p%40w@s1,10.0.0.2:5000,"
 					    "[fe80::1]:7/mymaster/3", &u), 0);
 	assert_int_equal(u.scheme, SHIFT_KV_SCHEME_SENTINEL);
-	assert_int_equal(u.nsentinels, 3);
-	assert_string_equal(u.sentinel[0].host, "s1");
-	assert_int_equal(u.sentinel[0].port, 26379);
-	assert_string_equal(u.sentinel[1].host, "10.0.0.2");
-	assert_int_equal(u.sentinel[1].port, 5000);
-	assert_string_equal(u.sentinel[2].host, "fe80::1");
-	assert_int_equal(u.sentinel[2].port, 7);
+	assert_int_equal(u.naddrs, 3);
+	assert_string_equal(u.addr[0].host, "s1");
+	assert_int_equal(u.addr[0].port, 26379);
+	assert_string_equal(u.addr[1].host, "10.0.0.2");
+	assert_int_equal(u.addr[1].port, 5000);
+	assert_string_equal(u.addr[2].host, "fe80::1");
+	assert_int_equal(u.addr[2].port, 7);
 	assert_string_equal(u.master, "mymaster");
 	assert_int_equal(u.db, 3);
 	assert_string_equal(u.user, "u");
 	assert_string_equal(u.password, "p@w");
 	assert_int_equal(shift_kv_url_parse("redis-sentinel://a,b,c,d,e,f,g,h/m", &u), 0);
-	assert_int_equal(u.nsentinels, SHIFT_KV_SENTINELS_MAX);
+	assert_int_equal(u.naddrs, SHIFT_KV_ADDRS_MAX);
 	assert_int_equal(u.db, 0);
+	/* redis-cluster://: seed nodes, port 6379 by default, db 0 only */
+	assert_int_equal(shift_kv_url_parse("redis-cluster://:pw@n1,10.0.0.2:7001,[::1]:7002/", &u),
+			 0);
+	assert_int_equal(u.scheme, SHIFT_KV_SCHEME_CLUSTER);
+	assert_int_equal(u.naddrs, 3);
+	assert_string_equal(u.addr[0].host, "n1");
+	assert_int_equal(u.addr[0].port, 6379);
+	assert_int_equal(u.addr[1].port, 7001);
+	assert_string_equal(u.addr[2].host, "::1");
+	assert_string_equal(u.password, "pw");
+	assert_int_equal(u.db, 0);
+	static const char *cbad[] = {
+		"redis-cluster://", "redis-cluster://h/0", "redis-cluster://h/1",
+		"redis-cluster://h,/", "redis-cluster://,h", "redis-cluster://h:0",
+		"redis-cluster://a,b,c,d,e,f,g,h,i", "redis-cluster://h?x=1",
+	};
+	for (size_t i = 0; i < sizeof(cbad) / sizeof(cbad[0]); i++)
+		if (shift_kv_url_parse(cbad[i], &u) != -EINVAL)
+			fail_msg("URL '%s' accepted", cbad[i]);
 	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
 		int rc = shift_kv_url_parse(bad[i], &u);
 
