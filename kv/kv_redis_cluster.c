@@ -51,6 +51,7 @@ struct kv_cluster {
 	bool stale;           /* refresh the map before the next command */
 	uint64_t refresh_ns;  /* last refresh attempt */
 	int primaries;        /* in the last map read, 0 = none yet */
+	int served;           /* slots it served */
 	char where[300];      /* "redis-cluster://[user@]n1:p1,n2:p2" */
 };
 
@@ -283,7 +284,7 @@ static int kv_cluster_take(shift_kv *h, struct kv_cluster *cl, const redisReply 
 {
 	struct shift_kv_addr *addr = calloc(KV_CLUSTER_NODES_MAX, sizeof(*addr));
 	uint16_t *owner = malloc(KV_CLUSTER_SLOTS * sizeof(*owner));
-	int n = -1, idx[KV_CLUSTER_NODES_MAX], uncovered = 0;
+	int n = -1, idx[KV_CLUSTER_NODES_MAX], served = 0;
 
 	if (!addr || !owner)
 		snprintf(why, whycap, "out of memory");
@@ -300,13 +301,16 @@ static int kv_cluster_take(shift_kv *h, struct kv_cluster *cl, const redisReply 
 		}
 	for (int s = 0; n > 0 && s < KV_CLUSTER_SLOTS; s++) {
 		cl->owner[s] = owner[s] ? (uint16_t)(idx[owner[s] - 1] + 1) : 0;
-		uncovered += !owner[s];
+		served += owner[s] != 0;
 	}
-	if (n > 0 && (n != cl->primaries || uncovered))
-		shift_info("kv: %s: %d primaries serve the cluster's slots%s (%d not served)",
-			   cl->where, n, uncovered ? "; some" : "", uncovered);
-	if (n > 0)
+	/* once per change of the map's shape, not per refresh */
+	if (n > 0 && (n != cl->primaries || served != cl->served))
+		shift_info("kv: %s: %d primaries serve %d of the cluster's %d slots", cl->where, n,
+			   served, KV_CLUSTER_SLOTS);
+	if (n > 0) {
 		cl->primaries = n;
+		cl->served = served;
+	}
 	free(addr);
 	free(owner);
 	return n > 0 ? 0 : -1;

@@ -15,13 +15,32 @@ runs, and restore_cmd() (in the runner's reset) puts a clean one back before and
   kv-forge-end        stop it; the injection fails if it planted nothing or
                       if any byte of its memory changed
 
+  kv-cluster-kill-owner TAG
+                      (scenarios with "kv": "cluster") kill the Redis Cluster
+                      primary serving hash tag TAG's slot (SIGKILL); its
+                      replica takes over after the node timeout
+
+  kv-sentinel-kill-primary
+                      (scenarios with "kv": "sentinel") kill the primary the
+                      sentinel names (SIGKILL); the sentinel promotes the
+                      replica after 1 s
+
+Scenarios with "kv": "sentinel" run against Redis Sentinel in guest A
+(sentinel_up, made anew for each run: a primary on port 7100, its replica
+on 7101, one sentinel on 26379 watching them, quorum 1).
+Scenarios with "kv": "cluster" run against a Redis Cluster in guest A
+(cluster_up: three primaries on ports 7000-7002, a replica of each on
+7003-7005, node timeout 1 s, the testbed's password), created on first use
+and kept for the next such scenario while it says cluster_state:ok.
+
 kv-del and kv-garble fail the injection when no key matches: a fault that
 hit nothing would make the scenario pass for the wrong reason.
 """
 import os
 import shlex
 
-ACTIONS = ("kv-kill", "kv-start", "kv-del", "kv-garble", "kv-drip", "kv-forge", "kv-forge-end")
+ACTIONS = ("kv-kill", "kv-start", "kv-del", "kv-garble", "kv-drip", "kv-forge", "kv-forge-end",
+           "kv-cluster-kill-owner", "kv-sentinel-kill-primary")
 ADDR = "198.19.0.1"
 PORT = 6379
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -104,6 +123,121 @@ def _forge_end(gb):
     return {"forger": rep}
 
 
+CLUSTER_PORTS = tuple(range(7000, 7006))
+CLUSTER_DIR = "/run/kvc"
+
+
+def cluster_url(pw):
+    """SHIFT_KV_URL of the cluster: its three first nodes as seeds."""
+    return "redis-cluster://:%s@%s" % (pw, ",".join("%s:%d" % (ADDR, p) for p in CLUSTER_PORTS[:3]))
+
+
+def _cluster_ok(port):
+    return "redis-cli -h %s -p %d cluster info 2>/dev/null | grep -q cluster_state:ok" % (ADDR, port)
+
+
+def cluster_up(g, pw):
+    """Guest A: a Redis Cluster answering with every slot served (made anew
+    unless the one there still is)."""
+    starts = " && ".join(
+        "redis-server --bind %s --port %d --requirepass \"$TB_REDIS_PW\" --masterauth \"$TB_REDIS_PW\" "
+        "--save '' --appendonly no --daemonize yes --dir %s --cluster-enabled yes "
+        "--cluster-config-file nodes-%d.conf --cluster-node-timeout 1000 "
+        "--logfile /tb/A/redis-%d.log --pidfile %s/%d.pid" % (ADDR, p, CLUSTER_DIR, p, p, CLUSTER_DIR, p)
+        for p in CLUSTER_PORTS)
+    nodes = " ".join("%s:%d" % (ADDR, p) for p in CLUSTER_PORTS)
+    up = " && ".join("redis-cli -h %s -p %d ping 2>/dev/null | grep -q PONG" % (ADDR, p)
+                     for p in CLUSTER_PORTS)
+    g["A"].check(
+        "if %s; then exit 0; fi; "
+        "for f in %s/*.pid; do [ -f $f ] && kill -9 $(cat $f) 2>/dev/null; done; "
+        "rm -rf %s; mkdir -p %s && %s || exit 1; "
+        "for i in $(seq 100); do %s && break; sleep 0.1; done; "
+        "redis-cli --cluster create %s --cluster-replicas 1 --cluster-yes >%s/create.log 2>&1 || "
+        "{ cat %s/create.log >&2; exit 1; }; "
+        "for i in $(seq 300); do %s && exit 0; sleep 0.1; done; "
+        "echo 'cluster not ok after 30 s' >&2; exit 1"
+        % (_cluster_ok(CLUSTER_PORTS[0]), CLUSTER_DIR, CLUSTER_DIR, CLUSTER_DIR, starts, up, nodes,
+           CLUSTER_DIR, CLUSTER_DIR, " && ".join(_cluster_ok(p) for p in CLUSTER_PORTS[:3])),
+        90, _env(pw))
+
+
+SENTINEL_PORTS = (7100, 7101)
+SENTINEL_PORT = 26379
+SENTINEL_DIR = "/run/kvs"
+
+
+def sentinel_url(pw):
+    """SHIFT_KV_URL through the sentinel (master name m)."""
+    return "redis-sentinel://:%s@%s:%d/m" % (pw, ADDR, SENTINEL_PORT)
+
+
+def sentinel_up(g, pw):
+    """Guest A: a fresh primary, replica and sentinel (anything an earlier
+    run left is killed first)."""
+    srv = ("redis-server --bind %s --port %%d --requirepass \"$TB_REDIS_PW\" --masterauth "
+           "\"$TB_REDIS_PW\" --save '' --appendonly no --daemonize yes --dir %s "
+           "--logfile /tb/A/redis-%%d.log --pidfile %s/%%d.pid" % (ADDR, SENTINEL_DIR, SENTINEL_DIR))
+    p, r = SENTINEL_PORTS
+    conf = ("port %d\nbind %s\ndir %s\ndaemonize yes\npidfile %s/sentinel.pid\n"
+            "logfile /tb/A/sentinel.log\nsentinel monitor m %s %d 1\n"
+            "sentinel down-after-milliseconds m 1000\nsentinel failover-timeout m 5000\n"
+            % (SENTINEL_PORT, ADDR, SENTINEL_DIR, SENTINEL_DIR, ADDR, p))
+    g["A"].check(
+        "for f in %s/*.pid; do [ -f $f ] && kill -9 $(cat $f) 2>/dev/null; done; "
+        "rm -rf %s; mkdir -p %s && %s && %s --replicaof %s %d || exit 1; "
+        "printf '%s' > %s/sentinel.conf && "
+        "echo \"sentinel auth-pass m $TB_REDIS_PW\" >> %s/sentinel.conf && "
+        "redis-server %s/sentinel.conf --sentinel || exit 1; "
+        "for i in $(seq 300); do redis-cli -h %s -p %d info replication 2>/dev/null | "
+        "grep -q master_link_status:up && redis-cli -h %s -p %d sentinel replicas m 2>/dev/null | "
+        "grep -q %d && exit 0; sleep 0.1; done; echo 'sentinel setup not ready after 30 s' >&2; exit 1"
+        % (SENTINEL_DIR, SENTINEL_DIR, SENTINEL_DIR, srv % (p, p, p), srv % (r, r, r), ADDR, p,
+           conf, SENTINEL_DIR, SENTINEL_DIR, SENTINEL_DIR, ADDR, r, ADDR, SENTINEL_PORT, r),
+        60, _env(pw))
+
+
+def _kill_primary(ga, pw):
+    """SIGKILL the primary the sentinel names."""
+    out = ga.check("redis-cli --no-auth-warning -h %s -p %d sentinel get-master-addr-by-name m"
+                   % (ADDR, SENTINEL_PORT), 20, {})
+    port = int(out.split()[-1].strip('"'))
+    ga.check("kill -9 $(cat %s/%d.pid)" % (SENTINEL_DIR, port), 20)
+    return {"killed_port": port}
+
+
+def _crc16(data):
+    crc = 0
+    for b in data:
+        crc ^= b << 8
+        for _ in range(8):
+            crc = ((crc << 1) ^ 0x1021 if crc & 0x8000 else crc << 1) & 0xFFFF
+    return crc
+
+
+def _kill_owner(ga, tag, pw):
+    """SIGKILL the primary serving TAG's slot; return the injection's fields."""
+    slot = _crc16(tag.encode()) % 16384
+    out = ""
+    for p in CLUSTER_PORTS:  # any live node tells the map
+        rc, out, _ = ga.run("redis-cli -h %s -p %d cluster nodes" % (ADDR, p), 20, _env(pw))
+        if rc == 0 and "master" in out:
+            break
+    for line in out.splitlines():
+        f = line.split()
+        if len(f) < 9 or "master" not in f[2].split(",") or "fail" in f[2].split(","):
+            continue
+        for r in f[8:]:
+            if r.startswith("["):
+                continue
+            lo, _, hi = r.partition("-")
+            if int(lo) <= slot <= int(hi or lo):
+                port = int(f[1].split("@")[0].rsplit(":", 1)[1])
+                ga.check("kill -9 $(cat %s/%d.pid)" % (CLUSTER_DIR, port), 20)
+                return {"slot": slot, "killed_port": port}
+    raise ValueError("kv-cluster-kill-owner %s: no primary serves slot %d" % (tag, slot))
+
+
 def inject(g, action, args, ns, pw):
     """Carry out ACTION in guest A (the KV store's) or B (the forger's);
     return fields for the injection record."""
@@ -115,6 +249,12 @@ def inject(g, action, args, ns, pw):
         return {}
     if action == "kv-forge-end":
         return _forge_end(gb)
+    if action == "kv-cluster-kill-owner":
+        if len(args) != 1:
+            raise ValueError("kv-cluster-kill-owner TAG")
+        return _kill_owner(ga, args[0], pw)
+    if action == "kv-sentinel-kill-primary":
+        return _kill_primary(ga, pw)
     if action == "kv-kill":
         ga.check(_stop_cmd(pw), 20, _env(pw))
         return {}
