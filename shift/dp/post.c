@@ -14,6 +14,15 @@
 
 #include <errno.h>
 #include <stddef.h>
+#include <string.h>
+
+/* rc is 0 when this is reached: keep it in the return register rather
+ * than make a 0 again (one instruction on the hottest path) */
+#if defined(__x86_64__)
+#define SHIFT_KEEP_RC(rc) __asm__("" : "+a"(rc))
+#else
+#define SHIFT_KEEP_RC(rc) __asm__("" : "+r"(rc))
+#endif
 
 /*
  * QPs SHIFT does not protect (not RC, on an SRQ, created before SHIFT had the
@@ -158,6 +167,58 @@ static __attribute__((noinline, cold)) int post_recv_refused(struct shift_dqp *d
 	return rc;
 }
 
+/* The inline WR just mirrored (one SGE): its bytes after the SGEs, as the
+ * general path copies them (the application may reuse the buffer once the
+ * post returns). False if they do not fit (the general path says why). */
+static inline bool record_inline(struct shift_dqp *d, const struct ibv_send_wr *wr)
+{
+	struct shift_swqe *e = shift_dqp_swqe(d, d->sq_head - 1);
+	uint32_t len = wr->sg_list[0].length;
+
+	if (shift_unlikely(len > d->max_inline))
+		return false;
+	memcpy(&e->sge[d->max_send_sge], (const void *)(uintptr_t)wr->sg_list[0].addr, len);
+	e->inline_len = len;
+	return true;
+}
+
+/*
+ * Default state, a chain of WRs each WRITE, SEND or READ (with or without
+ * immediate) of one SGE, inline or not (NCCL posts such chains, and 32-byte
+ * inline sends): mirrored one by one as the single common WR is, under one
+ * post_lock, then one provider post. Anything else met on the way (an
+ * atomic, another SGE count, a mirror that looks full, another state)
+ * forgets what this mirrored and takes the general path.
+ */
+static __attribute__((noinline)) int post_send_chain(struct shift_dqp *d, struct ibv_qp *qp,
+						     struct ibv_send_wr *wr,
+						     struct ibv_send_wr **bad_wr)
+{
+	uint64_t head;
+	int rc;
+
+	shift_dqp_lock(d);
+	head = d->sq_head;
+	for (const struct ibv_send_wr *w = wr; w; w = w->next) {
+		if (shift_unlikely(w->num_sge != 1 || (unsigned)w->opcode > IBV_WR_RDMA_READ ||
+				   d->sq_head >= d->sq_limit))
+			goto general;
+		shift_dqp_record_one(d, w);
+		if (shift_unlikely(w->send_flags & IBV_SEND_INLINE) && !record_inline(d, w))
+			goto general;
+	}
+	rc = d->prov_post_send(qp, wr, bad_wr);
+	if (shift_unlikely(rc))
+		rc = send_refused(d, wr, *bad_wr, head, rc);
+	shift_dqp_unlock(d);
+	return rc;
+general:
+	while (d->sq_head > head)
+		shift_dqp_unrecord_last_send(d);
+	shift_dqp_unlock(d);
+	return shift_post_send(qp, wr, bad_wr);
+}
+
 /*
  * Default state, the common WR (shift_dqp_send_is_common): mirror it inline,
  * then the provider's post. Only d stays live across the provider's call;
@@ -186,13 +247,14 @@ __attribute__((hot)) int shift_dp_post_send(struct ibv_qp *qp, struct ibv_send_w
 			if (shift_unlikely(rc))
 				return post_send_refused(d, rc);
 			/* (rc is 0 here: returned as is, not made again) */
-			__asm__("" : "+r"(rc));
+			SHIFT_KEEP_RC(rc);
 			shift_dqp_unlock(d);
 			return rc;
 		}
 		shift_dqp_unlock(d);
+		return shift_post_send(qp, wr, bad_wr);
 	}
-	return shift_post_send(qp, wr, bad_wr);
+	return post_send_chain(d, qp, wr, bad_wr);
 }
 
 /* One receive WR of n (0 or 1, a constant at the call) SGEs, Default state:
@@ -211,7 +273,7 @@ post_recv_fast(struct shift_dqp *d, struct ibv_qp *qp, struct ibv_recv_wr *wr,
 		if (shift_unlikely(rc))
 			return post_recv_refused(d, rc);
 		/* (rc is 0 here: returned as is, not made again) */
-		__asm__("" : "+r"(rc));
+		SHIFT_KEEP_RC(rc);
 		shift_dqp_unlock(d);
 		return rc;
 	}

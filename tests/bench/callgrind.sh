@@ -67,7 +67,7 @@ measure() {
 # 5 per extra completion); ceilings: main's counts plus 2.
 measure --shift \
 	send:1:40:51 recv:1:28:38 poll:1:15:17 expost:1:125:119 expoll:1:80:78 \
-	recv0:1:28:38 chain2:2:40:93 chain4:4:40:75 \
-	chain8:8:40:65 inline32:1:40:176 \
+	recv0:1:28:38 chain2:2:40:59 chain4:4:40:48 \
+	chain8:8:40:43 inline32:1:40:118 \
 	poll2:1:20:52 poll4:1:30:70
 exit $status

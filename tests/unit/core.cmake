@@ -68,3 +68,10 @@ if(TARGET shift_sim)
     LIBS shift_core shift_sim)
 endif()
 shift_unit_test(test_config SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/test_config.c LIBS shift_base)
+# test_post_chain: the Default-state chain path of post_send mirrors a
+# chain (inline too) as the general path would, counts once when it hands
+# a chain over, and keeps only the WRs before one the provider refuses.
+if(TARGET shift_sim)
+  shift_unit_test(test_post_chain SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/test_post_chain.c
+    LIBS shift_core shift_sim)
+endif()
