@@ -27,13 +27,28 @@ static void kick(struct shift_rnic *r)
 		shift_rnic_signal(r);
 }
 
-#define PUSH(r, list, obj)                       \
-	do {                                     \
-		pthread_mutex_lock(&(r)->lock);  \
-		(obj)->next = (r)->list;         \
-		(r)->list = (obj);               \
-		kick(r);                         \
-		pthread_mutex_unlock(&(r)->lock); \
+#define PUSH(r, list, map, obj)                                         \
+	do {                                                            \
+		pthread_mutex_lock(&(r)->lock);                         \
+		(obj)->next = (r)->list;                                \
+		(r)->list = (obj);                                      \
+		shift_pmap_put(&(r)->map, &(obj)->hn, (uintptr_t)(obj)->app); \
+		kick(r);                                                \
+		pthread_mutex_unlock(&(r)->lock);                       \
+	} while (0)
+
+/* The live shadow of application object key in map (type's node hn),
+ * newest first, or NULL. rnic->lock held. */
+#define FIND(r, map, type, key)                                                  \
+	do {                                                                     \
+		for (struct shift_pmap_node *x_ = shift_pmap_first(&(r)->map,     \
+								   (uintptr_t)(key)); \
+		     x_; x_ = shift_pmap_next(x_)) {                              \
+			type *o_ = shift_pmap_entry(x_, type, hn);                \
+			if (!o_->dead)                                            \
+				return o_;                                        \
+		}                                                                \
+		return NULL;                                                     \
 	} while (0)
 
 /* The application destroyed o (may be NULL): the replay thread reaps its
@@ -49,18 +64,17 @@ static void kick(struct shift_rnic *r)
 
 static struct shift_pd *find_pd(struct shift_rnic *r, struct ibv_pd *pd)
 {
-	for (struct shift_pd *p = r->pds; p; p = p->next)
-		if (p->app == pd && !p->dead)
-			return p;
-	return NULL;
+	FIND(r, pd_of, struct shift_pd, pd);
 }
 
 static struct shift_cq *find_cq(struct shift_rnic *r, struct ibv_cq *cq)
 {
-	for (struct shift_cq *c = r->cqs; c; c = c->next)
-		if (c->app == cq && !c->dead)
-			return c;
-	return NULL;
+	FIND(r, cq_of, struct shift_cq, cq);
+}
+
+static struct shift_mr *find_mr(struct shift_rnic *r, struct ibv_mr *mr)
+{
+	FIND(r, mr_of, struct shift_mr, mr);
 }
 
 void shift_shadow_pd(struct shift_rnic *r, struct ibv_pd *pd)
@@ -70,7 +84,7 @@ void shift_shadow_pd(struct shift_rnic *r, struct ibv_pd *pd)
 	if (!p)
 		return; /* the objects on it will run unprotected */
 	p->app = pd;
-	PUSH(r, pds, p);
+	PUSH(r, pds, pd_of, p);
 }
 
 void shift_shadow_pd_gone(struct shift_rnic *r, struct ibv_pd *pd)
@@ -112,6 +126,8 @@ void shift_shadow_mr(struct shift_rnic *r, struct ibv_mr *mr,
 	m->pd = find_pd(r, mr->pd);
 	m->next = r->mrs;
 	r->mrs = m;
+	shift_pmap_put(&r->mr_of, &m->hn, (uintptr_t)mr);
+	shift_pmap_put(&r->mr_by_lkey, &m->hl, m->app_lkey);
 	kick(r);
 	pthread_mutex_unlock(&r->lock);
 }
@@ -119,13 +135,7 @@ void shift_shadow_mr(struct shift_rnic *r, struct ibv_mr *mr,
 void shift_shadow_mr_gone(struct shift_rnic *r, struct ibv_mr *mr)
 {
 	pthread_mutex_lock(&r->lock);
-	for (struct shift_mr *m = r->mrs; m; m = m->next) {
-		if (m->app == mr && !m->dead) {
-			SHIFT_SHADOW_KILL(m);
-			kick(r);
-			break;
-		}
-	}
+	MARK_DEAD(r, find_mr(r, mr));
 	pthread_mutex_unlock(&r->lock);
 }
 
@@ -137,14 +147,13 @@ void shift_shadow_mr_rereg(struct shift_rnic *r, struct ibv_mr *mr, int flags,
 	uint64_t iova = 0;
 
 	pthread_mutex_lock(&r->lock);
-	for (struct shift_mr *m = r->mrs; m; m = m->next) {
-		if (m->app == mr && !m->dead) {
-			old_access = m->access;
-			kind = m->kind == SHIFT_MR_DMABUF ? SHIFT_MR_PLAIN : m->kind;
-			iova = m->iova;
-			SHIFT_SHADOW_KILL(m);
-			break;
-		}
+	struct shift_mr *m = find_mr(r, mr);
+
+	if (m) {
+		old_access = m->access;
+		kind = m->kind == SHIFT_MR_DMABUF ? SHIFT_MR_PLAIN : m->kind;
+		iova = m->iova;
+		SHIFT_SHADOW_KILL(m);
 	}
 	pthread_mutex_unlock(&r->lock);
 	if (flags & IBV_REREG_MR_CHANGE_TRANSLATION)
@@ -166,7 +175,7 @@ void shift_shadow_cq(struct shift_rnic *r, struct ibv_cq *cq, int cqe,
 	c->app_has_channel = channel != NULL;
 	c->app_channel = channel;
 	c->comp_vector = comp_vector;
-	PUSH(r, cqs, c);
+	PUSH(r, cqs, cq_of, c);
 }
 
 void shift_shadow_cq_resized(struct shift_rnic *r, struct ibv_cq *cq)
@@ -192,10 +201,7 @@ void shift_shadow_cq_gone(struct shift_rnic *r, struct ibv_cq *cq)
 
 static struct shift_qp *find_qp(struct shift_rnic *r, struct ibv_qp *qp)
 {
-	for (struct shift_qp *q = r->qps; q; q = q->next)
-		if (q->app == qp && !q->dead)
-			return q;
-	return NULL;
+	FIND(r, qp_of, struct shift_qp, qp);
 }
 
 void shift_qp_unprotected_locked(struct shift_qp *q, const char *why)
@@ -236,6 +242,7 @@ void shift_shadow_qp(struct shift_rnic *r, struct ibv_qp *qp,
 		shift_qp_unprotected_locked(q, r->why);
 	q->next = r->qps;
 	r->qps = q;
+	shift_pmap_put(&r->qp_of, &q->hn, (uintptr_t)qp);
 	kick(r);
 	pthread_mutex_unlock(&r->lock);
 	if (q->state == SHIFT_SHADOW_UNPROTECTED)
@@ -368,8 +375,11 @@ int shift_shadow_bk_lkey(struct shift_rnic *r, uint32_t app_lkey, uint32_t *bk_l
 	int rc = -ENOENT;
 
 	pthread_mutex_lock(&r->lock);
-	for (struct shift_mr *m = r->mrs; m; m = m->next) {
-		if (!m->dead && m->app_lkey == app_lkey && m->state == SHIFT_SHADOW_READY) {
+	for (struct shift_pmap_node *x = shift_pmap_first(&r->mr_by_lkey, app_lkey); x;
+	     x = shift_pmap_next(x)) {
+		struct shift_mr *m = shift_pmap_entry(x, struct shift_mr, hl);
+
+		if (!m->dead && m->state == SHIFT_SHADOW_READY) {
 			*bk_lkey = m->bk->lkey;
 			rc = 0;
 			break;
@@ -387,9 +397,10 @@ struct ibv_mr *shift_shadow_mr_backup(struct ibv_mr *mr)
 	if (!r)
 		return NULL;
 	pthread_mutex_lock(&r->lock);
-	for (struct shift_mr *m = r->mrs; m; m = m->next)
-		if (m->app == mr && !m->dead && m->state == SHIFT_SHADOW_READY)
-			bk = m->bk; /* (thread-owned: published by the state) */
+	struct shift_mr *m = find_mr(r, mr);
+
+	if (m && m->state == SHIFT_SHADOW_READY)
+		bk = m->bk; /* (thread-owned: published by the state) */
 	pthread_mutex_unlock(&r->lock);
 	return bk;
 }

@@ -259,7 +259,7 @@ void shift_rnic_reap(struct shift_rnic *r)
 {
 	char key[SHIFT_EXCHANGE_KEY_MAX];
 
-#define REAP(list, type, destroy)                                              \
+#define REAP(list, map, type, unmap, destroy)                                  \
 	do {                                                                   \
 		pthread_mutex_lock(&r->lock);                                  \
 		for (type **pp = &r->list; *pp;) {                             \
@@ -269,6 +269,8 @@ void shift_rnic_reap(struct shift_rnic *r)
 				continue;                                      \
 			}                                                      \
 			*pp = o->next;                                         \
+			shift_pmap_del(&r->map, &o->hn);                       \
+			unmap;                                                 \
 			pthread_mutex_unlock(&r->lock);                        \
 			destroy;                                               \
 			free(o);                                               \
@@ -277,7 +279,7 @@ void shift_rnic_reap(struct shift_rnic *r)
 		pthread_mutex_unlock(&r->lock);                                \
 	} while (0)
 
-	REAP(qps, struct shift_qp, {
+	REAP(qps, qp_of, struct shift_qp, (void)0, {
 		if (o->published && shift_exchange_qp_key(&o->my_key, key, sizeof(key)) >= 0)
 			kv_del(r, key);
 		/* (and its failover record: a QP that reuses the number is a
@@ -289,7 +291,7 @@ void shift_rnic_reap(struct shift_rnic *r)
 		if (o->state == SHIFT_SHADOW_READY)
 			stat_add(&shift_shadow_counters.qps_ready, -1);
 	});
-	REAP(mrs, struct shift_mr, {
+	REAP(mrs, mr_of, struct shift_mr, shift_pmap_del(&r->mr_by_lkey, &o->hl), {
 		for (int i = 0; i < r->ngids; i++)
 			if ((o->published & (1u << i)) &&
 			    shift_exchange_mr_key(&r->gids[i], o->app_rkey, key, sizeof(key)) >= 0)
@@ -301,7 +303,7 @@ void shift_rnic_reap(struct shift_rnic *r)
 		if (o->dmabuf_fd >= 0)
 			close(o->dmabuf_fd);
 	});
-	REAP(cqs, struct shift_cq, {
+	REAP(cqs, cq_of, struct shift_cq, (void)0, {
 		/* (its backup QPs are gone, so nothing completes on it any
 		 * more: an event of it read later would name a CQ destroyed
 		 * meanwhile; only a CQ on the thread's channel has any) */
@@ -314,7 +316,7 @@ void shift_rnic_reap(struct shift_rnic *r)
 		free(o->kept);
 		pthread_mutex_destroy(&o->dp_lock);
 	});
-	REAP(pds, struct shift_pd, {
+	REAP(pds, pd_of, struct shift_pd, (void)0, {
 		if (o->bk)
 			shift_lower->dealloc_pd(o->bk);
 	});

@@ -445,6 +445,11 @@ struct shift_rnic *shift_rnic_start(struct shift_ctx *sctx)
 		 sctx->ibctx->device ? sctx->ibctx->device->name : "?");
 	pthread_mutex_init(&r->busy, NULL);
 	pthread_mutex_init(&r->lock, NULL);
+	shift_pmap_init(&r->pd_of);
+	shift_pmap_init(&r->mr_of);
+	shift_pmap_init(&r->mr_by_lkey);
+	shift_pmap_init(&r->cq_of);
+	shift_pmap_init(&r->qp_of);
 	pthread_cond_init(&r->kick, NULL);
 	/* (the thread waits on it and its port events; else on r->kick) */
 	r->kick_fd = shift_config.inline_passes ? -1 : eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
@@ -514,5 +519,10 @@ void shift_rnic_stop(struct shift_rnic *r)
 	pthread_cond_destroy(&r->kick);
 	pthread_mutex_destroy(&r->lock);
 	pthread_mutex_destroy(&r->busy);
+	shift_pmap_fini(&r->pd_of);
+	shift_pmap_fini(&r->mr_of);
+	shift_pmap_fini(&r->mr_by_lkey);
+	shift_pmap_fini(&r->cq_of);
+	shift_pmap_fini(&r->qp_of);
 	free(r);
 }

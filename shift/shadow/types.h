@@ -21,6 +21,7 @@
 #include <stdint.h>
 #include <infiniband/verbs.h>
 
+#include "shift/base/pmap.h"
 #include "shift/shadow/backup.h"
 #include "shift/shadow/exchange.h"
 
@@ -39,6 +40,7 @@ enum shift_shadow_state {
 
 struct shift_pd {
 	struct shift_pd *next;       /* (L) */
+	struct shift_pmap_node hn;   /* (L) in rnic->pd_of, by app */
 	struct ibv_pd *app;
 	struct ibv_pd *bk;           /* thread-owned */
 	enum shift_shadow_state state; /* (L) */
@@ -49,6 +51,8 @@ enum shift_mr_kind { SHIFT_MR_PLAIN, SHIFT_MR_IOVA, SHIFT_MR_DMABUF };
 
 struct shift_mr {
 	struct shift_mr *next;       /* (L) */
+	struct shift_pmap_node hn;   /* (L) in rnic->mr_of, by app */
+	struct shift_pmap_node hl;   /* (L) in rnic->mr_by_lkey, by app_lkey */
 	struct ibv_mr *app;
 	struct shift_pd *pd;
 	enum shift_mr_kind kind;
@@ -67,6 +71,7 @@ struct shift_mr {
 
 struct shift_cq {
 	struct shift_cq *next;       /* (L) */
+	struct shift_pmap_node hn;   /* (L) in rnic->cq_of, by app */
 	struct ibv_cq *app;
 	int cqe;                     /* (L) the application CQ's, resizes included */
 	int comp_vector;
@@ -91,6 +96,7 @@ struct shift_cq {
 
 struct shift_qp {
 	struct shift_qp *next;       /* (L) */
+	struct shift_pmap_node hn;   /* (L) in rnic->qp_of, by app */
 	struct ibv_qp *app;
 	uint32_t app_qpn;
 	struct shift_pd *pd;
@@ -163,6 +169,9 @@ struct shift_rnic {
 	struct shift_mr *mrs;     /* (L) */
 	struct shift_cq *cqs;     /* (L) */
 	struct shift_qp *qps;     /* (L) */
+	/* (L) the same objects by the application's object (and MRs by their
+	 * lkey), dead ones too until reaped: every lookup of a verb is O(1) */
+	struct shift_pmap pd_of, mr_of, mr_by_lkey, cq_of, qp_of;
 
 	/* default GIDs the app's QPs use; MRs are published under each */
 	union ibv_gid gids[SHIFT_RNIC_MAX_GIDS]; /* thread-owned */

@@ -75,3 +75,6 @@ if(TARGET shift_sim)
   shift_unit_test(test_post_chain SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/test_post_chain.c
     LIBS shift_core shift_sim)
 endif()
+# test_pmap: the intrusive pointer-keyed hash of the shadow layer's lookups.
+shift_unit_test(test_pmap SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/test_pmap.c
+  LIBS shift_core)

@@ -148,7 +148,9 @@ static struct ibv_qp *sim_qp_new(struct ibv_context *c, struct ibv_pd *pd,
 		errno = ENOMEM;
 		return NULL;
 	}
-	for (slot = 0; slot < d->nqps && d->qps[slot]; slot++)
+	/* the lowest free slot, as before, without walking the taken ones
+	 * below the hint (N QPs' setup stays linear) */
+	for (slot = d->qps_hint; slot < d->nqps && d->qps[slot]; slot++)
 		;
 	if (slot == d->nqps) {
 		unsigned cap = d->nqps ? 2 * d->nqps : 16;
@@ -161,6 +163,7 @@ static struct ibv_qp *sim_qp_new(struct ibv_context *c, struct ibv_pd *pd,
 		d->nqps = cap;
 	}
 	d->qps[slot] = q;
+	d->qps_hint = slot + 1;
 	q->ctx = ctx;
 	q->dev = d;
 	q->sq_sig_all = ia->sq_sig_all != 0;
@@ -427,6 +430,8 @@ void sim_qp_free(struct sim_qp *q)
 	sim_qp_clear_wire(q);
 	sim_world_del_qp(q->dev->w, q);
 	q->dev->qps[q->qp.handle] = NULL;
+	if (q->qp.handle < q->dev->qps_hint)
+		q->dev->qps_hint = q->qp.handle;
 	pthread_mutex_destroy(&q->qp.mutex);
 	pthread_cond_destroy(&q->qp.cond);
 	free(q->out);

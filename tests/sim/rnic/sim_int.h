@@ -55,6 +55,7 @@ struct sim_dev {
 	unsigned nmrs;
 	struct sim_qp **qps;		/* index = qpn - SIM_QPN_BASE */
 	unsigned nqps;
+	unsigned qps_hint;		/* no free slot in qps below this */
 	struct sim_ctx *ctxs;		/* open contexts, for async events */
 };
 
