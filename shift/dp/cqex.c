@@ -261,7 +261,7 @@ static inline int retire(struct shift_cqx *x, struct ibv_cq_ex *cq, bool first)
 	}
 	/* (an unprotected QP that failed over may still flush SHIFT's own
 	 * WRs: the slow path drops those) */
-	if (d->send_state == SHIFT_SEND_UNPROTECTED && !d->failovers)
+	if (shift_dqp_send_state(d) == SHIFT_SEND_UNPROTECTED && !d->failovers)
 		return 0;
 	return prov_error(x, cq, first);
 }

@@ -161,7 +161,7 @@ void shift_dqp_sync_locked(struct shift_dqp *d)
 		}
 		d->sig_synced = st;
 	}
-	d->sq_limit = d->send_state == SHIFT_SEND_DEFAULT ? d->sq_tail + d->sq_size : 0;
+	d->sq_limit = shift_dqp_send_state(d) == SHIFT_SEND_DEFAULT ? d->sq_tail + d->sq_size : 0;
 }
 
 void shift_dqp_sync(struct shift_dqp *d)

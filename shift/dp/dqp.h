@@ -50,16 +50,13 @@
 #include "shift/base/log.h"
 #include "shift/dp/state.h"
 
-/* wr_ids of what SHIFT posts on a backup QP (it posts nothing else there) */
-/*
- * Access flags for the QPs SHIFT connects (the backup QP, the default QP
- * after a reset): the application's plus remote write, which SHIFT's own
- * messages need (handshake and notification WRITE_WITH_IMM, the empty
- * probe WRITE) even when the application only reads or sends. Memory stays
- * protected by each MR's own flags.
- */
+/* Access flags for the QPs SHIFT connects (backup, default after a reset):
+ * the application's plus remote write, which SHIFT's own messages need
+ * (handshake and notification WRITE_WITH_IMM, the empty probe WRITE); each
+ * MR's own flags still protect memory. */
 #define SHIFT_QP_ACCESS(app) ((app) | IBV_ACCESS_REMOTE_WRITE)
 
+/* wr_ids of what SHIFT posts on a backup QP (it posts nothing else there) */
 #define SHIFT_WRID_CTRL_RECV 0x7ff0000000000001ull
 #define SHIFT_WRID_CTRL_SEND 0x7ff0000000000002ull
 /*
@@ -443,6 +440,17 @@ void shift_dqp_set_recv_state(struct shift_dqp *d, enum shift_recv_state to, con
 /* The episode's wait (the failover layer's, under the CQs' dp_lock). */
 void shift_dqp_set_ep_wait(struct shift_dqp *d, enum shift_ep_wait to, const char *why);
 
+/* The send (receive) state as any thread reads it: its setters store it
+ * atomically, a reader holding none of their locks loads it so (x86: a mov) */
+static inline enum shift_send_state shift_dqp_send_state(const struct shift_dqp *d)
+{
+	return __atomic_load_n(&d->send_state, __ATOMIC_RELAXED);
+}
+static inline enum shift_recv_state shift_dqp_recv_state(const struct shift_dqp *d)
+{
+	return __atomic_load_n(&d->recv_state, __ATOMIC_RELAXED);
+}
+
 /* Was mirrored send WR i signaled? */
 static inline bool shift_dqp_signaled(const struct shift_dqp *d, uint64_t i)
 {
@@ -461,12 +469,9 @@ void shift_dqp_retire_all_send(struct shift_dqp *d);
 /* Forget the last send WR recorded (the provider refused it). */
 void shift_dqp_unrecord_last_send(struct shift_dqp *d);
 
-/* post_lock, inline: an uncontended lock is one locked bit-test-and-set
- * and a store */
-/* One attempt at post_lock: true if taken (an acquire barrier). The same
- * atomic either way; ThreadSanitizer sees only the builtin (the asm hid
- * the lock from it: every access under post_lock looked racy when a real
- * background thread took it). */
+/* One attempt at post_lock (uncontended: a locked bit-test-and-set, and a
+ * store to unlock): true if taken, an acquire barrier. ThreadSanitizer
+ * sees only the builtin (the asm hid the lock from it). */
 static inline bool shift_dqp_trylock(struct shift_dqp *d)
 {
 #if defined(__x86_64__) && defined(__GCC_ASM_FLAG_OUTPUTS__) && !defined(__SANITIZE_THREAD__)

@@ -96,7 +96,7 @@ static __attribute__((noinline)) int poll_retire(struct shift_ctx *s, struct shi
 				shift_dqp_retire_slow(d, &wc[i]);
 			else
 				shift_dqp_retire(d, &wc[i]);
-		} else if (d->send_state == SHIFT_SEND_UNPROTECTED && !d->failovers) {
+		} else if (shift_dqp_send_state(d) == SHIFT_SEND_UNPROTECTED && !d->failovers) {
 			if (shift_unlikely(d->dsrq))
 				shift_dqp_retire_app(d, &wc[i]); /* (the application's) */
 		} else {

@@ -104,12 +104,12 @@ static int shift_post_send(struct ibv_qp *qp, struct ibv_send_wr *wr,
 		return unprotected_post_send(qp, wr, bad_wr);
 	shift_dqp_lock(d);
 	head = d->sq_head;
-	if (shift_likely(d->send_state == SHIFT_SEND_DEFAULT)) {
+	if (shift_likely(shift_dqp_send_state(d) == SHIFT_SEND_DEFAULT)) {
 		shift_dqp_record_send(d, wr);
 		rc = d->prov_post_send(qp, wr, bad_wr);
 		if (shift_unlikely(rc))
 			rc = send_refused(d, wr, *bad_wr, head, rc);
-	} else if (d->send_state == SHIFT_SEND_UNPROTECTED) {
+	} else if (shift_dqp_send_state(d) == SHIFT_SEND_UNPROTECTED) {
 		rc = d->prov_post_send(qp, wr, bad_wr);
 	} else {
 		rc = shift_dp_up.post_send_fallback(d, wr, bad_wr);
@@ -129,14 +129,14 @@ static int shift_post_recv(struct ibv_qp *qp, struct ibv_recv_wr *wr,
 		return unprotected_post_recv(qp, wr, bad_wr);
 	shift_dqp_lock(d);
 	head = d->rq_head;
-	if (shift_likely(d->recv_state == SHIFT_RECV_DEFAULT &&
-			 d->send_state != SHIFT_SEND_UNPROTECTED)) {
+	if (shift_likely(shift_dqp_recv_state(d) == SHIFT_RECV_DEFAULT &&
+			 shift_dqp_send_state(d) != SHIFT_SEND_UNPROTECTED)) {
 		(void)shift_dqp_rq_room(d); /* (the fast path's bound again) */
 		shift_dqp_record_recv(d, wr);
 		rc = d->prov_post_recv(qp, wr, bad_wr);
 		if (shift_unlikely(rc))
 			rc = recv_refused(d, wr, *bad_wr, head, rc);
-	} else if (d->send_state == SHIFT_SEND_UNPROTECTED) {
+	} else if (shift_dqp_send_state(d) == SHIFT_SEND_UNPROTECTED) {
 		rc = d->prov_post_recv(qp, wr, bad_wr);
 	} else {
 		rc = shift_dp_up.post_recv_fallback(d, wr, bad_wr);

@@ -90,7 +90,7 @@ static enum shift_wc_class flush_cause(struct shift_ctx *s, struct shift_dqp *d,
 	d->cause_probe = true;
 	fo_drain_default(s, other, o);
 	d->cause_probe = false;
-	if (d->send_state == SHIFT_SEND_UNPROTECTED || d->failovers != failovers)
+	if (shift_dqp_send_state(d) == SHIFT_SEND_UNPROTECTED || d->failovers != failovers)
 		return SHIFT_WC_OK;
 	return SHIFT_WC_APP;
 }
@@ -134,7 +134,7 @@ void fo_on_error(struct shift_ctx *s, struct shift_dqp *d, struct ibv_wc *wc, st
 	if (k == SHIFT_WC_FLUSH)
 		k = flush_cause(s, d, o);
 	if (k == SHIFT_WC_OK) {
-		if (d->send_state == SHIFT_SEND_UNPROTECTED) {
+		if (shift_dqp_send_state(d) == SHIFT_SEND_UNPROTECTED) {
 			shift_dqp_retire_app(d, wc);
 			fo_emit_after_srq(d, o, wc);
 		} else {
@@ -146,7 +146,7 @@ void fo_on_error(struct shift_ctx *s, struct shift_dqp *d, struct ibv_wc *wc, st
 		path_failure(s, d, wc, o);
 		return;
 	}
-	if (d->send_state == SHIFT_SEND_DEFAULT && d->recv_state == SHIFT_RECV_DEFAULT) {
+	if (shift_dqp_send_state(d) == SHIFT_SEND_DEFAULT && shift_dqp_recv_state(d) == SHIFT_RECV_DEFAULT) {
 		unprotect(s, d, o, wc, wc->status == IBV_WC_WR_FLUSH_ERR ?
 			  "the QP went to ERR with its device up, no path failure" :
 			  "the application's error");
@@ -335,8 +335,8 @@ void fo_end_from(struct shift_ctx *s, struct shift_dqp *d, struct out *o, const 
 		 const char *why, uint64_t sq_min, uint64_t rq_min)
 {
 	bool flush = err != NULL;
-	bool sends = d->send_state != SHIFT_SEND_DEFAULT;
-	bool recvs = d->recv_state == SHIFT_RECV_FALLBACK;
+	bool sends = shift_dqp_send_state(d) != SHIFT_SEND_DEFAULT;
+	bool recvs = shift_dqp_recv_state(d) == SHIFT_RECV_FALLBACK;
 	bool failed_over = d->need_rearm;
 
 	d->app_ended = true;
@@ -419,10 +419,10 @@ void shift_failover_app_ended(struct shift_dqp *d, bool flush)
 	}
 	pthread_mutex_lock(&s->slow_lock);
 	fo_lock_cqs(d);
-	if (d->send_state != SHIFT_SEND_UNPROTECTED) {
+	if (shift_dqp_send_state(d) != SHIFT_SEND_UNPROTECTED) {
 		struct out o = { .wc = NULL, .n = 0, .max = 0, .c = d->scq };
 
-		if (d->send_state != SHIFT_SEND_DEFAULT || d->recv_state != SHIFT_RECV_DEFAULT ||
+		if (shift_dqp_send_state(d) != SHIFT_SEND_DEFAULT || shift_dqp_recv_state(d) != SHIFT_RECV_DEFAULT ||
 		    d->post_failed)
 			shift_ctx_set_slow(s, true); /* (its completions are kept) */
 		fo_end(s, d, &o, flush, "the application ended the connection");

@@ -70,12 +70,12 @@ static void port_fail_over(struct shift_ctx *s, struct shift_dqp *d, unsigned po
 			   uint64_t for_ms)
 {
 	fo_lock_cqs(d);
-	if (d->send_state == SHIFT_SEND_DEFAULT) {
+	if (shift_dqp_send_state(d) == SHIFT_SEND_DEFAULT) {
 		struct out o = { .wc = NULL, .n = 0, .max = 0, .c = d->scq };
 
 		shift_info("%s QP %u: port %u down for %llu %s: failing over without an error "
 			   "completion", d->dev, d->qpn, port, (unsigned long long)for_ms, "ms");
-		if (fo_start(s, d, &o, NULL) && d->send_state == SHIFT_SEND_UNPROTECTED) {
+		if (fo_start(s, d, &o, NULL) && shift_dqp_send_state(d) == SHIFT_SEND_UNPROTECTED) {
 			/* given up: the application sees its QP fail, as the
 			 * provider would have shown it sooner or later */
 			struct ibv_qp_attr e = { .qp_state = IBV_QPS_ERR };
@@ -104,9 +104,9 @@ static void watch_ports(struct shift_ctx *s, uint64_t now_ms)
 		     d = shift_dqp_next(d)) {
 			/* (every QP's port is looked at for port_was_down; only
 			 * Default-state QPs fail over here) */
-			bool dflt = d->send_state == SHIFT_SEND_DEFAULT;
+			bool dflt = shift_dqp_send_state(d) == SHIFT_SEND_DEFAULT;
 
-			if (d->send_state == SHIFT_SEND_UNPROTECTED || !d->scq || !d->rcq ||
+			if (shift_dqp_send_state(d) == SHIFT_SEND_UNPROTECTED || !d->scq || !d->rcq ||
 			    !d->shadow ||
 			    __atomic_load_n(&d->shadow->state, __ATOMIC_ACQUIRE) != SHIFT_SHADOW_READY)
 				continue;
@@ -232,7 +232,7 @@ static void answer_peer(struct shift_ctx *s, struct shift_dqp *d, uint64_t now)
 	 * went slow at its failure, the grace counts from there) */
 	uint64_t since = d->ctrl_seen_ms, te = d->t_error_us / 1000u;
 
-	if (d->send_state != SHIFT_SEND_DEFAULT && d->t_error_us && te < since)
+	if (shift_dqp_send_state(d) != SHIFT_SEND_DEFAULT && d->t_error_us && te < since)
 		since = te;
 	if (!grace_passed(s, since, now))
 		return;
@@ -255,7 +255,7 @@ static void fail_over_refused(struct shift_ctx *s, struct shift_dqp *d, uint64_t
 	if (!grace_passed(s, d->post_failed_ms, now))
 		return;
 	fo_lock_cqs(d);
-	if (d->post_failed && (d->send_state == SHIFT_SEND_DEFAULT || d->need_rearm)) {
+	if (d->post_failed && (shift_dqp_send_state(d) == SHIFT_SEND_DEFAULT || d->need_rearm)) {
 		struct out o = { .wc = NULL, .n = 0, .max = 0, .c = d->scq };
 
 		shift_info("%s QP %u: failing over on a refused post", d->dev, d->qpn);
@@ -276,14 +276,14 @@ void fo_join_peer(struct shift_ctx *s, struct shift_dqp *d, uint64_t now)
 	if (!grace_passed(s, d->peer_join_ms, now))
 		return;
 	fo_lock_cqs(d);
-	if (d->peer_join && d->send_state == SHIFT_SEND_DEFAULT && !d->need_rearm &&
+	if (d->peer_join && shift_dqp_send_state(d) == SHIFT_SEND_DEFAULT && !d->need_rearm &&
 	    d->peer_started > d->failovers) {
 		struct out o = { .wc = NULL, .n = 0, .max = 0, .c = d->scq };
 
 		shift_info("%s QP %u: the peer started failover %u, which never reached me (its "
 			   "backup path failed): following it", d->dev, d->qpn, d->peer_started);
 		d->failovers = d->peer_started - 1; /* (fo_start() counts it) */
-		if (fo_start(s, d, &o, NULL) == 0 && d->send_state != SHIFT_SEND_UNPROTECTED &&
+		if (fo_start(s, d, &o, NULL) == 0 && shift_dqp_send_state(d) != SHIFT_SEND_UNPROTECTED &&
 		    d->published_ep != d->failovers)
 			fo_ep_publish(s, d);
 	}
@@ -320,7 +320,7 @@ static bool waits_for_peer(struct shift_ctx *s)
 	for (int i = 0; i < s->nfo; i++) {
 		struct shift_dqp *d = s->fo[i];
 
-		if (d && d->send_state == SHIFT_SEND_FALLBACK && !d->handshake_done)
+		if (d && shift_dqp_send_state(d) == SHIFT_SEND_FALLBACK && !d->handshake_done)
 			return true;
 	}
 	return false;
@@ -402,9 +402,9 @@ static void background(struct shift_ctx *s)
 		fo_failback_work(s, d, fbt);
 		/* (waiting for the peer: its record, or its handshake
 		 * message on the backup) */
-		if (d->send_state != SHIFT_SEND_UNPROTECTED &&
+		if (shift_dqp_send_state(d) != SHIFT_SEND_UNPROTECTED &&
 		    (d->ep_wait != SHIFT_EP_RUNNING || d->bk_error ||
-		     (d->send_state == SHIFT_SEND_FALLBACK && !d->handshake_done)))
+		     (shift_dqp_send_state(d) == SHIFT_SEND_FALLBACK && !d->handshake_done)))
 			__atomic_store_n(&waiting_seen, true, __ATOMIC_RELEASE);
 		fo_unlock_cqs(d);
 	}

@@ -185,7 +185,7 @@ int fo_reset_backup(struct shift_ctx *s, struct shift_dqp *d, unsigned gen)
 
 		/* (back on the default QP in both directions: it runs on,
 		 * unprotected; else the caller fails the connection) */
-		if (d->send_state == SHIFT_SEND_DEFAULT && d->recv_state == SHIFT_RECV_DEFAULT)
+		if (shift_dqp_send_state(d) == SHIFT_SEND_DEFAULT && shift_dqp_recv_state(d) == SHIFT_RECV_DEFAULT)
 			fo_give_up(d, why);
 		else
 			fo_fail_mark(d, why, FO_BY_STATE, FO_BY_STATE);

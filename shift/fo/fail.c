@@ -49,7 +49,7 @@ bool fo_tell_abort(struct shift_dqp *d)
  * mark wins. */
 void fo_fail_mark(struct shift_dqp *d, const char *why, uint64_t sq, uint64_t rq)
 {
-	if (d->fail_why || d->send_state == SHIFT_SEND_UNPROTECTED)
+	if (d->fail_why || shift_dqp_send_state(d) == SHIFT_SEND_UNPROTECTED)
 		return;
 	d->fail_why = why;
 	d->fail_sq = sq;
@@ -80,9 +80,9 @@ static void held_from(struct shift_dqp *d, uint64_t *sq, uint64_t *rq)
 	bool marked = d->fail_why != NULL;
 
 	*sq = marked && d->fail_sq != FO_BY_STATE ? d->fail_sq
-	      : d->send_state == SHIFT_SEND_DEFAULT ? d->sq_head : d->sq_tail;
+	      : shift_dqp_send_state(d) == SHIFT_SEND_DEFAULT ? d->sq_head : d->sq_tail;
 	*rq = marked && d->fail_rq != FO_BY_STATE ? d->fail_rq
-	      : d->recv_state == SHIFT_RECV_FALLBACK ? d->rq_tail : d->rq_head;
+	      : shift_dqp_recv_state(d) == SHIFT_RECV_FALLBACK ? d->rq_tail : d->rq_head;
 	if (*sq < d->sq_tail)
 		*sq = d->sq_tail;
 	if (*rq < d->rq_tail)
@@ -125,7 +125,7 @@ void fo_fail_connection(struct shift_dqp *d, struct out *o, const char *why,
 	struct ibv_wc path = { .status = IBV_WC_RETRY_EXC_ERR, .qp_num = d->qpn };
 	uint64_t sq, rq;
 
-	if (d->send_state == SHIFT_SEND_UNPROTECTED) {
+	if (shift_dqp_send_state(d) == SHIFT_SEND_UNPROTECTED) {
 		d->fail_why = NULL;
 		return;
 	}

@@ -169,7 +169,7 @@ int fo_receives_back(struct shift_dqp *d)
  * to the backup after all. post_lock held (a give-up: fo_fail_mark). */
 static void fallback_again(struct shift_dqp *d)
 {
-	uint64_t first = d->send_state == SHIFT_SEND_WAIT_DRAINED ? d->fence + 1 : d->sq_head;
+	uint64_t first = shift_dqp_send_state(d) == SHIFT_SEND_WAIT_DRAINED ? d->fence + 1 : d->sq_head;
 
 	shift_dqp_set_send_state(d, SHIFT_SEND_FALLBACK, "the default path failed again");
 	d->dflt = SHIFT_DFLT_ERR;
@@ -186,7 +186,7 @@ static void fallback_again(struct shift_dqp *d)
  * post_lock held. */
 void fo_switch_back(struct shift_dqp *d)
 {
-	uint64_t first = d->send_state == SHIFT_SEND_WAIT_DRAINED ? d->fence + 1 : d->sq_head;
+	uint64_t first = shift_dqp_send_state(d) == SHIFT_SEND_WAIT_DRAINED ? d->fence + 1 : d->sq_head;
 	uint64_t held = 0, i;
 	struct ibv_send_wr wr, *bad;
 
@@ -255,7 +255,7 @@ static void notified(struct shift_dqp *d)
 	d->dflt_rd_stale = false; /* an empty READ or the probe went first */
 	d->last_switch_s = shift_clock_wall_s();
 	/* a receive-only peer sends nothing, no notification either */
-	if (d->peer_nosend && d->recv_state == SHIFT_RECV_FALLBACK)
+	if (d->peer_nosend && shift_dqp_recv_state(d) == SHIFT_RECV_FALLBACK)
 		fo_receives_back(d);
 	shift_info("%s QP %u: sends back on the default QP (%llu held WRs posted there; failback %lu%s)",
 		   d->dev, d->qpn, (unsigned long long)(d->sq_head - first), d->failbacks,
@@ -269,7 +269,7 @@ static void probe_ok(struct shift_dqp *d, const char *how)
 	d->probe_fails = 0;
 	shift_info("%s QP %u: default path answers again (%s)", d->dev, d->qpn, how);
 	shift_dqp_lock(d);
-	if (d->send_state == SHIFT_SEND_FALLBACK) {
+	if (shift_dqp_send_state(d) == SHIFT_SEND_FALLBACK) {
 		shift_dqp_sync_locked(d);
 		if (d->sq_tail == d->sq_head) {
 			fo_switch_back(d);
@@ -344,7 +344,7 @@ void fo_on_default_ctrl(struct shift_ctx *s, struct shift_dqp *d, struct ibv_wc 
 		if (wc->status != IBV_WC_SUCCESS && wc->status != IBV_WC_WR_FLUSH_ERR)
 			shift_debug("%s QP %u: SHIFT's receive on the default QP failed: %d (opcode %d)",
 				    d->dev, d->qpn, (int)wc->status, (int)wc->opcode);
-		if (wc->status != IBV_WC_SUCCESS || d->recv_state != SHIFT_RECV_FALLBACK)
+		if (wc->status != IBV_WC_SUCCESS || shift_dqp_recv_state(d) != SHIFT_RECV_FALLBACK)
 			return; /* flushed by a failed probe */
 		if (!d->handshake_done) {
 			/* the peer's failback of the previous failover, taken
@@ -356,10 +356,14 @@ void fo_on_default_ctrl(struct shift_ctx *s, struct shift_dqp *d, struct ibv_wc 
 			return;
 		}
 		d->notify_count = CTRL_COUNT(be32toh(wc->imm_data));
+		/* (under post_lock: a receive posted now reads it there, and is
+		 * held or on the backup QP, as one posted just before) */
+		shift_dqp_lock(d);
 		d->notify_pending = true;
+		shift_dqp_unlock(d);
 		/* the prober's notification came over the default path: it
 		 * works both ways (its ACK went back), my sends may follow */
-		if (d->send_state == SHIFT_SEND_FALLBACK && d->handshake_done &&
+		if (shift_dqp_send_state(d) == SHIFT_SEND_FALLBACK && d->handshake_done &&
 		    d->dflt == SHIFT_DFLT_READY && !fo_prober(d))
 			probe_ok(d, "the peer's failback notification");
 		if (d->rcq)
@@ -376,7 +380,7 @@ void fo_on_default_ctrl(struct shift_ctx *s, struct shift_dqp *d, struct ibv_wc 
 		d->notify_inflight = false;
 		if (wc->status == IBV_WC_SUCCESS) {
 			shift_dqp_lock(d);
-			if (d->send_state == SHIFT_SEND_WAIT_DRAINED)
+			if (shift_dqp_send_state(d) == SHIFT_SEND_WAIT_DRAINED)
 				notified(d);
 			shift_dqp_unlock(d);
 			fo_fail_pending(d, o);
@@ -389,7 +393,7 @@ void fo_on_default_ctrl(struct shift_ctx *s, struct shift_dqp *d, struct ibv_wc 
 			   (unsigned long long)fo_probe_wait(d), "ms");
 		/* the peer may have executed it (its ACK lost) and moved its
 		 * receives: only a new failover on reset backups is safe */
-		if (d->send_state == SHIFT_SEND_WAIT_DRAINED)
+		if (shift_dqp_send_state(d) == SHIFT_SEND_WAIT_DRAINED)
 			fo_start(s, d, o, NULL);
 		return;
 	}

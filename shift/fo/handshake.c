@@ -87,7 +87,7 @@ void fo_retransmit(struct shift_dqp *d, struct out *o)
 
 	for (i = d->sq_tail; i < end && i < rd; i++)
 		fo_complete_executed(d, os, i);
-	unsigned long before = d->retransmitted;
+	unsigned long before = __atomic_load_n(&d->retransmitted, __ATOMIC_RELAXED);
 	uint64_t skipped = end - d->sq_tail;
 
 	struct fo_chain ch;
@@ -115,7 +115,8 @@ void fo_retransmit(struct shift_dqp *d, struct out *o)
 	d->switch_us = shift_clock_us() - d->t_error_us;
 	shift_info("%s QP %u: on backup QP %u (failover %lu): %lu WRs retransmitted, %llu already "
 		   "executed at the peer completed, switch time %llu us", d->dev, d->qpn, d->bk->qp_num,
-		   d->failovers, d->retransmitted - before, (unsigned long long)skipped,
+		   d->failovers, __atomic_load_n(&d->retransmitted, __ATOMIC_RELAXED) - before,
+		   (unsigned long long)skipped,
 		   (unsigned long long)d->switch_us);
 }
 
@@ -132,18 +133,18 @@ void fo_on_ctrl(struct shift_ctx *s, struct shift_dqp *d, struct out *o)
 	 * application's error instead, or unable to follow (a QP on an SRQ
 	 * that cannot move): then the answer below, or the peer would wait
 	 * for ever) */
-	if (d->send_state == SHIFT_SEND_DEFAULT && fo_start(s, d, o, NULL) &&
-	    d->send_state != SHIFT_SEND_UNPROTECTED)
+	if (shift_dqp_send_state(d) == SHIFT_SEND_DEFAULT && fo_start(s, d, o, NULL) &&
+	    shift_dqp_send_state(d) != SHIFT_SEND_UNPROTECTED)
 		return;
-	if (d->send_state == SHIFT_SEND_UNPROTECTED) {
+	if (shift_dqp_send_state(d) == SHIFT_SEND_UNPROTECTED) {
 		fo_tell_abort(d); /* (the peer waits for my answer) */
 		return;
 	}
 	/* waiting for the peer's backup: its message proves it is ready */
-	if (d->send_state != SHIFT_SEND_UNPROTECTED && !d->ctrl_sent)
+	if (shift_dqp_send_state(d) != SHIFT_SEND_UNPROTECTED && !d->ctrl_sent)
 		fo_send_my_ctrl(s, d);
 	if (fo_fail_pending(d, o))
 		return;
-	if (d->send_state != SHIFT_SEND_UNPROTECTED && !d->handshake_done)
+	if (shift_dqp_send_state(d) != SHIFT_SEND_UNPROTECTED && !d->handshake_done)
 		fo_retransmit(d, o);
 }

@@ -249,7 +249,7 @@ struct kvq {
  */
 static void rk_read_ahead(struct shift_dqp *d, uint64_t now)
 {
-	if (!d->shadow || d->send_state != SHIFT_SEND_DEFAULT || now < d->rk_scan_at)
+	if (!d->shadow || shift_dqp_send_state(d) != SHIFT_SEND_DEFAULT || now < d->rk_scan_at)
 		return;
 	d->rk_scan_at = now + RK_AHEAD_MS;
 	shift_dqp_lock(d);
@@ -341,7 +341,7 @@ static void collect_qp(struct shift_dqp *d, struct kvq *q, uint64_t now)
  * together line up after one batch). */
 static bool ep_wanted(const struct shift_dqp *d, uint64_t now, uint64_t at)
 {
-	if (!d || !d->scq || !d->shadow || d->send_state == SHIFT_SEND_UNPROTECTED ||
+	if (!d || !d->scq || !d->shadow || shift_dqp_send_state(d) == SHIFT_SEND_UNPROTECTED ||
 	    !fo_ep_due(d, at))
 		return false;
 	/* (no failback work in its grace after the failure: background()) */
@@ -569,7 +569,7 @@ void fo_held_release(struct shift_dqp *d)
 {
 	fo_lock_cqs(d);
 	shift_dqp_lock(d);
-	if (!d->sq_held || d->send_state == SHIFT_SEND_UNPROTECTED) {
+	if (!d->sq_held || shift_dqp_send_state(d) == SHIFT_SEND_UNPROTECTED) {
 		shift_dqp_unlock(d);
 		fo_unlock_cqs(d);
 		return;

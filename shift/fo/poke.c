@@ -144,8 +144,8 @@ void fo_poke_read(struct shift_ctx *s, uint64_t now)
 		     d = shift_dqp_next(d)) {
 			int k;
 
-			if (!d->scq || !d->shadow || d->send_state != SHIFT_SEND_DEFAULT ||
-			    d->recv_state != SHIFT_RECV_DEFAULT || d->need_rearm || d->peer_join)
+			if (!d->scq || !d->shadow || shift_dqp_send_state(d) != SHIFT_SEND_DEFAULT ||
+			    shift_dqp_recv_state(d) != SHIFT_RECV_DEFAULT || d->need_rearm || d->peer_join)
 				continue;
 			k = poke_slot(s, &d->shadow->my_key.gid);
 			if (k < 0 || !changed[k])

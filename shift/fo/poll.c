@@ -22,11 +22,11 @@ void fo_from_default(struct shift_ctx *s, struct ibv_wc *wc, struct out *o)
 		/* SHIFT's own (probe, notification) never reach the application */
 		if (fo_wc_class(d, wc->status) == SHIFT_WC_PATH)
 			d->dflt_path_err = true; /* (the cause of later flushes) */
-		if (d->send_state != SHIFT_SEND_UNPROTECTED)
+		if (shift_dqp_send_state(d) != SHIFT_SEND_UNPROTECTED)
 			fo_on_default_ctrl(s, d, wc, o);
 		return;
 	}
-	if (!d || d->send_state == SHIFT_SEND_UNPROTECTED) {
+	if (!d || shift_dqp_send_state(d) == SHIFT_SEND_UNPROTECTED) {
 		if (!d) {
 			fo_emit(o, wc);
 			return;
@@ -50,8 +50,8 @@ void fo_from_default(struct shift_ctx *s, struct ibv_wc *wc, struct out *o)
 	}
 	/* a flush of a QP already on its backup; unless a direction came
 	 * back to the default QP (my receives) and it failed again */
-	if (d->send_state != SHIFT_SEND_DEFAULT &&
-	    !(d->need_rearm && d->recv_state == SHIFT_RECV_DEFAULT)) {
+	if (shift_dqp_send_state(d) != SHIFT_SEND_DEFAULT &&
+	    !(d->need_rearm && shift_dqp_recv_state(d) == SHIFT_RECV_DEFAULT)) {
 		/* (an SRQ receive it had taken: out of the SRQ, still the
 		 * application's, where the provider says so) */
 		if (d->dsrq && (wc->opcode & IBV_WC_RECV))
@@ -82,7 +82,7 @@ static void ctrl_received(struct shift_ctx *s, struct shift_dqp *d, struct ibv_w
 	d->peer_recv_count &= ~CTRL_NOSEND;
 	d->ctrl_pending = true;
 	shift_ctx_set_slow(s, true);
-	if (app || d->send_state == SHIFT_SEND_UNPROTECTED)
+	if (app || shift_dqp_send_state(d) == SHIFT_SEND_UNPROTECTED)
 		fo_on_ctrl(s, d, o); /* the latter only answers ABORT */
 }
 
@@ -134,6 +134,10 @@ void fo_app_translate(struct shift_dqp *d, struct ibv_wc *wc)
 {
 	uint64_t idx = SHIFT_WRID_INDEX(wc->wr_id);
 
+	/* (under post_lock, which the post that mirrored the entry held: the
+	 * NIC ordered that write before this completion, through the
+	 * provider's own barriers, which no race detector can see) */
+	shift_dqp_lock(d);
 	if (wc->wr_id & SHIFT_WRID_RECV) {
 		wc->wr_id = shift_dqp_rwqe(d, idx)->wr_id;
 	} else {
@@ -144,6 +148,7 @@ void fo_app_translate(struct shift_dqp *d, struct ibv_wc *wc)
 		if (wc->status == IBV_WC_SUCCESS)
 			wc->opcode = fo_send_wc_opcode(e->opcode);
 	}
+	shift_dqp_unlock(d);
 	wc->qp_num = d->qpn;
 }
 
@@ -166,11 +171,11 @@ static void app_completion(struct shift_dqp *d, struct ibv_wc *wc, struct out *o
 	fo_emit(o, wc);
 	if (d->app_ended)
 		return; /* (the application ended it: no failback) */
-	if (d->send_state == SHIFT_SEND_WAIT_DRAINED) {
+	if (shift_dqp_send_state(d) == SHIFT_SEND_WAIT_DRAINED) {
 		shift_dqp_lock(d);
 		shift_dqp_sync_locked(d);
 		/* the fence completed: everything before it has executed */
-		if (d->send_state == SHIFT_SEND_WAIT_DRAINED && !d->notify_inflight &&
+		if (shift_dqp_send_state(d) == SHIFT_SEND_WAIT_DRAINED && !d->notify_inflight &&
 		    d->sq_tail > d->fence)
 			fo_switch_back(d);
 		shift_dqp_unlock(d);
@@ -201,22 +206,22 @@ static void from_backup(struct shift_ctx *s, struct ibv_wc *wc, struct out *o, b
 		 * with a WR of the application on it (which there may be none
 		 * of: an end that only sends, before the handshake) */
 		if (!d || wc->status == IBV_WC_SUCCESS || d->bk_flushing || d->bk_error ||
-		    d->send_state == SHIFT_SEND_UNPROTECTED || !d->need_rearm)
+		    shift_dqp_send_state(d) == SHIFT_SEND_UNPROTECTED || !d->need_rearm)
 			return;
 	} else if (!(wc->wr_id & SHIFT_WRID_DATA) ||
-		   (d->send_state == SHIFT_SEND_UNPROTECTED &&
+		   (shift_dqp_send_state(d) == SHIFT_SEND_UNPROTECTED &&
 		    SHIFT_WRID_GEN_OF(wc->wr_id) != d->bk_gen)) {
 		return; /* (the latter: a backup QP abandoned, its WRs flushed) */
 	}
 	if (d->doomed && !(wc->wr_id & SHIFT_WRID_RECV) && (wc->wr_id & SHIFT_WRID_DATA) &&
 	    SHIFT_WRID_INDEX(wc->wr_id) + 1 == d->doomed && wc->status == IBV_WC_SUCCESS &&
-	    d->send_state != SHIFT_SEND_UNPROTECTED) {
+	    shift_dqp_send_state(d) != SHIFT_SEND_UNPROTECTED) {
 		/* the stand-in of a WR whose key the peer never had: refused */
 		wc->status = IBV_WC_REM_ACCESS_ERR;
 		fo_backup_app_error(s, d, wc, o);
 		return;
 	}
-	if (wc->status != IBV_WC_SUCCESS && d->send_state != SHIFT_SEND_UNPROTECTED) {
+	if (wc->status != IBV_WC_SUCCESS && shift_dqp_send_state(d) != SHIFT_SEND_UNPROTECTED) {
 		/* the application's error on a WR of its own, this episode */
 		/* (not one of SHIFT's receives for a QP on an SRQ: its failure
 		 * is the backup's, as before) */

@@ -52,8 +52,8 @@ bool shift_failover_post_refused(struct shift_dqp *d, int rc, uint64_t sq_from, 
 {
 	/* (receives back on the default QP while the sends still are on the
 	 * backup: the failover starts again, as for an error completion) */
-	return (d->send_state == SHIFT_SEND_DEFAULT ||
-		(d->need_rearm && d->send_state != SHIFT_SEND_UNPROTECTED)) &&
+	return (shift_dqp_send_state(d) == SHIFT_SEND_DEFAULT ||
+		(d->need_rearm && shift_dqp_send_state(d) != SHIFT_SEND_UNPROTECTED)) &&
 	       fo_take_refused(d, rc, sq_from, rq_from);
 }
 
@@ -68,7 +68,7 @@ int fo_post_bk_sends(struct shift_dqp *d, uint64_t from, uint64_t *failed)
 {
 	for (uint64_t i = from; i < d->sq_head && !d->sq_held; i++) {
 		struct shift_swqe *e = shift_dqp_swqe(d, i);
-		bool fence = d->send_state == SHIFT_SEND_WAIT_SIGNALED &&
+		bool fence = shift_dqp_send_state(d) == SHIFT_SEND_WAIT_SIGNALED &&
 			     ((e->send_flags & IBV_SEND_SIGNALED) || d->sq_sig_all);
 
 		/* the fence: set before it can complete; what follows it is held */
@@ -99,7 +99,7 @@ int shift_post_send_fallback(struct shift_dqp *d, struct ibv_send_wr *wr,
 		*bad_wr = wr;
 		return ENOMEM;
 	}
-	if (!d->handshake_done || d->send_state == SHIFT_SEND_WAIT_DRAINED || d->sq_held)
+	if (!d->handshake_done || shift_dqp_send_state(d) == SHIFT_SEND_WAIT_DRAINED || d->sq_held)
 		return 0; /* held: fo_retransmit(), fo_switch_back() or fo_held_release() posts them */
 	uint64_t i;
 

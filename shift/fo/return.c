@@ -43,7 +43,7 @@ int fo_ret_start(struct shift_ctx *s, struct shift_dqp *d, struct out *o)
 	}
 	shift_dqp_lock(d);
 	d->recv_hold = true;
-	if (d->send_state != SHIFT_SEND_DEFAULT) {
+	if (shift_dqp_send_state(d) != SHIFT_SEND_DEFAULT) {
 		d->handshake_done = false; /* sends held until fo_ret_finish() */
 		shift_dqp_set_send_state(d, SHIFT_SEND_FALLBACK, "return episode");
 	}
@@ -55,7 +55,7 @@ int fo_ret_start(struct shift_ctx *s, struct shift_dqp *d, struct out *o)
 		shift_dqp_set_ep_wait(d, SHIFT_EP_RUNNING, "return episode");
 	d->notify_pending = false;
 	shift_dqp_sync(d);
-	for (uint64_t i = d->sq_tail; i < d->sq_head && d->send_state != SHIFT_SEND_DEFAULT; i++) {
+	for (uint64_t i = d->sq_tail; i < d->sq_head && shift_dqp_send_state(d) != SHIFT_SEND_DEFAULT; i++) {
 		if (shift_wr_is_atomic(shift_dqp_swqe(d, i)->opcode)) {
 			d->atomic_boundary_hit = true;
 			d->recv_hold = false;
@@ -64,7 +64,7 @@ int fo_ret_start(struct shift_ctx *s, struct shift_dqp *d, struct out *o)
 		}
 	}
 	shift_dqp_lock(d);
-	int rc = d->recv_state == SHIFT_RECV_FALLBACK ? fo_receives_back(d) : 0;
+	int rc = shift_dqp_recv_state(d) == SHIFT_RECV_FALLBACK ? fo_receives_back(d) : 0;
 
 	d->recv_hold = false;
 	shift_dqp_unlock(d);
@@ -95,7 +95,7 @@ void fo_ret_finish(struct shift_ctx *s, struct shift_dqp *d, struct out *o)
 	if (d->ep_wait == SHIFT_EP_WAIT_RETURN)
 		shift_dqp_set_ep_wait(d, SHIFT_EP_RUNNING, "return episode done");
 	shift_dqp_lock(d);
-	if (d->send_state != SHIFT_SEND_DEFAULT) {
+	if (shift_dqp_send_state(d) != SHIFT_SEND_DEFAULT) {
 		uint64_t rd, i;
 		uint32_t done;
 		struct out so = { .wc = NULL, .n = 0, .max = 0, .c = d->scq };

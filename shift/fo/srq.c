@@ -59,7 +59,7 @@ static bool reads_nothing(struct ibv_qp *qp)
  * notification, and what the peer sends after it, land there). */
 static bool on_default(const struct shift_dqp *x)
 {
-	return x->send_state == SHIFT_SEND_DEFAULT || x->recv_state == SHIFT_RECV_DEFAULT ||
+	return shift_dqp_send_state(x) == SHIFT_SEND_DEFAULT || shift_dqp_recv_state(x) == SHIFT_RECV_DEFAULT ||
 	       x->dflt != SHIFT_DFLT_ERR;
 }
 
@@ -77,7 +77,7 @@ bool fo_srq_can_move(struct shift_ctx *s, struct shift_dqp *d)
 		for (struct shift_dqp *x = shift_dqp_first(s, i); x; x = shift_dqp_next(x)) {
 			if (x == d || x->dsrq != q)
 				continue;
-			if (x->send_state == SHIFT_SEND_UNPROTECTED) {
+			if (shift_dqp_send_state(x) == SHIFT_SEND_UNPROTECTED) {
 				/* (one whose connection SHIFT failed is stopped
 				 * by the move; another's may be live) */
 				if (!x->failovers && !reads_nothing(x->qp))
@@ -112,7 +112,7 @@ void fo_srq_move(struct shift_ctx *s, struct shift_dqp *d)
 	shift_dsrq_unlock(q);
 	for (int i = 0; i < SHIFT_DQP_BUCKETS; i++) {
 		for (struct shift_dqp *x = shift_dqp_first(s, i); x; x = shift_dqp_next(x)) {
-			if (x != d && x->dsrq == q && x->send_state == SHIFT_SEND_UNPROTECTED &&
+			if (x != d && x->dsrq == q && shift_dqp_send_state(x) == SHIFT_SEND_UNPROTECTED &&
 			    x->failovers && !reads_nothing(x->qp)) {
 				/* (its connection failed: its default QP, reset for
 				 * a failback, must not read the SRQ either) */
@@ -121,7 +121,7 @@ void fo_srq_move(struct shift_ctx *s, struct shift_dqp *d)
 				shift_lower->modify_qp(x->qp, &e, IBV_QP_STATE);
 				continue;
 			}
-			if (x == d || x->dsrq != q || x->send_state == SHIFT_SEND_UNPROTECTED ||
+			if (x == d || x->dsrq != q || shift_dqp_send_state(x) == SHIFT_SEND_UNPROTECTED ||
 			    !on_default(x) || !x->shadow ||
 			    __atomic_load_n(&x->shadow->state, __ATOMIC_ACQUIRE) != SHIFT_SHADOW_READY)
 				continue;
@@ -129,7 +129,7 @@ void fo_srq_move(struct shift_ctx *s, struct shift_dqp *d)
 
 			n++;
 			fo_start(s, x, &o, NULL);
-			if (x->send_state == SHIFT_SEND_UNPROTECTED && !reads_nothing(x->qp)) {
+			if (shift_dqp_send_state(x) == SHIFT_SEND_UNPROTECTED && !reads_nothing(x->qp)) {
 				/* (it could not fail over after all: it must not
 				 * read the default SRQ either) */
 				struct ibv_qp_attr e = { .qp_state = IBV_QPS_ERR };
@@ -288,7 +288,7 @@ void fo_srq_work(struct shift_ctx *s)
 			dup |= seen[k] == q;
 		if (!q || dup || shift_dsrq_unprotected(q))
 			continue;
-		if (d->send_state == SHIFT_SEND_UNPROTECTED) {
+		if (shift_dqp_send_state(d) == SHIFT_SEND_UNPROTECTED) {
 			/* (its connection ended: messages of its may still wait
 			 * for receives the pair takes out, its error behind
 			 * them; the SRQ's other QPs still get their turn) */

@@ -62,7 +62,7 @@ static void fill(struct slot *x, const struct shift_dsrq_entry *e, struct out *o
 	wc.qp_num = d->qpn;
 	fo_emit(o && o->c == d->rcq ? o : &ro, &wc);
 	x->state = SLOT_FREE;
-	if (d->send_state != SHIFT_SEND_UNPROTECTED && d->bk && x->gen == d->bk_gen)
+	if (shift_dqp_send_state(d) != SHIFT_SEND_UNPROTECTED && d->bk && x->gen == d->bk_gen)
 		(void)fo_srq_post_slot(d, b, k);
 }
 
@@ -127,7 +127,7 @@ static void append(struct shift_dsrq *q, struct slot *x)
 bool fo_srq_defer(struct shift_dqp *d, const struct ibv_wc *wc)
 {
 	struct shift_dsrq *q = d->dsrq;
-	bool reset = d->dflt != SHIFT_DFLT_ERR && d->recv_state == SHIFT_RECV_FALLBACK;
+	bool reset = d->dflt != SHIFT_DFLT_ERR && shift_dqp_recv_state(d) == SHIFT_RECV_FALLBACK;
 	struct bounce *b = reset ? fo_srq_bounce_of(d) : NULL;
 	struct slot *x;
 
@@ -287,7 +287,7 @@ void fo_srq_deliver_all(struct shift_ctx *s, struct out *o)
 		for (struct shift_dqp *d = shift_dqp_first(s, i); d; d = shift_dqp_next(d)) {
 			struct bounce *b = d->fo_bounce;
 
-			if (b && b->held_head && d->recv_state == SHIFT_RECV_DEFAULT)
+			if (b && b->held_head && shift_dqp_recv_state(d) == SHIFT_RECV_DEFAULT)
 				fo_srq_release(d);
 			if (d->dsrq && d->dsrq->fo_pending_head)
 				fo_srq_deliver(d->dsrq, o);

@@ -41,7 +41,7 @@
 
 void fo_give_up(struct shift_dqp *d, const char *why)
 {
-	if (d->send_state != SHIFT_SEND_UNPROTECTED)
+	if (shift_dqp_send_state(d) != SHIFT_SEND_UNPROTECTED)
 		shift_warn("%s QP %u: cannot fail over (%s): the error goes to the application",
 			   d->dev, d->qpn, why);
 	shift_dqp_set_send_state(d, SHIFT_SEND_UNPROTECTED, why);
@@ -222,7 +222,7 @@ bool fo_app_sends(struct shift_ctx *s, struct shift_dqp *d)
  * application as plain's (-1); after, the connection fails (-2). */
 static int cannot_start(struct shift_dqp *d, struct out *o, const char *why)
 {
-	if (d->send_state != SHIFT_SEND_DEFAULT) {
+	if (shift_dqp_send_state(d) != SHIFT_SEND_DEFAULT) {
 		fo_give_up_late(d, o, why);
 		return -2;
 	}
@@ -238,7 +238,7 @@ static int start_possible(struct shift_ctx *s, struct shift_dqp *d, struct out *
 	    __atomic_load_n(&d->shadow->state, __ATOMIC_ACQUIRE) != SHIFT_SHADOW_READY)
 		return cannot_start(d, o, "its backup QP is not ready");
 	if (d->dsrq && !shift_dsrq_moved(d->dsrq) && !fo_srq_can_move(s, d)) {
-		if (d->send_state != SHIFT_SEND_DEFAULT) {
+		if (shift_dqp_send_state(d) != SHIFT_SEND_DEFAULT) {
 			fo_srq_fail(s, d, o); /* (failed over already) */
 			return -2;
 		}
@@ -344,9 +344,9 @@ int fo_start(struct shift_ctx *s, struct shift_dqp *d, struct out *o,
 	 * ends (or it never did) */
 	bool again = d->need_rearm;
 
-	if (d->send_state == SHIFT_SEND_UNPROTECTED)
+	if (shift_dqp_send_state(d) == SHIFT_SEND_UNPROTECTED)
 		return -1;
-	if (d->send_state != SHIFT_SEND_DEFAULT && !again)
+	if (shift_dqp_send_state(d) != SHIFT_SEND_DEFAULT && !again)
 		return 0;
 	int rc = start_possible(s, d, o);
 
@@ -405,7 +405,7 @@ int fo_finish_start(struct shift_ctx *s, struct shift_dqp *d, bool reset)
 		shift_dqp_set_ep_wait(d, SHIFT_EP_RUNNING, "the peer stopped its old backup");
 	if (reset && fo_reset_backup(s, d, (unsigned)d->failovers - 1)) {
 		d->recv_hold = false;
-		return d->fail_why || d->send_state == SHIFT_SEND_UNPROTECTED ? -1 : 0;
+		return d->fail_why || shift_dqp_send_state(d) == SHIFT_SEND_UNPROTECTED ? -1 : 0;
 	}
 	d->need_rearm = true; /* this failover uses it */
 	shift_dqp_lock(d);
@@ -446,7 +446,7 @@ int fo_finish_start(struct shift_ctx *s, struct shift_dqp *d, bool reset)
 		shift_info("%s QP %u: waiting for the peer to reset its backup QP for failover %lu",
 			   d->dev, d->qpn, d->failovers);
 	}
-	return d->fail_why || d->send_state == SHIFT_SEND_UNPROTECTED ? -1 : 0;
+	return d->fail_why || shift_dqp_send_state(d) == SHIFT_SEND_UNPROTECTED ? -1 : 0;
 }
 
 /* My handshake message of this failover: my receive counter (if it cannot

@@ -65,7 +65,7 @@ static void follow_peer_record(struct shift_ctx *s, struct shift_dqp *d, uint64_
 			} else if (d->peer_started > d->failovers) {
 				shift_info("%s QP %u: the peer started failover %u: following it", d->dev,
 					   d->qpn, d->peer_started);
-				if (d->send_state != SHIFT_SEND_DEFAULT)
+				if (shift_dqp_send_state(d) != SHIFT_SEND_DEFAULT)
 					d->need_rearm = true; /* a new failover from any state */
 				if (d->ep_wait == SHIFT_EP_WAIT_RETURN)
 					shift_dqp_set_ep_wait(d, SHIFT_EP_RUNNING, "the peer started a new failover");
@@ -73,7 +73,7 @@ static void follow_peer_record(struct shift_ctx *s, struct shift_dqp *d, uint64_
 			} else if (d->ep_wait == SHIFT_EP_WAIT_RESET && fo_peer_old_dead(d)) {
 				if (fo_finish_start(s, d, true))
 					fo_fail_pending(d, &o);
-				if (d->ctrl_pending && d->send_state != SHIFT_SEND_UNPROTECTED)
+				if (d->ctrl_pending && shift_dqp_send_state(d) != SHIFT_SEND_UNPROTECTED)
 					fo_on_ctrl(s, d, &o);
 			} else if (d->ep_wait == SHIFT_EP_WAIT_PEER && fo_peer_armed(d)) {
 				fo_send_my_ctrl(s, d);
@@ -157,7 +157,7 @@ static bool episode_expired(struct shift_ctx *s, struct shift_dqp *d, uint64_t n
 	 * through: its SHIFT is gone or stuck) */
 	bool unanswered = now > d->wait_since &&
 			  now - d->wait_since >= shift_config.handshake_wait_ms &&
-			  !d->handshake_done && d->send_state == SHIFT_SEND_FALLBACK;
+			  !d->handshake_done && shift_dqp_send_state(d) == SHIFT_SEND_FALLBACK;
 
 	if ((d->bk_error && now > d->bk_error_at && now - d->bk_error_at >= limit) ||
 	    (d->ep_wait != SHIFT_EP_RUNNING && waited) || unanswered) {
@@ -193,7 +193,7 @@ static void probe_default(struct shift_ctx *s, struct shift_dqp *d, uint64_t now
 		return;
 	/* (also while a handshake cannot finish because a backup failed: the
 	 * default path may be the way back, ret_start) */
-	if (d->send_state == SHIFT_SEND_FALLBACK &&
+	if (shift_dqp_send_state(d) == SHIFT_SEND_FALLBACK &&
 	    (d->handshake_done || d->bk_error || (d->peer_bkfail && d->peer_started == d->failovers)) &&
 	    shift_config.probe_ms) {
 		if (d->dflt == SHIFT_DFLT_ERR && fo_port_active(s, d)) {
@@ -236,19 +236,19 @@ void fo_failback_work(struct shift_ctx *s, struct shift_dqp *d, uint64_t now)
 {
 	if (fo_fail_pending(d, NULL))
 		return; /* (a give-up under post_lock not finished yet) */
-	if (d->send_state == SHIFT_SEND_UNPROTECTED)
+	if (shift_dqp_send_state(d) == SHIFT_SEND_UNPROTECTED)
 		return; /* its completions are the application's, as they come */
 	poll_default_cqs(s, d);
-	if (d->send_state == SHIFT_SEND_UNPROTECTED)
+	if (shift_dqp_send_state(d) == SHIFT_SEND_UNPROTECTED)
 		return;
 	follow_peer_record(s, d, now);
-	if (d->send_state == SHIFT_SEND_UNPROTECTED)
+	if (shift_dqp_send_state(d) == SHIFT_SEND_UNPROTECTED)
 		return;
 	backup_failure_news(s, d);
-	if (d->send_state == SHIFT_SEND_UNPROTECTED)
+	if (shift_dqp_send_state(d) == SHIFT_SEND_UNPROTECTED)
 		return;
 	restart_after_backup_failure(s, d, now);
-	if (d->send_state == SHIFT_SEND_UNPROTECTED)
+	if (shift_dqp_send_state(d) == SHIFT_SEND_UNPROTECTED)
 		return;
 	if (episode_expired(s, d, now))
 		return;
@@ -257,8 +257,8 @@ void fo_failback_work(struct shift_ctx *s, struct shift_dqp *d, uint64_t now)
 	 * control receive: its completion must not reach the fast path) */
 	/* (and only with the backup's port up: a backup NIC that is down now
 	 * protects the QP again once it is back) */
-	if (d->need_rearm && d->send_state == SHIFT_SEND_DEFAULT &&
-	    d->recv_state == SHIFT_RECV_DEFAULT && !d->notify_inflight &&
+	if (d->need_rearm && shift_dqp_send_state(d) == SHIFT_SEND_DEFAULT &&
+	    shift_dqp_recv_state(d) == SHIFT_RECV_DEFAULT && !d->notify_inflight &&
 	    !(d->ctrl_recv_out && !d->peer_nosend) && fo_bk_port_active(s, d) &&
 	    fo_rearm_backup(s, d) == 0)
 		shift_info("%s QP %u: back on the default QP in both directions, backup QP %u re-armed "

@@ -120,7 +120,8 @@ void shift_status_write(struct shift_rnic *r)
 			q->peer_known ? q->peer_bk.qpn : 0,
 			d && ss < 5 ? send_names[ss] : "-",
 			!d ? "-" : __atomic_load_n(&d->recv_state, __ATOMIC_RELAXED) ? "fallback" : "default",
-			d ? d->failovers : 0, d ? d->failbacks : 0, d ? d->retransmitted : 0,
+			d ? d->failovers : 0, d ? d->failbacks : 0,
+			d ? __atomic_load_n(&d->retransmitted, __ATOMIC_RELAXED) : 0,
 			d ? d->bk_gen : 0, d ? (unsigned long long)d->last_switch_s : 0ull,
 			q->why ? q->why : "-");
 	}
