@@ -382,12 +382,13 @@ struct ibv_qp *shift_ibv_create_qp(struct ibv_pd *pd,
 static struct shift_dqp *protected_dqp(struct ibv_qp *qp)
 {
 	struct shift_dqp *d = qp && rnic_of(qp->context) ? shift_dqp_of_qp(qp) : NULL;
-	struct shift_qp_info qi;
 
 	if (!d || __atomic_load_n(&d->send_state, __ATOMIC_ACQUIRE) == SHIFT_SEND_UNPROTECTED)
 		return NULL;
-	/* (its shadow gave up: no backup NIC, no backup QP) */
-	if (!shift_shadow_qp_info(qp, &qi) && qi.state == SHIFT_SHADOW_UNPROTECTED)
+	/* (its shadow gave up: no backup NIC, no backup QP; the state alone,
+	 * which the RNIC's thread publishes under the lock: the rest of the
+	 * shadow is that thread's while it runs) */
+	if (shift_shadow_qp_state(qp) == SHIFT_SHADOW_UNPROTECTED)
 		return NULL;
 	return d;
 }

@@ -142,6 +142,8 @@ struct shift_qp_info {
 	bool published;
 	const char *bk_dev;
 };
+/* Everything, for tests and tools that run no RNIC thread (inline passes):
+ * bk and bk_state are that thread's while it runs. */
 int shift_shadow_qp_info(struct ibv_qp *qp, struct shift_qp_info *out);
 /* Only the shadow state of an application QP (enum shift_shadow_state),
  * or -ENOENT: safe while the RNIC's thread runs. */
