@@ -389,14 +389,18 @@ static int kv_cluster_route(shift_kv *h, struct kv_cluster *cl, unsigned slot,
 	int ask = -1, rc = -ENOTCONN;
 
 	for (int hop = 0; hop < KV_CLUSTER_HOPS; hop++) {
-		if (cl->stale && kv_now_ns() - cl->refresh_ns >= KV_CLUSTER_REFRESH_MS * 1000000ull)
-			(void)kv_cluster_refresh(h, cl, dl); /* the old map still routes */
+		uint64_t now = kv_now_ns();
+
+		/* (half of what is left at most: the old map still routes) */
+		if (cl->stale && now - cl->refresh_ns >= KV_CLUSTER_REFRESH_MS * 1000000ull)
+			(void)kv_cluster_refresh(h, cl, dl > now ? now + (dl - now) / 2 : dl);
 		int i = ask >= 0 ? ask : cl->owner[slot] ? cl->owner[slot] - 1 : cl->next;
 		struct kv_redis *r = cl->node[i];
 
 		r->asking = ask >= 0;
 		ask = -1;
 		rc = kv_cop_run(h, r, o, dl);
+		r->asking = false; /* (not sent if the connect failed: for this command only) */
 		if (rc == KV_REDIS_TRYAGAIN) {
 			kv_sleep_ms(kv_ms_left(dl) > KV_CLUSTER_TRYAGAIN_MS ? KV_CLUSTER_TRYAGAIN_MS : 0);
 			continue;

@@ -5,6 +5,7 @@
 
 #include <arpa/inet.h>
 #include <fcntl.h>
+#include <ftw.h>
 #include <netinet/in.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -171,4 +172,19 @@ void rp_kill(pid_t *pid)
 		waitpid(*pid, NULL, 0);
 		*pid = -1;
 	}
+}
+
+static int rp_rm_entry(const char *path, const struct stat *st, int flag, struct FTW *ftw)
+{
+	(void)st;
+	(void)flag;
+	(void)ftw;
+	remove(path);
+	return 0;
+}
+
+void rp_rmtree(const char *dir)
+{
+	if (dir[0])
+		nftw(dir, rp_rm_entry, 8, FTW_DEPTH | FTW_PHYS);
 }

@@ -27,5 +27,7 @@ redisContext *rp_connect(int port, const char *pw);
 /* One command on a fresh connection; the reply (freeReplyObject) or NULL. */
 redisReply *rp_command(int port, const char *pw, const char *fmt, ...);
 void rp_kill(pid_t *pid);
+/* Remove the directory dir and everything in it (nothing if dir is ""). */
+void rp_rmtree(const char *dir);
 
 #endif /* SHIFT_TESTS_REDIS_PROC_H */

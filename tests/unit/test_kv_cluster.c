@@ -24,7 +24,6 @@
  * Without redis-server every test FAILS (scripts/deps installs it).
  */
 #include <errno.h>
-#include <ftw.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -32,7 +31,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cmocka.h>
@@ -143,22 +141,12 @@ static int group_setup(void **state)
 	return -1;
 }
 
-static int rm_entry(const char *path, const struct stat *st, int flag, struct FTW *ftw)
-{
-	(void)st;
-	(void)flag;
-	(void)ftw;
-	remove(path);
-	return 0;
-}
-
 static int group_teardown(void **state)
 {
 	(void)state;
 	for (int i = 0; i <= NPRIM; i++)
 		rp_kill(&node_pid[i]);
-	if (dir[0])
-		nftw(dir, rm_entry, 8, FTW_DEPTH | FTW_PHYS);
+	rp_rmtree(dir);
 	return 0;
 }
 

@@ -15,7 +15,6 @@
  * Without redis-server every test FAILS (scripts/deps installs it).
  */
 #include <errno.h>
-#include <ftw.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -23,7 +22,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cmocka.h>
@@ -113,23 +111,13 @@ static int group_setup(void **state)
 	return sent < 0 || wait_reply(sent_port, NULL, 15000, "SENTINEL replicas m", "") ? -1 : 0;
 }
 
-static int rm_entry(const char *path, const struct stat *st, int flag, struct FTW *ftw)
-{
-	(void)st;
-	(void)flag;
-	(void)ftw;
-	remove(path);
-	return 0;
-}
-
 static int group_teardown(void **state)
 {
 	(void)state;
 	rp_kill(&sent);
 	rp_kill(&repl);
 	rp_kill(&prim);
-	if (dir[0])
-		nftw(dir, rm_entry, 8, FTW_DEPTH | FTW_PHYS);
+	rp_rmtree(dir);
 	return 0;
 }
 
