@@ -1,6 +1,8 @@
 /*
  * The spin-wait hint of the CPU SHIFT is built for: PAUSE on x86-64,
- * YIELD on arm64 (both tell the core a spin loop is waiting on another).
+ * YIELD on arm64 (both tell the core a spin loop is waiting on another);
+ * and statistics counters that a reporting thread reads without the locks
+ * their writers hold (relaxed atomics: a plain load or store on x86).
  */
 #ifndef SHIFT_BASE_CPU_H
 #define SHIFT_BASE_CPU_H
@@ -15,5 +17,9 @@ static inline void shift_cpu_relax(void)
 	__atomic_signal_fence(__ATOMIC_SEQ_CST);
 #endif
 }
+
+#define SHIFT_STAT(x) __atomic_load_n(&(x), __ATOMIC_RELAXED)
+#define SHIFT_STAT_SET(x, v) __atomic_store_n(&(x), (v), __ATOMIC_RELAXED)
+#define SHIFT_STAT_ADD(x, v) ((void)__atomic_fetch_add(&(x), (v), __ATOMIC_RELAXED))
 
 #endif /* SHIFT_BASE_CPU_H */

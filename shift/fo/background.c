@@ -282,7 +282,7 @@ void fo_join_peer(struct shift_ctx *s, struct shift_dqp *d, uint64_t now)
 
 		shift_info("%s QP %u: the peer started failover %u, which never reached me (its "
 			   "backup path failed): following it", d->dev, d->qpn, d->peer_started);
-		d->failovers = d->peer_started - 1; /* (fo_start() counts it) */
+		SHIFT_STAT_SET(d->failovers, d->peer_started - 1); /* (fo_start() counts it) */
 		if (fo_start(s, d, &o, NULL) == 0 && shift_dqp_send_state(d) != SHIFT_SEND_UNPROTECTED &&
 		    d->published_ep != d->failovers)
 			fo_ep_publish(s, d);

@@ -315,7 +315,7 @@ static int post_built(struct shift_dqp *d, uint64_t idx, bool dflt, int rc,
 		return -1;
 	}
 	if (!dflt) /* (relaxed: shiftctl's status reads it, shadow/status.c) */
-		__atomic_fetch_add(&d->retransmitted, 1, __ATOMIC_RELAXED);
+		SHIFT_STAT_ADD(d->retransmitted, 1);
 	return 0;
 }
 
@@ -416,7 +416,7 @@ int fo_chain_flush(struct shift_dqp *d, struct fo_chain *ch)
 
 	posted = !rc ? n : bad >= ch->wr && bad < ch->wr + n ? (unsigned)(bad - ch->wr) : 0;
 	for (unsigned i = 0; i < posted; i++)
-		__atomic_fetch_add(&d->retransmitted, ch->retx[i], __ATOMIC_RELAXED);
+		SHIFT_STAT_ADD(d->retransmitted, ch->retx[i]);
 	ch->n = ch->nsge = 0;
 	if (!rc)
 		return 0;

@@ -179,7 +179,7 @@ int fo_reset_backup(struct shift_ctx *s, struct shift_dqp *d, unsigned gen)
 	d->handshake_done = false;
 	d->ctrl_sent = false;
 	d->bk_error = false;
-	d->bk_gen = gen & 0x3fffu;
+	SHIFT_STAT_SET(d->bk_gen, gen & 0x3fffu);
 	if (shift_shadow_rearm(s->rnic, d->shadow, gen)) {
 		const char *why = "its backup QP could not be reset for the next failover";
 
@@ -192,7 +192,7 @@ int fo_reset_backup(struct shift_ctx *s, struct shift_dqp *d, unsigned gen)
 		return -1;
 	}
 	d->need_rearm = false;
-	d->last_switch_s = shift_clock_wall_s();
+	SHIFT_STAT_SET(d->last_switch_s, shift_clock_wall_s());
 	fo_ep_publish(s, d);
 	return 0;
 }

@@ -142,7 +142,7 @@ void fo_fail_connection(struct shift_dqp *d, struct out *o, const char *why,
 	 * The backup runs on for the ABORT to leave; else it stops now. */
 	if (s && d->bk && d->need_rearm && !told)
 		fo_flush_backup(s, d, true); /* (its successes kept, in order) */
-	d->bk_gen = (d->bk_gen + 1) & 0x3fffu;
+	SHIFT_STAT_SET(d->bk_gen, (d->bk_gen + 1) & 0x3fffu);
 	shift_dqp_lock(d);
 	shift_dqp_sync_locked(d);
 	held_from(d, &sq, &rq);

@@ -248,12 +248,12 @@ static void notified(struct shift_dqp *d)
 		return;
 	}
 	shift_dqp_set_send_state(d, SHIFT_SEND_DEFAULT, "failback done");
-	d->failbacks++;
+	SHIFT_STAT_ADD(d->failbacks, 1);
 	d->failback_fails = 0;
 	bool rd = d->dflt_rd_stale;
 
 	d->dflt_rd_stale = false; /* an empty READ or the probe went first */
-	d->last_switch_s = shift_clock_wall_s();
+	SHIFT_STAT_SET(d->last_switch_s, shift_clock_wall_s());
 	/* a receive-only peer sends nothing, no notification either */
 	if (d->peer_nosend && shift_dqp_recv_state(d) == SHIFT_RECV_FALLBACK)
 		fo_receives_back(d);
@@ -306,6 +306,10 @@ void fo_try_notify(struct shift_dqp *d)
 			   d->dev, d->qpn, CTRL_COUNT((uint32_t)d->rq_tail), d->notify_count);
 	shift_dqp_lock(d);
 	int rc = fo_receives_back(d);
+	uint64_t tail = __atomic_load_n(&d->rq_tail, __ATOMIC_RELAXED);
+	/* (rq_head is the posters': read under their lock) */
+	unsigned long long moved = d->rq_head > tail ? d->rq_head - tail : 0;
+
 	d->notify_pending = false;
 	shift_dqp_unlock(d);
 	if (rc) {
@@ -313,7 +317,7 @@ void fo_try_notify(struct shift_dqp *d)
 		return;
 	}
 	shift_info("%s QP %u: receives back on the default QP (%llu reposted)", d->dev, d->qpn,
-		   (unsigned long long)(d->rq_head > d->rq_tail ? d->rq_head - d->rq_tail : 0));
+		   moved);
 }
 
 /* SHIFT's own completions on a default QP that has failed over. */

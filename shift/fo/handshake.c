@@ -87,7 +87,7 @@ void fo_retransmit(struct shift_dqp *d, struct out *o)
 
 	for (i = d->sq_tail; i < end && i < rd; i++)
 		fo_complete_executed(d, os, i);
-	unsigned long before = __atomic_load_n(&d->retransmitted, __ATOMIC_RELAXED);
+	unsigned long before = SHIFT_STAT(d->retransmitted);
 	uint64_t skipped = end - d->sq_tail;
 
 	struct fo_chain ch;
@@ -115,7 +115,7 @@ void fo_retransmit(struct shift_dqp *d, struct out *o)
 	d->switch_us = shift_clock_us() - d->t_error_us;
 	shift_info("%s QP %u: on backup QP %u (failover %lu): %lu WRs retransmitted, %llu already "
 		   "executed at the peer completed, switch time %llu us", d->dev, d->qpn, d->bk->qp_num,
-		   d->failovers, __atomic_load_n(&d->retransmitted, __ATOMIC_RELAXED) - before,
+		   d->failovers, SHIFT_STAT(d->retransmitted) - before,
 		   (unsigned long long)skipped,
 		   (unsigned long long)d->switch_us);
 }

@@ -72,13 +72,13 @@ int fo_ret_start(struct shift_ctx *s, struct shift_dqp *d, struct out *o)
 		fo_fail_pending(d, o);
 		return -1;
 	}
-	d->failovers++;
+	SHIFT_STAT_ADD(d->failovers, 1);
 	shift_dqp_set_ep_wait(d, SHIFT_EP_WAIT_RETURN, "return episode: the peer's counter");
 	d->ret_ep = d->failovers;
 	d->ret_count = (uint32_t)d->rq_tail;
 	d->wait_since = shift_clock_ms();
 	d->kv_at = 0;
-	d->last_switch_s = shift_clock_wall_s();
+	SHIFT_STAT_SET(d->last_switch_s, shift_clock_wall_s());
 	fo_ep_publish(s, d);
 	shift_info("%s QP %u: the backup path failed, the default path works: back to the default "
 		   "QP (failover %lu, receive counter %u)", d->dev, d->qpn, d->failovers,
@@ -148,10 +148,10 @@ void fo_ret_finish(struct shift_ctx *s, struct shift_dqp *d, struct out *o)
 	}
 	shift_dqp_unlock(d);
 	d->dflt = SHIFT_DFLT_OK;
-	d->failbacks++;
+	SHIFT_STAT_ADD(d->failbacks, 1);
 	d->failback_fails = 0;
 	d->switch_us = d->t_error_us ? shift_clock_us() - d->t_error_us : 0;
-	d->last_switch_s = shift_clock_wall_s();
+	SHIFT_STAT_SET(d->last_switch_s, shift_clock_wall_s());
 	shift_info("%s QP %u: back on the default QP after the backup failed (failover %lu): %llu "
 		   "WRs moved there, %llu already executed at the peer completed", d->dev, d->qpn,
 		   d->failovers, (unsigned long long)moved, (unsigned long long)done_n);

@@ -278,7 +278,7 @@ static void stop_default(struct shift_ctx *s, struct shift_dqp *d, bool again)
 	d->notify_sent = false;     /* (the peer resets its default QP again) */
 	if (d->ep_wait == SHIFT_EP_WAIT_RETURN || d->ep_wait == SHIFT_EP_WAIT_PEER)
 		shift_dqp_set_ep_wait(d, SHIFT_EP_RUNNING, "failover");
-	d->last_switch_s = shift_clock_wall_s();
+	SHIFT_STAT_SET(d->last_switch_s, shift_clock_wall_s());
 	shift_ctx_set_slow(s, true);
 	if (again) {
 		/* completions of the old backup first: older than the default
@@ -372,7 +372,7 @@ int fo_start(struct shift_ctx *s, struct shift_dqp *d, struct out *o,
 		if (again)
 			d->bk_rd_stale = true;
 	}
-	d->failovers++;
+	SHIFT_STAT_ADD(d->failovers, 1);
 	d->wait_since = shift_clock_ms();
 	if (again && !fo_peer_old_dead(d)) {
 		/* (what the background pass read last says it has not: it

@@ -207,7 +207,7 @@ static void probe_default(struct shift_ctx *s, struct shift_dqp *d, uint64_t now
 				shift_dqp_sync_locked(d);
 				if (d->sq_tail == d->sq_head) {
 					shift_dqp_set_send_state(d, SHIFT_SEND_DEFAULT, "receive-only QP back on the default QP");
-					d->failbacks++;
+					SHIFT_STAT_ADD(d->failbacks, 1);
 				}
 				shift_dqp_unlock(d);
 				shift_info("%s QP %u: default QP reset to RTR (the application never sends on it)",

@@ -120,9 +120,10 @@ void shift_status_write(struct shift_rnic *r)
 			q->peer_known ? q->peer_bk.qpn : 0,
 			d && ss < 5 ? send_names[ss] : "-",
 			!d ? "-" : __atomic_load_n(&d->recv_state, __ATOMIC_RELAXED) ? "fallback" : "default",
-			d ? d->failovers : 0, d ? d->failbacks : 0,
-			d ? __atomic_load_n(&d->retransmitted, __ATOMIC_RELAXED) : 0,
-			d ? d->bk_gen : 0, d ? (unsigned long long)d->last_switch_s : 0ull,
+			d ? SHIFT_STAT(d->failovers) : 0, d ? SHIFT_STAT(d->failbacks) : 0,
+			d ? SHIFT_STAT(d->retransmitted) : 0,
+			d ? SHIFT_STAT(d->bk_gen) : 0,
+			d ? (unsigned long long)SHIFT_STAT(d->last_switch_s) : 0ull,
 			q->why ? q->why : "-");
 	}
 	pthread_mutex_unlock(&r->lock);
