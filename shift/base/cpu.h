@@ -19,6 +19,8 @@ static inline void shift_cpu_relax(void)
 }
 
 #define SHIFT_STAT(x) __atomic_load_n(&(x), __ATOMIC_RELAXED)
+/* a counter other threads advance atomically (a QP's rq_tail, sig_tail) */
+#define SHIFT_LOAD(x) __atomic_load_n(&(x), __ATOMIC_RELAXED)
 #define SHIFT_STAT_SET(x, v) __atomic_store_n(&(x), (v), __ATOMIC_RELAXED)
 #define SHIFT_STAT_ADD(x, v) ((void)__atomic_fetch_add(&(x), (v), __ATOMIC_RELAXED))
 

@@ -344,7 +344,8 @@ void fo_end_from(struct shift_ctx *s, struct shift_dqp *d, struct out *o, const 
 		fo_flush_backup(s, d, true);
 	shift_dqp_lock(d);
 	shift_dqp_sync_locked(d);
-	uint64_t sq = sends ? d->sq_tail : d->sq_head, rq = recvs ? d->rq_tail : d->rq_head;
+	uint64_t sq = sends ? d->sq_tail : d->sq_head;
+	uint64_t rq = recvs ? SHIFT_LOAD(d->rq_tail) : d->rq_head;
 
 	sq = sq < sq_min ? sq_min : sq;
 	rq = rq < rq_min ? rq_min : rq;

@@ -82,11 +82,11 @@ static void held_from(struct shift_dqp *d, uint64_t *sq, uint64_t *rq)
 	*sq = marked && d->fail_sq != FO_BY_STATE ? d->fail_sq
 	      : shift_dqp_send_state(d) == SHIFT_SEND_DEFAULT ? d->sq_head : d->sq_tail;
 	*rq = marked && d->fail_rq != FO_BY_STATE ? d->fail_rq
-	      : shift_dqp_recv_state(d) == SHIFT_RECV_FALLBACK ? d->rq_tail : d->rq_head;
+	      : shift_dqp_recv_state(d) == SHIFT_RECV_FALLBACK ? SHIFT_LOAD(d->rq_tail) : d->rq_head;
 	if (*sq < d->sq_tail)
 		*sq = d->sq_tail;
-	if (*rq < d->rq_tail)
-		*rq = d->rq_tail;
+	if (*rq < SHIFT_LOAD(d->rq_tail))
+		*rq = SHIFT_LOAD(d->rq_tail);
 	if (d->post_failed) {
 		/* (WRs of a refused post: SHIFT's, behind the provider's) */
 		*sq = *sq < d->sq_taken ? *sq : d->sq_taken;
@@ -146,7 +146,8 @@ void fo_fail_connection(struct shift_dqp *d, struct out *o, const char *why,
 	shift_dqp_lock(d);
 	shift_dqp_sync_locked(d);
 	held_from(d, &sq, &rq);
-	bool partial = (sq > d->sq_tail && sq < d->sq_head) || (rq > d->rq_tail && rq < d->rq_head);
+	bool partial = (sq > d->sq_tail && sq < d->sq_head) ||
+		       (rq > SHIFT_LOAD(d->rq_tail) && rq < d->rq_head);
 	bool first = sq == d->sq_tail && sq < d->sq_head; /* (no send of it on the default QP) */
 
 	d->fail_why = NULL;

@@ -139,7 +139,7 @@ int fo_post_probe(struct shift_dqp *d)
  * fo_fail_mark, the caller fails the connection once it unlocks). */
 int fo_receives_back(struct shift_dqp *d)
 {
-	for (uint64_t i = d->rq_tail; i < d->rq_head; i++) {
+	for (uint64_t i = SHIFT_LOAD(d->rq_tail); i < d->rq_head; i++) {
 		struct shift_rwqe *e = shift_dqp_rwqe(d, i);
 		struct ibv_recv_wr wr = { .wr_id = e->wr_id, .sg_list = e->sge,
 					  .num_sge = (int)e->num_sge }, *bad;
@@ -292,7 +292,7 @@ static void probe_ok(struct shift_dqp *d, const char *how)
 void fo_try_notify(struct shift_dqp *d)
 {
 	/* (on an SRQ the peer's later sends may be received already) */
-	uint32_t counted = d->dsrq ? fo_srq_counted(d) : (uint32_t)d->rq_tail;
+	uint32_t counted = d->dsrq ? fo_srq_counted(d) : (uint32_t)SHIFT_LOAD(d->rq_tail);
 	uint32_t behind = CTRL_COUNT(d->notify_count - counted);
 
 	if (!d->notify_pending)
@@ -303,7 +303,7 @@ void fo_try_notify(struct shift_dqp *d)
 		return; /* (on an SRQ: ... and handed out, fo/srq.c) */
 	if (behind)
 		shift_warn("%s QP %u: consumed more receives (%u) than the peer sent on the backup (%u)",
-			   d->dev, d->qpn, CTRL_COUNT((uint32_t)d->rq_tail), d->notify_count);
+			   d->dev, d->qpn, CTRL_COUNT((uint32_t)SHIFT_LOAD(d->rq_tail)), d->notify_count);
 	shift_dqp_lock(d);
 	int rc = fo_receives_back(d);
 	uint64_t tail = __atomic_load_n(&d->rq_tail, __ATOMIC_RELAXED);

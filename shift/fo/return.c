@@ -75,14 +75,14 @@ int fo_ret_start(struct shift_ctx *s, struct shift_dqp *d, struct out *o)
 	SHIFT_STAT_ADD(d->failovers, 1);
 	shift_dqp_set_ep_wait(d, SHIFT_EP_WAIT_RETURN, "return episode: the peer's counter");
 	d->ret_ep = d->failovers;
-	d->ret_count = (uint32_t)d->rq_tail;
+	d->ret_count = (uint32_t)SHIFT_LOAD(d->rq_tail);
 	d->wait_since = shift_clock_ms();
 	d->kv_at = 0;
 	SHIFT_STAT_SET(d->last_switch_s, shift_clock_wall_s());
 	fo_ep_publish(s, d);
 	shift_info("%s QP %u: the backup path failed, the default path works: back to the default "
 		   "QP (failover %lu, receive counter %u)", d->dev, d->qpn, d->failovers,
-		   (uint32_t)d->rq_tail);
+		   (uint32_t)SHIFT_LOAD(d->rq_tail));
 	return 0;
 }
 

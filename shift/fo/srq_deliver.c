@@ -216,7 +216,7 @@ uint32_t fo_srq_counted(const struct shift_dqp *d)
 {
 	const struct bounce *b = d->fo_bounce;
 
-	return (uint32_t)d->rq_tail - (b ? b->late : 0);
+	return (uint32_t)SHIFT_LOAD(d->rq_tail) - (b ? b->late : 0);
 }
 
 /* d's receives are back on its default QP: what it held follows the

@@ -409,7 +409,7 @@ int fo_finish_start(struct shift_ctx *s, struct shift_dqp *d, bool reset)
 	}
 	d->need_rearm = true; /* this failover uses it */
 	shift_dqp_lock(d);
-	for (uint64_t i = d->rq_tail; i < d->rq_head; i++) {
+	for (uint64_t i = SHIFT_LOAD(d->rq_tail); i < d->rq_head; i++) {
 		if (fo_post_bk_recv(d, i)) {
 			d->recv_hold = false;
 			shift_dqp_unlock(d);
@@ -435,7 +435,7 @@ int fo_finish_start(struct shift_ctx *s, struct shift_dqp *d, bool reset)
 	enum shift_log_level lv = fo_first_failover(s) ? SHIFT_LOG_WARN : SHIFT_LOG_INFO;
 
 	shift_log(lv, "%s QP %u: failing over to backup QP %u (receive counter %u, failover %lu)",
-		  d->dev, d->qpn, d->bk->qp_num, (uint32_t)d->rq_tail, d->failovers);
+		  d->dev, d->qpn, d->bk->qp_num, (uint32_t)SHIFT_LOAD(d->rq_tail), d->failovers);
 	if (fo_peer_armed(d)) {
 		fo_send_my_ctrl(s, d);
 	} else {
@@ -455,7 +455,8 @@ void fo_send_my_ctrl(struct shift_ctx *s, struct shift_dqp *d)
 {
 	if (d->ep_wait == SHIFT_EP_WAIT_PEER)
 		shift_dqp_set_ep_wait(d, SHIFT_EP_RUNNING, "the peer's backup is ready");
-	if (fo_send_ctrl(d, CTRL_COUNT((uint32_t)d->rq_tail) | (fo_app_sends(s, d) ? 0 : CTRL_NOSEND))) {
+	if (fo_send_ctrl(d, CTRL_COUNT((uint32_t)SHIFT_LOAD(d->rq_tail)) |
+				    (fo_app_sends(s, d) ? 0 : CTRL_NOSEND))) {
 		fo_fail_mark(d, "cannot send the handshake message", FO_BY_STATE, FO_BY_STATE);
 		return;
 	}
