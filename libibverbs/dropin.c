@@ -59,6 +59,30 @@ static void *real_sym(const char *name, const char *version)
 
 #define REAL(slot, name, version) (real_lower.slot = real_sym(name, version))
 
+/*
+ * mlx5's description of a QP's queues, for native work-queue access
+ * (providers/mlx5.c): from the libmlx5 the real libibverbs loaded for an
+ * mlx5 device (SHIFT never loads it: RTLD_NOLOAD; the libmlx5 front, if
+ * that is what answers to the name, forwards to the same).
+ */
+static int real_mlx5dv_init_obj(struct mlx5dv_obj *obj, uint64_t obj_type)
+{
+	static int (*fn)(struct mlx5dv_obj *, uint64_t);
+	int (*f)(struct mlx5dv_obj *, uint64_t) = __atomic_load_n(&fn, __ATOMIC_ACQUIRE);
+
+	if (!f) {
+		void *h = dlopen("libmlx5.so.1", RTLD_NOW | RTLD_LOCAL | RTLD_NOLOAD);
+
+		if (!h)
+			return EOPNOTSUPP;
+		*(void **)&f = dlsym(h, "mlx5dv_init_obj");
+		if (!f)
+			return EOPNOTSUPP;
+		__atomic_store_n(&fn, f, __ATOMIC_RELEASE);
+	}
+	return f(obj, obj_type);
+}
+
 static void fill_lower(const char *path)
 {
 	static char label[600];
@@ -102,6 +126,7 @@ static void fill_lower(const char *path)
 	REAL(modify_srq, "ibv_modify_srq", "IBVERBS_1.1");
 	REAL(query_srq, "ibv_query_srq", "IBVERBS_1.1");
 	REAL(destroy_srq, "ibv_destroy_srq", "IBVERBS_1.1");
+	real_lower.mlx5dv_init_obj = real_mlx5dv_init_obj;
 	shift_lower_set(&real_lower);
 }
 

@@ -3,9 +3,12 @@
  * attributes, once per context.
  */
 #include "providers/provider.h"
+#include "shift/base/config.h"
+#include "shift/base/log.h"
 #include "shift/base/lower.h"
 
 #include <pthread.h>
+#include <string.h>
 
 static const struct shift_provider *const providers[] = {
 	&shift_provider_rxe,
@@ -97,4 +100,25 @@ uint8_t shift_provider_retry_cnt(struct ibv_context *ctx, uint8_t want)
 const char *shift_provider_wq_name(const struct shift_provider *p)
 {
 	return p->wq == SHIFT_WQ_NATIVE ? "native" : "mirror";
+}
+
+struct shift_nwq *shift_provider_native_wq(struct ibv_qp *qp)
+{
+	const struct shift_provider *p = shift_provider_of(qp->context);
+	struct shift_nwq *q = NULL;
+	static bool said;
+	int rc;
+
+	if (p->wq != SHIFT_WQ_NATIVE || !p->native_wq || !shift_config.native_wq)
+		return NULL;
+	rc = p->native_wq(qp, &q);
+	if (rc) {
+		if (!__atomic_exchange_n(&said, true, __ATOMIC_RELAXED))
+			shift_warn("%s QP %u: the %s provider's queues cannot be read (%s): its "
+				   "posts are mirrored (said once)",
+				   qp->context->device ? qp->context->device->name : "?",
+				   qp->qp_num, p->name, strerror(rc));
+		return NULL;
+	}
+	return q;
 }

@@ -12,11 +12,12 @@
  *
  * Work-queue access: at failover SHIFT needs every outstanding send and
  * receive WQE of the failed QP, as work requests to repost on the backup
- * QP. The generic way, and today the only one, is SHIFT's own mirror of
- * every posted WR (shift/dp/dqp.h). A provider whose queues SHIFT can read
- * directly (mlx5 through its direct-verbs description of the QP buffers)
- * sets wq to SHIFT_WQ_NATIVE and fills the readers; none does yet, and
- * shift_provider_wq_name() says so wherever SHIFT reports it.
+ * QP. The generic way is SHIFT's own mirror of every posted WR
+ * (shift/dp/dqp.h). A provider whose queues SHIFT can read back (mlx5,
+ * through its direct-verbs description of the QP buffers) sets wq to
+ * SHIFT_WQ_NATIVE and native_wq: its posts then record only the wr_id and
+ * where the WQE starts (shift/dp/nwq.h). A QP whose queues cannot be
+ * described keeps the mirror, as does every QP when SHIFT_NATIVE_WQ=0.
  */
 #ifndef SHIFT_PROVIDERS_PROVIDER_H
 #define SHIFT_PROVIDERS_PROVIDER_H
@@ -30,12 +31,7 @@ enum shift_wq_access {
 	SHIFT_WQ_NATIVE, /* read from the provider's own queues at failover */
 };
 
-/* One outstanding WQE, rebuilt as the work request that posted it. */
-struct shift_wqe_sink {
-	void *arg;
-	int (*send)(void *arg, const struct ibv_send_wr *wr);
-	int (*recv)(void *arg, const struct ibv_recv_wr *wr);
-};
+struct shift_nwq;
 
 struct shift_provider {
 	const char *name;
@@ -45,11 +41,9 @@ struct shift_provider {
 	 * `want` for (NULL: want, unchanged). */
 	uint8_t (*retry_cnt)(const char *dev, uint8_t want);
 	enum shift_wq_access wq;
-	/* SHIFT_WQ_NATIVE only: hand each outstanding send (receive) WQE of
-	 * qp to sink, oldest first. 0, or a positive errno (the QP then
-	 * cannot fail over). */
-	int (*read_send_wqes)(struct ibv_qp *qp, const struct shift_wqe_sink *sink);
-	int (*read_recv_wqes)(struct ibv_qp *qp, const struct shift_wqe_sink *sink);
+	/* SHIFT_WQ_NATIVE only: describe qp's queues (*out malloc'ed): 0,
+	 * or a positive errno (the QP then keeps the mirror) */
+	int (*native_wq)(struct ibv_qp *qp, struct shift_nwq **out);
 };
 
 extern const struct shift_provider shift_provider_rxe;
@@ -72,5 +66,9 @@ void shift_provider_fork_done(void);
 uint8_t shift_provider_retry_cnt(struct ibv_context *ctx, uint8_t want);
 /* "mirror" or "native", for status and logs. */
 const char *shift_provider_wq_name(const struct shift_provider *p);
+/* Native access to qp's queues if its provider gives it and SHIFT_NATIVE_WQ
+ * allows: the description (malloc'ed), or NULL (the mirror; a provider
+ * that should have given it and did not is logged once). */
+struct shift_nwq *shift_provider_native_wq(struct ibv_qp *qp);
 
 #endif /* SHIFT_PROVIDERS_PROVIDER_H */

@@ -36,6 +36,9 @@ void shift_dqp_link(struct shift_ctx *s, struct shift_dqp *d, struct ibv_cq *sen
 /* The extended-verb slots of a context SHIFT attached (shift/vctx.c):
  * taken after shift_ctx_attach(), given back before shift_ctx_detach(). */
 void shift_vctx_take(struct shift_ctx *s);
+/* A new protected QP (d may be NULL) reads its provider's queues back at
+ * failover if the provider lets it (shift/dp/nwq.h), else keeps the mirror. */
+void shift_qp_native(struct shift_dqp *d);
 void shift_vctx_give_back(struct shift_ctx *s);
 
 /* Install the fork() handlers (shift/fork.c); once, before the first

@@ -81,6 +81,7 @@ static struct shift_dqp *qp_ex_protect(struct shift_ctx *s, struct ibv_qp *qp,
 	d = shift_dqp_create(qp, &attr->cap, attr->sq_sig_all);
 	if (!d)
 		return NULL;
+	shift_qp_native(d);
 	if (qx && shift_qpx_attach(s, d, qx)) {
 		shift_warn("%s QP %u unprotected: its ibv_qp_ex cannot be taken over (no "
 			   "wr_start/complete/abort, or out of memory)", d->dev, d->qpn);

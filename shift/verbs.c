@@ -12,7 +12,9 @@
 #include "shift/srq.h"
 #include "shift/dp/cqex.h"
 #include "shift/dp/qpex.h"
+#include "shift/dp/nwq.h"
 #include "shift/dp/state.h"
+#include "shift/base/config.h"
 #include "providers/provider.h"
 #include "shift/shadow/shadow.h"
 #include "shift/shadow/chan.h"
@@ -74,6 +76,17 @@ static void install_upcalls(void)
 	shift_fork_install();
 }
 
+void shift_qp_native(struct shift_dqp *d)
+{
+	struct shift_nwq *q = d ? shift_provider_native_wq(d->qp) : NULL;
+
+	if (!q)
+		return;
+	shift_dqp_set_native(d, q);
+	shift_debug("%s QP %u: native %s work queues (%u send blocks, %u receives)", d->dev,
+		    d->qpn, q->format, q->sq_cnt, q->rq_cnt);
+}
+
 struct ibv_context *shift_ibv_open_device(struct ibv_device *device)
 {
 	static pthread_once_t upcalls_once = PTHREAD_ONCE_INIT;
@@ -83,6 +96,8 @@ struct ibv_context *shift_ibv_open_device(struct ibv_device *device)
 	if (ctx) {
 		pthread_once(&upcalls_once, install_upcalls);
 		s = shift_ctx_attach(ctx); /* on failure: unprotected, logged */
+		if (s && shift_config.native_wq && shift_provider_of(ctx)->wq == SHIFT_WQ_NATIVE)
+			shift_ctx_set_native(s);
 		if (s) {
 			shift_vctx_take(s);
 			shift_rnic_start(s); /* (sets s->rnic) */
@@ -365,6 +380,7 @@ struct ibv_qp *shift_ibv_create_qp(struct ibv_pd *pd,
 	if (qp_init_attr->qp_type == IBV_QPT_RC && shift_srq_ok(qp_init_attr->srq) &&
 	    !shift_cqx_blocks(qp_init_attr->send_cq) && !shift_cqx_blocks(qp_init_attr->recv_cq))
 		d = shift_dqp_create(qp, &qp_init_attr->cap, qp_init_attr->sq_sig_all);
+	shift_qp_native(d);
 	struct ibv_qp_cap cap = shift_srq_qp_created(d, qp, qp_init_attr->qp_type,
 						     qp_init_attr->srq, &qp_init_attr->cap);
 

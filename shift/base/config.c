@@ -261,6 +261,11 @@ static const struct config_row rows[] = {
 	  "on a backup CQ, the application's control verbs); this bounds the rest (a backup "
 	  "CQ of an application channel nobody waits on, status, KV refresh and retries)",
 	  parse_bounded, FIELD_RANGE(idle_ms, 10, 10000) },
+	{ "SHIFT_NATIVE_WQ", "1",
+	  "read a failed QP's outstanding work requests back from the provider's own queues "
+	  "where its provider lets SHIFT (mlx5), so that a post copies nothing; 0 = mirror "
+	  "every posted work request on every device",
+	  parse_bool, FIELD(native_wq) },
 	{ "SHIFT_STATUS_DIR", NULL,
 	  "where each process writes its per-QP status for shiftctl ('' = none; default "
 	  "$XDG_RUNTIME_DIR/shift, else /run/shift/UID, else /tmp/shift-UID; must be owned "

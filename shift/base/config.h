@@ -35,6 +35,7 @@ struct shift_config {
 	unsigned kv_ttl_s;        /* SHIFT_KV_TTL_S */
 	unsigned poke_ms;         /* SHIFT_POKE_MS */
 	unsigned idle_ms;         /* SHIFT_IDLE_MS */
+	bool native_wq;           /* SHIFT_NATIVE_WQ */
 	char status_dir[256];     /* SHIFT_STATUS_DIR */
 
 	/* Not environment knobs: the timing of the background work, in

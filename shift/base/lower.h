@@ -23,6 +23,8 @@
 
 #include <infiniband/verbs.h>
 
+struct mlx5dv_obj;
+
 struct shift_lower {
 	const char *name; /* "rdma-core <path>", "sim", ... for logs */
 
@@ -94,6 +96,11 @@ struct shift_lower {
 			  int srq_attr_mask);
 	int (*query_srq)(struct ibv_srq *srq, struct ibv_srq_attr *srq_attr);
 	int (*destroy_srq)(struct ibv_srq *srq);
+
+	/* provider direct verbs: mlx5's description of a QP's queues
+	 * (mlx5dv_init_obj), for native work-queue access (providers/mlx5.c);
+	 * NULL: none */
+	int (*mlx5dv_init_obj)(struct mlx5dv_obj *obj, uint64_t obj_type);
 };
 
 /*

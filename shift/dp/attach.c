@@ -147,6 +147,18 @@ struct shift_ctx *shift_ctx_attach(struct ibv_context *ibctx)
 	return s;
 }
 
+void shift_ctx_set_native(struct shift_ctx *s)
+{
+	struct ibv_context *ibctx = s->ibctx;
+
+	pthread_mutex_lock(&shift_ctx_lock);
+	if (ibctx->ops.post_send == shift_dp_post_send)
+		ibctx->ops.post_send = shift_dp_post_send_native;
+	if (ibctx->ops.post_recv == shift_dp_post_recv)
+		ibctx->ops.post_recv = shift_dp_post_recv_native;
+	pthread_mutex_unlock(&shift_ctx_lock);
+}
+
 /* The provider's ops back on s's context, s out of the context tables
  * (shift_ctx_lock held). */
 static void give_back_locked(struct shift_ctx *s)

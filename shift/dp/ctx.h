@@ -192,6 +192,9 @@ void shift_dp_fork_child(void (*before)(struct shift_ctx *s));
 /* Polls of s's context take the slow path (shift_poll_slow) or the fast
  * one again: sets s->slow and the context's ops.poll_cq. */
 void shift_ctx_set_slow(struct shift_ctx *s, bool slow);
+/* s's provider gives native work-queue access (dp/nwq.h): its posts take
+ * the native paths (each QP without it still the mirror's). */
+void shift_ctx_set_native(struct shift_ctx *s);
 
 /*
  * Lock-free walks of the per-context QPN chains: shift_ctx_add_dqp and

@@ -119,6 +119,7 @@ void shift_dqp_destroy(struct shift_dqp *d)
 		return;
 	pthread_mutex_destroy(&d->rk_lock);
 	free(d->rk);
+	free(d->nwq);
 	free(d->sq);
 	free(d->rq);
 	free(d);

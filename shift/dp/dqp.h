@@ -49,40 +49,13 @@
 #include "shift/base/cpu.h"
 #include "shift/base/log.h"
 #include "shift/dp/state.h"
+#include "shift/dp/wrid.h"
 
 /* Access flags for the QPs SHIFT connects (backup, default after a reset):
  * the application's plus remote write, which SHIFT's own messages need
  * (handshake and notification WRITE_WITH_IMM, the empty probe WRITE); each
  * MR's own flags still protect memory. */
 #define SHIFT_QP_ACCESS(app) ((app) | IBV_ACCESS_REMOTE_WRITE)
-
-/* wr_ids of what SHIFT posts on a backup QP (it posts nothing else there) */
-#define SHIFT_WRID_CTRL_RECV 0x7ff0000000000001ull
-#define SHIFT_WRID_CTRL_SEND 0x7ff0000000000002ull
-/*
- * SHIFT's own WRs on the application's default QP while it is failed over
- * (their completions come on the application's CQs): the notification's
- * receive, the recovery probe, the failback notification and the empty RDMA
- * READ that may go ahead of it (dflt_rd_stale). No wr_id value is SHIFT's
- * there: each carries its QP's own tag (a hash of its device and QP number,
- * shift_dqp_own_wrid()) and its kind in the low 4 bits. (On the backup QP,
- * SHIFT's alone, the constants above and SHIFT_WRID_DATA apply.)
- */
-enum {
-	SHIFT_OWN_CTRL_RECV = 1,
-	SHIFT_OWN_PROBE = 3,
-	SHIFT_OWN_NOTIFY = 4,
-	SHIFT_OWN_NOTIFY_READ = 5,
-};
-#define SHIFT_WRID_DATA (1ull << 63)      /* | RECV | mirror index */
-#define SHIFT_WRID_RECV (1ull << 62)
-#define SHIFT_WRID_INDEX(w) ((w) & ((1ull << 48) - 1))
-/* ... | RECV | BOUNCE | slot: SHIFT's own receive of a QP on an SRQ */
-#define SHIFT_WRID_BOUNCE (1ull << 47)
-/* the backup QP's generation (resets) a WR was posted in: completions of an
- * earlier one (flushes of a reset, late) are told apart from the current */
-#define SHIFT_WRID_GEN(g) ((uint64_t)((g) & 0x3fffu) << 48)
-#define SHIFT_WRID_GEN_OF(w) ((unsigned)((w) >> 48) & 0x3fffu)
 
 /*
  * One mirrored send WR; its SGEs and inline bytes follow it in the ring.
@@ -112,6 +85,7 @@ struct shift_rwqe {
 };
 
 struct shift_fo_stash; /* (shift/fo/fo_int.h) */
+struct shift_nwq;      /* (shift/dp/nwq.h) */
 
 /* A backup key as read: the key, and the range of remote addresses the
  * peer's MR answers to ([addr, addr + len); ranged false: any) */
@@ -163,7 +137,11 @@ struct shift_dqp {
 		/* send WRs posted, by opcode (shift_dqp_opslot()): the receive
 		 * consumers among them are shift_dqp_consumers_posted(), used
 		 * modulo 2^32 */
-		uint32_t posted_by_op[16];
+		uint32_t posted_by_op[12];
+		/* native access (dp/nwq.h): the provider's send and receive
+		 * producer counters (big-endian doorbell records), NULL on
+		 * the mirror path */
+		const volatile uint32_t *sq_dbrec, *rq_dbrec;
 	} __attribute__((aligned(64)));
 	struct {
 		union {
@@ -203,6 +181,8 @@ struct shift_dqp {
 	uint32_t max_send_sge;
 	uint32_t max_inline;
 	uint32_t max_recv_sge;
+
+	struct shift_nwq *nwq;        /* native access (dp/nwq.h), NULL: mirror */
 
 	/* failover (shift/fo/), under the CQs' dp_lock */
 	struct shift_qp *shadow;      /* its shadow (backup QP, peer attributes) */
@@ -388,7 +368,7 @@ static inline bool shift_wr_consumes_recv(unsigned opcode)
 /* posted_by_op's slot of an opcode (an unknown one shares the last) */
 static inline unsigned shift_dqp_opslot(unsigned opcode)
 {
-	return opcode < 16 ? opcode : 15;
+	return opcode < 12 ? opcode : 11;
 }
 
 /* Create the data-path state of an RC QP from its actual capabilities
@@ -421,7 +401,7 @@ static inline uint32_t shift_dqp_consumers_posted(const struct shift_dqp *d)
 {
 	uint32_t n = 0;
 
-	for (unsigned op = 0; op < 16; op++)
+	for (unsigned op = 0; op < 12; op++)
 		if (shift_wr_consumes_recv(op))
 			n += d->posted_by_op[op];
 	return n;

@@ -11,6 +11,7 @@
 #include "shift/dp/post.h"
 #include "shift/dp/ctx.h"
 #include "shift/dp/dsrq.h"
+#include "shift/dp/nwq.h"
 
 #include <errno.h>
 #include <stddef.h>
@@ -300,6 +301,156 @@ __attribute__((hot)) int shift_dp_post_recv(struct ibv_qp *qp, struct ibv_recv_w
 			return post_recv_fast(d, qp, wr, bad_wr, 0);
 	}
 	return shift_post_recv(qp, wr, bad_wr);
+}
+
+/*
+ * Native work-queue access (dp/nwq.h): in the Default state a post records
+ * each WR's wr_id, opcode, flags and WQE index only; the provider's queue
+ * holds the rest. A QP without it takes the mirror's paths above.
+ */
+
+/* The provider refused WRs a native post recorded: its queue does not hold
+ * them, so they are mirrored in full (post_lock held), then as above. */
+static __attribute__((noinline, cold)) int native_send_refused(struct shift_dqp *d,
+							       struct ibv_send_wr *wr,
+							       struct ibv_send_wr *bad,
+							       uint64_t head, int rc)
+{
+	while (d->sq_head > head)
+		shift_dqp_unrecord_last_send(d);
+	if (shift_dqp_record_send(d, wr))
+		return rc; /* (the mirror cannot hold them: unprotected, said) */
+	return send_refused(d, wr, bad, head, rc);
+}
+
+static __attribute__((noinline, cold)) int native_recv_refused(struct shift_dqp *d,
+							       struct ibv_recv_wr *wr,
+							       struct ibv_recv_wr *bad,
+							       uint64_t head, int rc)
+{
+	d->rq_head = head;
+	if (shift_dqp_record_recv(d, wr))
+		return rc;
+	return recv_refused(d, wr, bad, head, rc);
+}
+
+/* Record send WR w at sq_head, its WQE at idx (post_lock held, room). */
+static inline __attribute__((always_inline)) void
+native_record(struct shift_dqp *d, const struct ibv_send_wr *w, uint32_t idx)
+{
+	struct shift_swqe *e = shift_dqp_swqe(d, d->sq_head);
+
+	e->wr_id = w->wr_id;
+	e->num_sge = SHIFT_WQE_NATIVE;
+	e->opcode = (uint32_t)w->opcode;
+	e->send_flags = w->send_flags;
+	e->imm = idx;
+	if ((w->send_flags & IBV_SEND_SIGNALED) || d->sq_sig_all)
+		d->sig_head++;
+	d->posted_by_op[w->opcode]++; /* (shift_nwq_send_op: < 12) */
+	d->sq_head++;
+}
+
+/* A chain, or a WR the single fast path did not take. */
+static __attribute__((noinline)) int native_post_chain(struct shift_dqp *d, struct ibv_qp *qp,
+						       struct ibv_send_wr *wr,
+						       struct ibv_send_wr **bad_wr)
+{
+	uint64_t head;
+	uint32_t idx;
+	int rc;
+
+	shift_dqp_lock(d);
+	head = d->sq_head;
+	idx = shift_nwq_index(d->sq_dbrec);
+	for (const struct ibv_send_wr *w = wr; w; w = w->next) {
+		if (shift_unlikely(!shift_nwq_send_op((unsigned)w->opcode) || d->sq_head >= d->sq_limit))
+			goto general;
+		native_record(d, w, w == wr ? idx : SHIFT_WQE_FOLLOWS);
+	}
+	rc = d->prov_post_send(qp, wr, bad_wr);
+	if (shift_unlikely(rc))
+		rc = native_send_refused(d, wr, *bad_wr, head, rc);
+	else if (d->sq_head - head > 1)
+		shift_dqp_native_chain(d, head, d->sq_head - head);
+	shift_dqp_unlock(d);
+	return rc;
+general:
+	while (d->sq_head > head)
+		shift_dqp_unrecord_last_send(d);
+	shift_dqp_unlock(d);
+	return shift_post_send(qp, wr, bad_wr);
+}
+
+__attribute__((hot)) int shift_dp_post_send_native(struct ibv_qp *qp, struct ibv_send_wr *wr,
+						   struct ibv_send_wr **bad_wr)
+{
+	struct shift_dqp *d = __atomic_load_n(&shift_dqp_tab[shift_dqp_hash(qp)],
+					      __ATOMIC_ACQUIRE);
+
+	while (shift_unlikely(d->qp != qp)) {
+		if (d == &shift_dqp_none)
+			return unprotected_post_send(qp, wr, bad_wr);
+		d = __atomic_load_n(&d->next_by_qp, __ATOMIC_ACQUIRE);
+	}
+	if (shift_unlikely(!d->sq_dbrec))
+		return shift_dp_post_send(qp, wr, bad_wr);
+	if (shift_likely(!wr->next && shift_nwq_send_op((unsigned)wr->opcode))) {
+		shift_dqp_lock(d);
+		if (shift_likely(d->sq_head < d->sq_limit)) {
+			int rc;
+
+			native_record(d, wr, shift_nwq_index(d->sq_dbrec));
+			rc = d->prov_post_send(qp, wr, bad_wr);
+			if (shift_unlikely(rc))
+				rc = native_send_refused(d, wr, *bad_wr, d->sq_head - 1, rc);
+			shift_dqp_unlock(d);
+			return rc;
+		}
+		shift_dqp_unlock(d);
+		return shift_post_send(qp, wr, bad_wr);
+	}
+	return native_post_chain(d, qp, wr, bad_wr);
+}
+
+__attribute__((hot)) int shift_dp_post_recv_native(struct ibv_qp *qp, struct ibv_recv_wr *wr,
+						   struct ibv_recv_wr **bad_wr)
+{
+	struct shift_dqp *d = __atomic_load_n(&shift_dqp_tab[shift_dqp_hash(qp)],
+					      __ATOMIC_ACQUIRE);
+	uint64_t head;
+	uint32_t idx;
+	int rc;
+
+	while (shift_unlikely(d->qp != qp)) {
+		if (d == &shift_dqp_none)
+			return unprotected_post_recv(qp, wr, bad_wr);
+		d = __atomic_load_n(&d->next_by_qp, __ATOMIC_ACQUIRE);
+	}
+	if (shift_unlikely(!d->rq_dbrec))
+		return shift_dp_post_recv(qp, wr, bad_wr);
+	shift_dqp_lock(d);
+	head = d->rq_head;
+	idx = shift_nwq_index(d->rq_dbrec);
+	for (const struct ibv_recv_wr *w = wr; w; w = w->next) {
+		/* (room fails unless both states are Default) */
+		if (shift_unlikely(!shift_dqp_rq_room(d))) {
+			d->rq_head = head;
+			shift_dqp_unlock(d);
+			return shift_post_recv(qp, wr, bad_wr);
+		}
+		struct shift_rwqe *e = shift_dqp_rwqe(d, d->rq_head);
+
+		e->wr_id = w->wr_id;
+		e->num_sge = SHIFT_WQE_NATIVE;
+		e->pad = idx++ & 0xffff;
+		d->rq_head++;
+	}
+	rc = d->prov_post_recv(qp, wr, bad_wr);
+	if (shift_unlikely(rc))
+		rc = native_recv_refused(d, wr, *bad_wr, head, rc);
+	shift_dqp_unlock(d);
+	return rc;
 }
 
 /* An SRQ SHIFT mirrors (dp/dsrq.c), or straight to the provider. */

@@ -8,6 +8,12 @@
 
 int shift_dp_post_send(struct ibv_qp *qp, struct ibv_send_wr *wr, struct ibv_send_wr **bad_wr);
 int shift_dp_post_recv(struct ibv_qp *qp, struct ibv_recv_wr *wr, struct ibv_recv_wr **bad_wr);
+/* The same on a context whose provider gives native work-queue access
+ * (dp/nwq.h; shift_ctx_set_native()) */
+int shift_dp_post_send_native(struct ibv_qp *qp, struct ibv_send_wr *wr,
+			      struct ibv_send_wr **bad_wr);
+int shift_dp_post_recv_native(struct ibv_qp *qp, struct ibv_recv_wr *wr,
+			      struct ibv_recv_wr **bad_wr);
 int shift_dp_post_srq_recv(struct ibv_srq *srq, struct ibv_recv_wr *wr,
 			   struct ibv_recv_wr **bad_wr);
 

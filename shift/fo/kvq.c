@@ -25,13 +25,13 @@
  * that a failover while the store is gone, dripping, emptied or garbled
  * still has a backup key: the one read before (prev) is used when the
  * store cannot give one now (an error, the wait above, a key now absent or
- * unreadable). That key cannot send data anywhere else: a backup key names
- * a backup MR of the same peer process and PD, which registers the same
- * virtual memory as the application's MR; one the peer has deregistered
- * since fails at the peer's NIC (remote access error), as the
- * application's own stale key would on the default path.
+ * unreadable). It cannot send data anywhere else: a backup key names a
+ * backup MR of the same peer process and PD, on the same virtual memory as
+ * the application's MR; one the peer has deregistered since fails at its
+ * NIC (remote access error), as the application's stale key would.
  */
 #include "shift/fo/fo_int.h"
+#include "shift/dp/nwq.h"
 
 #define RK_MAX 4096       /* keys one QP keeps */
 #define KVQ_PUBS 64       /* records one pass writes */
@@ -199,7 +199,7 @@ void fo_rk_failover(struct shift_dqp *d)
 	for (uint64_t i = d->sq_tail; i < d->sq_head; i++) {
 		struct shift_swqe *e = shift_dqp_swqe(d, i);
 
-		if (remote_op(e->opcode))
+		if (remote_op(e->opcode) && e->num_sge != SHIFT_WQE_NATIVE)
 			(void)fo_rk_lookup(d, e->rkey, 0, 0, &bk);
 	}
 	shift_dqp_unlock(d);
@@ -274,11 +274,14 @@ static void rk_read_ahead(struct shift_dqp *d, uint64_t now)
 	uint32_t last = 0;
 	bool any = false;
 
+	/* (native: read back first; those whose WQE was reused are skipped) */
+	shift_dqp_native_fill(d, from, d->rq_head);
 	for (uint64_t i = from; i < head; i++) {
 		const struct shift_swqe *w = shift_dqp_swqe(d, i);
 		struct shift_rkey *e;
 
-		if (!remote_op(w->opcode) || (any && w->rkey == last))
+		if (!remote_op(w->opcode) || w->num_sge == SHIFT_WQE_NATIVE ||
+		    (any && w->rkey == last))
 			continue;
 		last = w->rkey;
 		any = true;

@@ -36,6 +36,7 @@
  * internal interface. docs/architecture.md has the path of one failover.
  */
 #include "shift/fo/fo_int.h"
+#include "shift/dp/nwq.h"
 
 /* ---- failing over --------------------------------------------------------- */
 
@@ -265,6 +266,10 @@ static void stop_default(struct shift_ctx *s, struct shift_dqp *d, bool again)
 	d->sq_held = false;     /* (the retransmission posts them) */
 	shift_dqp_set_send_state(d, SHIFT_SEND_FALLBACK, "failover");
 	shift_dqp_set_recv_state(d, SHIFT_RECV_FALLBACK, "failover");
+	/* native access: the outstanding WRs read back from the provider's
+	 * queues while they are whole (atomic_in_flight() checks them) */
+	shift_dqp_sync_locked(d);
+	shift_dqp_native_fill(d, d->sq_tail, SHIFT_LOAD(d->rq_tail));
 	shift_dqp_unlock(d);
 	shift_lower->modify_qp(d->qp, &a, IBV_QP_STATE);
 	fo_rk_failover(d); /* (the peer's keys read while the handshake runs) */
@@ -300,7 +305,17 @@ static void stop_default(struct shift_ctx *s, struct shift_dqp *d, bool again)
 static bool atomic_in_flight(struct shift_dqp *d, struct out *o,
 			     const struct ibv_wc *err)
 {
-	shift_dqp_sync(d);
+	bool unread;
+
+	shift_dqp_lock(d);
+	shift_dqp_sync_locked(d);
+	unread = shift_dqp_native_unread(d);
+	shift_dqp_unlock(d);
+	if (unread) {
+		fo_fail_connection(d, o, "an outstanding WR could not be read back from the "
+				   "provider's queue", err, FO_TELL_PEER);
+		return true;
+	}
 	for (uint64_t i = d->sq_tail; i < d->sq_head; i++) {
 		if (shift_wr_is_atomic(shift_dqp_swqe(d, i)->opcode)) {
 			d->atomic_boundary_hit = true;

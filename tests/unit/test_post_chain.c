@@ -44,7 +44,7 @@ static uint32_t posted(const struct shift_dqp *d)
 {
 	uint32_t n = 0;
 
-	for (int i = 0; i < 16; i++)
+	for (int i = 0; i < (int)(sizeof(d->posted_by_op) / sizeof(d->posted_by_op[0])); i++)
 		n += d->posted_by_op[i];
 	return n;
 }

@@ -1,0 +1,63 @@
+/*
+ * Native work-queue access (nwq.h): a QP's native setup, the WQE indices of
+ * a chain, and the decoding of native entries at a failover.
+ */
+#include "shift/dp/nwq.h"
+
+#include <stdlib.h>
+
+void shift_dqp_set_native(struct shift_dqp *d, struct shift_nwq *q)
+{
+	d->nwq = q;
+	d->sq_dbrec = q->sq_dbrec;
+	d->rq_dbrec = q->rq_cnt ? q->rq_dbrec : NULL;
+}
+
+void shift_dqp_native_chain(struct shift_dqp *d, uint64_t first, uint64_t n)
+{
+	uint32_t idx = shift_dqp_swqe(d, first)->imm;
+
+	for (uint64_t i = first + 1; i < first + n; i++) {
+		struct shift_swqe *e = shift_dqp_swqe(d, i);
+
+		idx = d->nwq->sq_next(d->nwq, idx);
+		if (e->num_sge == SHIFT_WQE_NATIVE)
+			e->imm = idx;
+	}
+}
+
+unsigned shift_dqp_native_fill(struct shift_dqp *d, uint64_t send_from, uint64_t recv_from)
+{
+	const struct shift_nwq *q = d->nwq;
+	unsigned bad = 0;
+
+	if (!q)
+		return 0;
+	for (uint64_t i = send_from; i < d->sq_head; i++) {
+		struct shift_swqe *e = shift_dqp_swqe(d, i);
+
+		if (e->num_sge == SHIFT_WQE_NATIVE &&
+		    q->read_send(q, e->imm, e, d->max_send_sge, d->max_inline))
+			bad++;
+	}
+	for (uint64_t i = recv_from; q->rq_cnt && i < d->rq_head; i++) {
+		struct shift_rwqe *e = shift_dqp_rwqe(d, i);
+
+		if (e->num_sge == SHIFT_WQE_NATIVE && q->read_recv(q, e->pad, e, d->max_recv_sge))
+			bad++;
+	}
+	return bad;
+}
+
+bool shift_dqp_native_unread(struct shift_dqp *d)
+{
+	if (!d->nwq)
+		return false;
+	for (uint64_t i = d->sq_tail; i < d->sq_head; i++)
+		if (shift_dqp_swqe(d, i)->num_sge == SHIFT_WQE_NATIVE)
+			return true;
+	for (uint64_t i = __atomic_load_n(&d->rq_tail, __ATOMIC_RELAXED); i < d->rq_head; i++)
+		if (shift_dqp_rwqe(d, i)->num_sge == SHIFT_WQE_NATIVE)
+			return true;
+	return false;
+}
