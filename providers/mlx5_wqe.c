@@ -36,7 +36,6 @@ int shift_mlx5_nwq_init(struct shift_nwq *q, const struct mlx5dv_qp *dv, uint32_
 	q->rq_stride = dv->rq.stride;
 	q->sq_dbrec = (const volatile uint32_t *)&dv->dbrec[MLX5_SND_DBR];
 	q->rq_dbrec = (const volatile uint32_t *)&dv->dbrec[MLX5_RCV_DBR];
-	q->sq_next = shift_mlx5_sq_next;
 	q->read_send = shift_mlx5_read_send;
 	q->read_recv = shift_mlx5_read_recv;
 	return 0;
@@ -68,16 +67,6 @@ static uint64_t be64_at(const uint8_t *p)
 
 	memcpy(&v, p, 8);
 	return be64toh(v);
-}
-
-uint32_t shift_mlx5_sq_next(const struct shift_nwq *q, uint32_t idx)
-{
-	uint8_t c[SEG];
-	uint32_t ds;
-
-	sq_copy(q, idx, 0, c, SEG);
-	ds = be32_at(c + 4) & 0x3f;
-	return (idx + (ds * SEG + q->sq_bb - 1) / q->sq_bb) & 0xffff;
 }
 
 /* the verbs opcode of an mlx5 send opcode (-1: none SHIFT posts again) */
@@ -140,8 +129,6 @@ static int read_send(const struct shift_nwq *q, uint32_t idx, struct shift_swqe 
 	unsigned ds, s = 1;
 	int op;
 
-	if (idx == SHIFT_WQE_FOLLOWS)
-		return -1;
 	sq_copy(q, idx, 0, c, SEG);
 	w0 = be32_at(c);
 	w1 = be32_at(c + 4);

@@ -25,7 +25,6 @@
 int shift_mlx5_nwq_init(struct shift_nwq *q, const struct mlx5dv_qp *dv, uint32_t qpn);
 
 /* The readers shift_mlx5_nwq_init() installs (for the unit tests too). */
-uint32_t shift_mlx5_sq_next(const struct shift_nwq *q, uint32_t idx);
 int shift_mlx5_read_send(const struct shift_nwq *q, uint32_t idx, struct shift_swqe *e,
 			 uint32_t max_sge, uint32_t max_inline);
 int shift_mlx5_read_recv(const struct shift_nwq *q, uint32_t idx, struct shift_rwqe *e,

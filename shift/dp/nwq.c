@@ -1,6 +1,6 @@
 /*
- * Native work-queue access (nwq.h): a QP's native setup, the WQE indices of
- * a chain, and the decoding of native entries at a failover.
+ * Native work-queue access (nwq.h): a QP's native setup and the decoding of
+ * native entries at a failover.
  */
 #include "shift/dp/nwq.h"
 
@@ -11,19 +11,6 @@ void shift_dqp_set_native(struct shift_dqp *d, struct shift_nwq *q)
 	d->nwq = q;
 	d->sq_dbrec = q->sq_dbrec;
 	d->rq_dbrec = q->rq_cnt ? q->rq_dbrec : NULL;
-}
-
-void shift_dqp_native_chain(struct shift_dqp *d, uint64_t first, uint64_t n)
-{
-	uint32_t idx = shift_dqp_swqe(d, first)->imm;
-
-	for (uint64_t i = first + 1; i < first + n; i++) {
-		struct shift_swqe *e = shift_dqp_swqe(d, i);
-
-		idx = d->nwq->sq_next(d->nwq, idx);
-		if (e->num_sge == SHIFT_WQE_NATIVE)
-			e->imm = idx;
-	}
 }
 
 unsigned shift_dqp_native_fill(struct shift_dqp *d, uint64_t send_from, uint64_t recv_from)

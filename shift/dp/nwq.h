@@ -5,14 +5,16 @@
  *
  * A provider that can describe a QP's queue buffers (mlx5 through its
  * direct-verbs API, providers/mlx5_wqe.c) fills a struct shift_nwq for it.
- * A post on such a QP then records in the mirror ring only what the
- * provider's WQE does not hold or what SHIFT needs before a failover: the
- * wr_id, opcode and flags, and where the WQE starts in the provider's queue
- * (read from the provider's producer counter, its doorbell record, before
- * the post). The entry's num_sge says SHIFT_WQE_NATIVE. When a failover
- * starts, with every post held, shift_dqp_native_fill() decodes each
- * outstanding entry's WQE into a full mirror entry, and from there the
- * failover layer works on the mirror as on any other QP.
+ * A post of a WR whose copy would cost more than reading its WQE index
+ * (inline data, several SGEs, an atomic; dp/post.c) then records in the
+ * mirror ring only what the provider's WQE does not hold or what SHIFT
+ * needs before a failover: the wr_id, opcode and flags, and where the WQE
+ * starts in the provider's queue (read from the provider's producer
+ * counter, its doorbell record, before the post). The entry's num_sge says
+ * SHIFT_WQE_NATIVE. When a failover starts, with every post held,
+ * shift_dqp_native_fill() decodes each outstanding native entry's WQE into
+ * a full mirror entry, and from there the failover layer works on the
+ * mirror as on any other QP.
  *
  * A WQE is read back only if it is still the one posted: the provider's
  * own index in it (mlx5's control segment) and the opcode must match. A
@@ -32,9 +34,6 @@
 
 /* num_sge of an entry whose WR only the provider's queue holds */
 #define SHIFT_WQE_NATIVE 0xffffffffu
-/* the WQE index of a send entry after the first of its post: found after
- * the post (shift_nwq.sq_next from the previous entry's) */
-#define SHIFT_WQE_FOLLOWS 0xffffffffu
 
 struct shift_nwq {
 	const char *format;           /* "mlx5" */
@@ -48,8 +47,6 @@ struct shift_nwq {
 	/* producer counters as the provider last published them (big-endian,
 	 * the low 16 bits the next WQE's index) */
 	const volatile uint32_t *sq_dbrec, *rq_dbrec;
-	/* the index of the WQE after the one at idx */
-	uint32_t (*sq_next)(const struct shift_nwq *q, uint32_t idx);
 	/* decode the send WQE at idx into e (wr_id, opcode and send_flags as
 	 * recorded; e has room for max_sge SGEs and max_inline bytes after
 	 * them): 0, or -1 if it is not a WQE of that opcode posted at idx */
@@ -75,10 +72,6 @@ static inline bool shift_nwq_send_op(unsigned op)
 {
 	return op <= IBV_WR_ATOMIC_FETCH_AND_ADD || op == IBV_WR_SEND_WITH_INV;
 }
-
-/* After a post of n > 1 WRs recorded from sq index first on: each follow-on
- * entry's WQE index (post_lock held; the provider wrote them). */
-void shift_dqp_native_chain(struct shift_dqp *d, uint64_t first, uint64_t n);
 
 /* Decode the native entries of the outstanding WRs, sends from send_from
  * and receives from recv_from to the heads (post_lock held, every post

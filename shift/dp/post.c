@@ -225,36 +225,46 @@ general:
  * then the provider's post. Only d stays live across the provider's call;
  * anything else goes to shift_post_send().
  */
+static inline __attribute__((always_inline)) int
+post_send_common(struct shift_dqp *d, struct ibv_qp *qp, struct ibv_send_wr *wr,
+		 struct ibv_send_wr **bad_wr)
+{
+	shift_dqp_lock(d);
+	/* (the bound is 0 in any other state than Default; a mirror that
+	 * looks full goes to shift_post_send(), which syncs) */
+	if (shift_likely(d->sq_head < d->sq_limit)) {
+		int rc;
+
+		shift_dqp_record_one(d, wr);
+		rc = d->prov_post_send(qp, wr, bad_wr);
+		if (shift_unlikely(rc))
+			return post_send_refused(d, rc);
+		/* (rc is 0 here: returned as is, not made again) */
+		SHIFT_KEEP_RC(rc);
+		shift_dqp_unlock(d);
+		return rc;
+	}
+	shift_dqp_unlock(d);
+	return shift_post_send(qp, wr, bad_wr);
+}
+
+/* The data-path state of qp, found from the QP alone (a hash and, rarely,
+ * a chain), or NULL. */
+#define LOOKUP_OR(qp, unprotected)                                                   \
+	struct shift_dqp *d = __atomic_load_n(&shift_dqp_tab[shift_dqp_hash(qp)],    \
+					      __ATOMIC_ACQUIRE);                     \
+	while (shift_unlikely(d->qp != qp)) {                                        \
+		if (d == &shift_dqp_none)                                            \
+			return unprotected;                                          \
+		d = __atomic_load_n(&d->next_by_qp, __ATOMIC_ACQUIRE);               \
+	}
+
 __attribute__((hot)) int shift_dp_post_send(struct ibv_qp *qp, struct ibv_send_wr *wr,
 						     struct ibv_send_wr **bad_wr)
 {
-	struct shift_dqp *d = __atomic_load_n(&shift_dqp_tab[shift_dqp_hash(qp)],
-					      __ATOMIC_ACQUIRE);
-
-	while (shift_unlikely(d->qp != qp)) {
-		if (d == &shift_dqp_none)
-			return unprotected_post_send(qp, wr, bad_wr);
-		d = __atomic_load_n(&d->next_by_qp, __ATOMIC_ACQUIRE);
-	}
-	if (shift_likely(shift_dqp_send_is_common(wr))) {
-		shift_dqp_lock(d);
-		/* (the bound is 0 in any other state than Default; a mirror
-		 * that looks full goes to shift_post_send(), which syncs) */
-		if (shift_likely(d->sq_head < d->sq_limit)) {
-			int rc;
-
-			shift_dqp_record_one(d, wr);
-			rc = d->prov_post_send(qp, wr, bad_wr);
-			if (shift_unlikely(rc))
-				return post_send_refused(d, rc);
-			/* (rc is 0 here: returned as is, not made again) */
-			SHIFT_KEEP_RC(rc);
-			shift_dqp_unlock(d);
-			return rc;
-		}
-		shift_dqp_unlock(d);
-		return shift_post_send(qp, wr, bad_wr);
-	}
+	LOOKUP_OR(qp, unprotected_post_send(qp, wr, bad_wr));
+	if (shift_likely(shift_dqp_send_is_common(wr)))
+		return post_send_common(d, qp, wr, bad_wr);
 	return post_send_chain(d, qp, wr, bad_wr);
 }
 
@@ -285,14 +295,7 @@ post_recv_fast(struct shift_dqp *d, struct ibv_qp *qp, struct ibv_recv_wr *wr,
 __attribute__((hot)) int shift_dp_post_recv(struct ibv_qp *qp, struct ibv_recv_wr *wr,
 						     struct ibv_recv_wr **bad_wr)
 {
-	struct shift_dqp *d = __atomic_load_n(&shift_dqp_tab[shift_dqp_hash(qp)],
-					      __ATOMIC_ACQUIRE);
-
-	while (shift_unlikely(d->qp != qp)) {
-		if (d == &shift_dqp_none)
-			return unprotected_post_recv(qp, wr, bad_wr);
-		d = __atomic_load_n(&d->next_by_qp, __ATOMIC_ACQUIRE);
-	}
+	LOOKUP_OR(qp, unprotected_post_recv(qp, wr, bad_wr));
 	if (shift_likely(!wr->next)) {
 		if (shift_likely(wr->num_sge == 1))
 			return post_recv_fast(d, qp, wr, bad_wr, 1);
@@ -304,9 +307,13 @@ __attribute__((hot)) int shift_dp_post_recv(struct ibv_qp *qp, struct ibv_recv_w
 }
 
 /*
- * Native work-queue access (dp/nwq.h): in the Default state a post records
- * each WR's wr_id, opcode, flags and WQE index only; the provider's queue
- * holds the rest. A QP without it takes the mirror's paths above.
+ * Native work-queue access (dp/nwq.h). The common shapes keep the mirror's
+ * fast paths above: a one-SGE WR costs fewer instructions copied (a 32-byte
+ * block and its SGE) than its WQE index costs read (callgrind.sh). A WR
+ * whose copy costs more (inline data, several SGEs, an atomic) is recorded
+ * as its wr_id, opcode, flags and WQE index only, and read back from the
+ * provider's queue at failover. A QP without native access takes the
+ * mirror's paths for everything.
  */
 
 /* The provider refused WRs a native post recorded: its queue does not hold
@@ -334,101 +341,60 @@ static __attribute__((noinline, cold)) int native_recv_refused(struct shift_dqp 
 	return recv_refused(d, wr, bad, head, rc);
 }
 
-/* Record send WR w at sq_head, its WQE at idx (post_lock held, room). */
-static inline __attribute__((always_inline)) void
-native_record(struct shift_dqp *d, const struct ibv_send_wr *w, uint32_t idx)
+/* One send WR of a native QP, not the common one: its wr_id, opcode, flags
+ * and WQE index only, when the QP is in Default with room; else the
+ * general path. */
+static __attribute__((noinline)) int native_post_send(struct shift_dqp *d, struct ibv_qp *qp,
+						      struct ibv_send_wr *wr,
+						      struct ibv_send_wr **bad_wr)
 {
-	struct shift_swqe *e = shift_dqp_swqe(d, d->sq_head);
-
-	e->wr_id = w->wr_id;
-	e->num_sge = SHIFT_WQE_NATIVE;
-	e->opcode = (uint32_t)w->opcode;
-	e->send_flags = w->send_flags;
-	e->imm = idx;
-	if ((w->send_flags & IBV_SEND_SIGNALED) || d->sq_sig_all)
-		d->sig_head++;
-	d->posted_by_op[w->opcode]++; /* (shift_nwq_send_op: < 12) */
-	d->sq_head++;
-}
-
-/* A chain, or a WR the single fast path did not take. */
-static __attribute__((noinline)) int native_post_chain(struct shift_dqp *d, struct ibv_qp *qp,
-						       struct ibv_send_wr *wr,
-						       struct ibv_send_wr **bad_wr)
-{
-	uint64_t head;
-	uint32_t idx;
+	struct shift_swqe *e;
 	int rc;
 
 	shift_dqp_lock(d);
-	head = d->sq_head;
-	idx = shift_nwq_index(d->sq_dbrec);
-	for (const struct ibv_send_wr *w = wr; w; w = w->next) {
-		if (shift_unlikely(!shift_nwq_send_op((unsigned)w->opcode) || d->sq_head >= d->sq_limit))
-			goto general;
-		native_record(d, w, w == wr ? idx : SHIFT_WQE_FOLLOWS);
+	if (shift_unlikely(d->sq_head >= d->sq_limit)) {
+		shift_dqp_unlock(d);
+		return shift_post_send(qp, wr, bad_wr);
 	}
+	e = shift_dqp_swqe(d, d->sq_head);
+	e->wr_id = wr->wr_id;
+	e->num_sge = SHIFT_WQE_NATIVE;
+	e->opcode = (uint32_t)wr->opcode;
+	e->send_flags = wr->send_flags;
+	e->imm = shift_nwq_index(d->sq_dbrec);
+	if ((wr->send_flags & IBV_SEND_SIGNALED) || d->sq_sig_all)
+		d->sig_head++;
+	d->posted_by_op[wr->opcode]++; /* (shift_nwq_send_op: < 12) */
+	d->sq_head++;
 	rc = d->prov_post_send(qp, wr, bad_wr);
 	if (shift_unlikely(rc))
-		rc = native_send_refused(d, wr, *bad_wr, head, rc);
-	else if (d->sq_head - head > 1)
-		shift_dqp_native_chain(d, head, d->sq_head - head);
+		rc = native_send_refused(d, wr, *bad_wr, d->sq_head - 1, rc);
 	shift_dqp_unlock(d);
 	return rc;
-general:
-	while (d->sq_head > head)
-		shift_dqp_unrecord_last_send(d);
-	shift_dqp_unlock(d);
-	return shift_post_send(qp, wr, bad_wr);
 }
 
 __attribute__((hot)) int shift_dp_post_send_native(struct ibv_qp *qp, struct ibv_send_wr *wr,
 						   struct ibv_send_wr **bad_wr)
 {
-	struct shift_dqp *d = __atomic_load_n(&shift_dqp_tab[shift_dqp_hash(qp)],
-					      __ATOMIC_ACQUIRE);
-
-	while (shift_unlikely(d->qp != qp)) {
-		if (d == &shift_dqp_none)
-			return unprotected_post_send(qp, wr, bad_wr);
-		d = __atomic_load_n(&d->next_by_qp, __ATOMIC_ACQUIRE);
-	}
-	if (shift_unlikely(!d->sq_dbrec))
-		return shift_dp_post_send(qp, wr, bad_wr);
-	if (shift_likely(!wr->next && shift_nwq_send_op((unsigned)wr->opcode))) {
-		shift_dqp_lock(d);
-		if (shift_likely(d->sq_head < d->sq_limit)) {
-			int rc;
-
-			native_record(d, wr, shift_nwq_index(d->sq_dbrec));
-			rc = d->prov_post_send(qp, wr, bad_wr);
-			if (shift_unlikely(rc))
-				rc = native_send_refused(d, wr, *bad_wr, d->sq_head - 1, rc);
-			shift_dqp_unlock(d);
-			return rc;
-		}
-		shift_dqp_unlock(d);
-		return shift_post_send(qp, wr, bad_wr);
-	}
-	return native_post_chain(d, qp, wr, bad_wr);
+	LOOKUP_OR(qp, unprotected_post_send(qp, wr, bad_wr));
+	if (shift_likely(shift_dqp_send_is_common(wr)))
+		return post_send_common(d, qp, wr, bad_wr);
+	if (d->sq_dbrec && !wr->next && shift_nwq_send_op((unsigned)wr->opcode))
+		return native_post_send(d, qp, wr, bad_wr);
+	return post_send_chain(d, qp, wr, bad_wr);
 }
 
-__attribute__((hot)) int shift_dp_post_recv_native(struct ibv_qp *qp, struct ibv_recv_wr *wr,
-						   struct ibv_recv_wr **bad_wr)
+/* Receives of a native QP other than one of at most one SGE: recorded as
+ * their wr_ids and WQE indices, in Default with room; else the general
+ * path. */
+static __attribute__((noinline)) int native_post_recv(struct shift_dqp *d, struct ibv_qp *qp,
+						      struct ibv_recv_wr *wr,
+						      struct ibv_recv_wr **bad_wr)
 {
-	struct shift_dqp *d = __atomic_load_n(&shift_dqp_tab[shift_dqp_hash(qp)],
-					      __ATOMIC_ACQUIRE);
 	uint64_t head;
 	uint32_t idx;
 	int rc;
 
-	while (shift_unlikely(d->qp != qp)) {
-		if (d == &shift_dqp_none)
-			return unprotected_post_recv(qp, wr, bad_wr);
-		d = __atomic_load_n(&d->next_by_qp, __ATOMIC_ACQUIRE);
-	}
-	if (shift_unlikely(!d->rq_dbrec))
-		return shift_dp_post_recv(qp, wr, bad_wr);
 	shift_dqp_lock(d);
 	head = d->rq_head;
 	idx = shift_nwq_index(d->rq_dbrec);
@@ -451,6 +417,21 @@ __attribute__((hot)) int shift_dp_post_recv_native(struct ibv_qp *qp, struct ibv
 		rc = native_recv_refused(d, wr, *bad_wr, head, rc);
 	shift_dqp_unlock(d);
 	return rc;
+}
+
+__attribute__((hot)) int shift_dp_post_recv_native(struct ibv_qp *qp, struct ibv_recv_wr *wr,
+						   struct ibv_recv_wr **bad_wr)
+{
+	LOOKUP_OR(qp, unprotected_post_recv(qp, wr, bad_wr));
+	if (shift_likely(!wr->next)) {
+		if (shift_likely(wr->num_sge == 1))
+			return post_recv_fast(d, qp, wr, bad_wr, 1);
+		if (wr->num_sge == 0)
+			return post_recv_fast(d, qp, wr, bad_wr, 0);
+	}
+	if (d->rq_dbrec)
+		return native_post_recv(d, qp, wr, bad_wr);
+	return shift_post_recv(qp, wr, bad_wr);
 }
 
 /* An SRQ SHIFT mirrors (dp/dsrq.c), or straight to the provider. */

@@ -25,20 +25,22 @@ total() {
 	callgrind_annotate "$1" 2>/dev/null | awk '/PROGRAM TOTALS/ {gsub(",","",$1); print $1}'
 }
 
-# measure PATH_FLAG SHAPES: one table section. PATH_FLAG is the bench
-# option selecting the measured path (--shift: the mirror path); a second
-# path (e.g. a native provider path) adds a section with its own shapes.
+# measure PLAIN_FLAG PATH_FLAG SHAPES: one table section. PATH_FLAG is the
+# bench option selecting the measured path (--shift: the mirror path,
+# --native: native WQE access on the simulator's mlx5 mode), PLAIN_FLAG its
+# baseline (--plain, --plain-mlx5: the same provider work without SHIFT).
 # SHAPES: "op:per:budget:ceiling ..." (per = WRs per call, the divisor).
 measure() {
-	path=$1
-	shift
+	base=$1
+	path=$2
+	shift 2
 	printf '%-9s %12s %12s %10s %8s %8s   (%s)\n' shape plain/unit shift/unit added budget ceiling "$path"
 	for spec in "$@"; do
 		IFS=: read -r op per b c <<-SPEC
 		$spec
 		SPEC
 		for mode in plain shift; do
-			flag=--$mode
+			flag=$base
 			[ $mode = shift ] && flag=$path
 			valgrind --tool=callgrind --collect-atstart=no \
 				--callgrind-out-file="$tmp/$op.$mode" \
@@ -65,9 +67,17 @@ measure() {
 
 # Mirror path (Default state). Budgets: issue #21 (poll: 15 per call plus
 # 5 per extra completion); ceilings: main's counts plus 2.
-measure --shift \
+measure --plain --shift \
 	send:1:40:51 recv:1:28:38 poll:1:15:17 expost:1:125:119 expoll:1:80:78 \
 	recv0:1:28:38 chain2:2:40:59 chain4:4:40:48 \
-	chain8:8:40:43 inline32:1:40:118 \
+	chain8:8:40:43 inline32:1:40:118 sge4:1:40:99 recv4:1:28:99 \
 	poll2:1:20:52 poll4:1:30:70
+# Native path (Default state): the common shapes take the mirror's fast
+# paths (a one-SGE WR is cheaper copied than its WQE index read); inline,
+# multi-SGE and atomic WRs record wr_id, opcode, flags and WQE index only.
+# Budgets: issue #21's (10 per WR, poll as above).
+measure --plain-mlx5 --native \
+	send:1:10:99 recv:1:10:99 poll:1:15:99 recv0:1:10:99 chain2:2:10:99 \
+	chain4:4:10:99 chain8:8:10:99 inline32:1:10:99 sge4:1:10:99 recv4:1:10:99 \
+	poll2:1:20:99 poll4:1:30:99
 exit $status

@@ -16,9 +16,13 @@
  * NCCL's shapes: recv0 is a post_recv with num_sge = 0, chainN (N = 2, 4,
  * 8) one post_send of a chain of N one-SGE WRs (the script divides by N),
  * inline32 a 32-byte IBV_SEND_INLINE send, pollN (N = 2, 4) one
- * ibv_poll_cq(cq, 4, wc) call returning N completions.
- * Usage: shift-bench-datapath --plain|--shift
- *        send|recv|poll|expost|expoll|recv0|chain2|chain4|chain8|inline32|poll2|poll4
+ * ibv_poll_cq(cq, 4, wc) call returning N completions; sge4 a WRITE of 4
+ * SGEs, recv4 a receive of 4 SGEs.
+ * --native measures SHIFT with native WQE access (the simulator's mlx5
+ * mode), --plain-mlx5 its baseline.
+ * Usage: shift-bench-datapath --plain|--shift|--plain-mlx5|--native
+ *        send|recv|poll|expost|expoll|recv0|recv4|chain2|chain4|chain8|inline32|sge4|
+ *        poll2|poll4
  *        [ITERATIONS]
  */
 #include <stdbool.h>
@@ -29,6 +33,7 @@
 
 #include "kv/kv.h"
 #include "shift/base/config.h"
+#include "shift/dp/ctx.h"
 #include "shift/shadow/shadow.h"
 #include "shift/shift.h"
 #include "shift_inline.h"
@@ -62,8 +67,14 @@ static int nccl_shape(const char *op, long i, struct sim_world *w, struct sim_ep
 	struct ibv_wc wc[4];
 	int rc, n = 1;
 
-	if (!strcmp(op, "recv0")) {
-		struct ibv_recv_wr r = { .wr_id = (uint64_t)i, .num_sge = 0 };
+	if (!strcmp(op, "recv0") || !strcmp(op, "recv4")) {
+		struct ibv_sge rs[4];
+		struct ibv_recv_wr r = { .wr_id = (uint64_t)i, .sg_list = rs,
+					 .num_sge = op[4] - '0' };
+
+		for (int k = 0; k < 4; k++)
+			rs[k] = (struct ibv_sge){ .addr = (uintptr_t)b->buf + 16 * k, .length = 16,
+						  .lkey = b->mr->lkey };
 
 		CALLGRIND_TOGGLE_COLLECT;
 		rc = ibv_post_recv(b->qp, &r, &rbad);
@@ -101,6 +112,22 @@ static int nccl_shape(const char *op, long i, struct sim_world *w, struct sim_ep
 		drain(w, a->cq);
 		return rc == 0;
 	}
+	if (!strcmp(op, "sge4")) {
+		struct ibv_sge ss[4];
+
+		for (int k = 0; k < 4; k++)
+			ss[k] = (struct ibv_sge){ .addr = (uintptr_t)a->buf + 16 * k, .length = 16,
+						  .lkey = a->mr->lkey };
+		wrs[0] = *tmpl;
+		wrs[0].wr_id = (uint64_t)i;
+		wrs[0].sg_list = ss;
+		wrs[0].num_sge = 4;
+		CALLGRIND_TOGGLE_COLLECT;
+		rc = ibv_post_send(a->qp, wrs, &bad);
+		CALLGRIND_TOGGLE_COLLECT;
+		drain(w, a->cq);
+		return rc == 0;
+	}
 	if (!strcmp(op, "poll2") || !strcmp(op, "poll4")) {
 		n = op[4] - '0';
 		for (int k = 0; k < n; k++)
@@ -117,18 +144,23 @@ static int nccl_shape(const char *op, long i, struct sim_world *w, struct sim_ep
 int main(int argc, char **argv)
 {
 	if (argc < 3) {
-		fprintf(stderr, "usage: %s --plain|--shift send|recv|poll|expost|expoll|recv0|chainN|inline32|pollN [ITERATIONS]\n",
+		fprintf(stderr, "usage: %s --plain|--shift|--plain-mlx5|--native send|recv|poll|expost|expoll|recv0|chainN|inline32|pollN [ITERATIONS]\n",
 			argv[0]);
 		return 2;
 	}
-	int shift = !strcmp(argv[1], "--shift");
+	/* --native: SHIFT on the simulator's mlx5 mode (native WQE access);
+	 * --plain-mlx5: its baseline, the same provider work without SHIFT */
+	int native = !strcmp(argv[1], "--native");
+	int shift = native || !strcmp(argv[1], "--shift");
 	const char *op = argv[2];
 	long iters = argc > 3 ? atol(argv[3]) : 2000;
-	struct sim_world *w = sim_world_create(NULL);
+	struct sim_world_opts wo = { .mlx5 = native || !strcmp(argv[1], "--plain-mlx5") };
+	struct sim_world *w = sim_world_create(&wo);
 	struct sim_host *h0 = sim_host_create(w, 2), *h1 = sim_host_create(w, 2);
 	const struct shift_lower *va = sim_lower(h0), *vb = sim_lower(h1);
 	struct ibv_qp_cap cap = { .max_send_wr = 64, .max_recv_wr = 64,
-				  .max_send_sge = 1, .max_recv_sge = 1,
+				  .max_send_sge = strcmp(op, "sge4") ? 1 : 4,
+				  .max_recv_sge = strcmp(op, "recv4") ? 1 : 4,
 				  .max_inline_data = strcmp(op, "inline32") ? 0 : 32 };
 	struct sim_ep a, b;
 	struct sim_ep_info ia, ib;
@@ -158,6 +190,10 @@ int main(int argc, char **argv)
 
 		if (shift_shadow_qp_info(a.qp, &qi) || qi.state != SHIFT_SHADOW_READY) {
 			fprintf(stderr, "the QP is not shadowed: measuring the wrong path\n");
+			return 1;
+		}
+		if (!shift_dqp_of_qp(a.qp) || !shift_dqp_of_qp(a.qp)->nwq != !native) {
+			fprintf(stderr, "the QP is not on the %s path\n", native ? "native" : "mirror");
 			return 1;
 		}
 	}

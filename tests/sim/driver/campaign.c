@@ -31,7 +31,7 @@ struct opts {
 	int kind;		/* -1: rotate over all workloads */
 	bool shift, verbose, trace, check_determinism, expect_errors;
 	bool no_faults, reexec, rxe_stale_read, refuse_err, split_cq, backup_faults, srq;
-	bool ex_verbs, threads;
+	bool ex_verbs, threads, mlx5, split_sge;
 	bool app_errors, compare_plain;
 	double min_rate;
 };
@@ -60,7 +60,7 @@ static void usage(void)
 		"                      [--shift] [--no-faults] [--verbose] [--trace]\n"
 		"                      [--selftest-reexecute] [--rxe-stale-read]\n"
 		"                      [--refuse-err-posts] [--split-cq] [--backup-faults] [--srq]\n"
-		"                      [--ex-verbs] [--threads]\n"
+		"                      [--ex-verbs] [--threads] [--mlx5] [--split-sge]\n"
 		"                      [--check-determinism] [--expect-app-errors]"
 		" [--min-rate SCHED_PER_MIN]\n"
 		"                      [--app-errors] [--compare-plain]\n");
@@ -190,6 +190,7 @@ static int run_schedule(const struct opts *o, uint64_t seed,
 	wo.reexecute_duplicates = o->reexec;
 	wo.rxe_stale_read = o->rxe_stale_read;
 	wo.refuse_posts_in_err = o->refuse_err;
+	wo.mlx5 = o->mlx5;
 	if (!o->no_faults && splitmix(&rs) % 3 == 0) {
 		wo.drop_req_ppm = (uint32_t)(splitmix(&rs) % 5000);
 		wo.drop_resp_ppm = (uint32_t)(splitmix(&rs) % 5000);
@@ -202,6 +203,7 @@ static int run_schedule(const struct opts *o, uint64_t seed,
 	p.split_cq = o->split_cq;
 	p.srq = o->srq;
 	p.ex_verbs = o->ex_verbs;
+	p.split_sge = o->split_sge;
 	p.poison = o->app_errors;
 	p.enter = campaign_front_enter;
 	p.leave = campaign_front_leave;
@@ -371,7 +373,7 @@ static int run_all(const struct opts *o, struct totals *t, double *secs)
 			printf("VIOLATION seed=%" PRIu64 " workload=%s: %s\n", seed,
 			       wl_kind_name(k), rep.first);
 			printf("reproduce: tests/sim/campaign --schedules 1 --seed %"
-			       PRIu64 " --workload %s%s%s%s%s%s%s%s%s%s%s%s --verbose --trace\n", seed,
+			       PRIu64 " --workload %s%s%s%s%s%s%s%s%s%s%s%s%s%s --verbose --trace\n", seed,
 			       wl_kind_name(k), o->shift ? " --shift" :
 			       o->reexec ? " --selftest-reexecute" : "",
 			       o->rxe_stale_read ? " --rxe-stale-read" : "",
@@ -380,6 +382,8 @@ static int run_all(const struct opts *o, struct totals *t, double *secs)
 			       o->backup_faults ? " --backup-faults" : "",
 			       o->srq ? " --srq" : "",
 			       o->ex_verbs ? " --ex-verbs" : "",
+			       o->mlx5 ? " --mlx5" : "",
+			       o->split_sge ? " --split-sge" : "",
 			       o->app_errors ? " --app-errors" : "",
 			       o->no_faults ? " --no-faults" : "",
 			       o->compare_plain ? " --compare-plain" : "",
@@ -431,6 +435,10 @@ int main(int argc, char **argv)
 			o.srq = true; /* each side's QPs share one SRQ */
 		} else if (!strcmp(a, "--ex-verbs")) {
 			o.ex_verbs = true; /* ibv_create_cq_ex/start_poll, ibv_create_qp_ex/ibv_wr_* */
+		} else if (!strcmp(a, "--split-sge")) {
+			o.split_sge = true; /* WRs of 3 SGEs, receives of 2 (workload.h) */
+		} else if (!strcmp(a, "--mlx5")) {
+			o.mlx5 = true; /* the sim as mlx5: native WQE access (rnic/mlx5img.c) */
 		} else if (!strcmp(a, "--threads")) {
 			o.threads = true; /* SHIFT's real threads: front.h */
 		} else if (!strcmp(a, "--split-cq")) {

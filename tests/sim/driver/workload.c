@@ -306,9 +306,44 @@ static int post_ex(struct ibv_qp_ex *q, struct ibv_send_wr *wr, struct ibv_send_
 
 /* Posts a chain; records each WR in the ring. A failed post is an
  * app-visible error. */
+/* split_sge: each one-SGE WR's buffer as 3 SGEs over the same bytes (the
+ * first 8 of a chain; atomics and inline WRs as they are) */
+static void split_sges(struct ibv_send_wr *wr, struct ibv_sge (*sp)[3], struct ibv_sge **saved)
+{
+	unsigned k = 0;
+
+	for (struct ibv_send_wr *x = wr; x && k < 8; x = x->next, k++) {
+		const struct ibv_sge *g = x->sg_list;
+
+		saved[k] = x->sg_list;
+		if (x->num_sge != 1 || g->length < 3 || (x->send_flags & IBV_SEND_INLINE) ||
+		    x->opcode == IBV_WR_ATOMIC_CMP_AND_SWP || x->opcode == IBV_WR_ATOMIC_FETCH_AND_ADD)
+			continue;
+		uint32_t a = g->length / 3, b = g->length / 2 - a / 2;
+
+		sp[k][0] = (struct ibv_sge){ g->addr, a, g->lkey };
+		sp[k][1] = (struct ibv_sge){ g->addr + a, b, g->lkey };
+		sp[k][2] = (struct ibv_sge){ g->addr + a + b, g->length - a - b, g->lkey };
+		x->sg_list = sp[k];
+		x->num_sge = 3;
+	}
+}
+
+static void unsplit_sges(struct ibv_send_wr *wr, struct ibv_sge **saved)
+{
+	unsigned k = 0;
+
+	for (struct ibv_send_wr *x = wr; x && k < 8; x = x->next, k++) {
+		if (x->sg_list != saved[k])
+			x->num_sge = 1;
+		x->sg_list = saved[k];
+	}
+}
+
 static bool post(struct wl_ep *e, struct ibv_send_wr *wr)
 {
 	struct ibv_send_wr *bad = NULL;
+	struct ibv_sge split[8][3], *saved[8];
 	int rc;
 
 	for (struct ibv_send_wr *x = wr; x; x = x->next) {
@@ -317,7 +352,11 @@ static bool post(struct wl_ep *e, struct ibv_send_wr *wr)
 			(x->send_flags & IBV_SEND_SIGNALED) != 0;
 		e->r_tail++;
 	}
+	if (e->wl->p.split_sge)
+		split_sges(wr, split, saved);
 	rc = e->qpx ? post_ex(e->qpx, wr, &bad) : ibv_post_send(e->qp, wr, &bad);
+	if (e->wl->p.split_sge)
+		unsplit_sges(wr, saved);
 	if (rc) {
 		/* un-record what was not posted */
 		for (struct ibv_send_wr *x = bad; x; x = x->next)
@@ -376,12 +415,20 @@ static void post_recv(struct wl_ep *e)
 
 	memset(&wr, 0, sizeof(wr));
 	wr.wr_id = WRID(K_RECV, e->recv_posted);
+	struct ibv_sge two[2];
+
 	if (e->wl->p.kind == WL_SENDRECV) {
 		sge.addr = (uintptr_t)e->buf + O_RECV + b * SLOT;
 		sge.length = SLOT;
 		sge.lkey = e->mr->lkey;
 		wr.sg_list = &sge;
 		wr.num_sge = 1;
+		if (e->wl->p.split_sge) {
+			two[0] = (struct ibv_sge){ sge.addr, SLOT / 2 - 8, sge.lkey };
+			two[1] = (struct ibv_sge){ sge.addr + SLOT / 2 - 8, SLOT / 2 + 8, sge.lkey };
+			wr.sg_list = two;
+			wr.num_sge = 2;
+		}
 	}
 	if (ibv_post_recv(e->qp, &wr, &bad)) {
 		e->wl->rep.app_errors++;
@@ -1146,8 +1193,8 @@ static int open_ep(struct wl *wl, struct wl_ep *e, unsigned conn,
 	ia.cap.max_send_wr = SQ_DEPTH;
 	ia.cap.max_recv_wr = sd->srq ? 0 : NRECV * 2;
 	ia.srq = sd->srq;
-	ia.cap.max_send_sge = 1;
-	ia.cap.max_recv_sge = 1;
+	ia.cap.max_send_sge = wl->p.split_sge ? 3 : 1;
+	ia.cap.max_recv_sge = wl->p.split_sge ? 2 : 1;
 	ia.cap.max_inline_data = 64;
 	ia.qp_type = IBV_QPT_RC;
 	if (wl->p.ex_verbs) {

@@ -54,6 +54,9 @@ struct wl_params {
 	 * the remote access error on that WR, every later WR of both ends of
 	 * that connection flushed, both QPs in ERR, exactly as without SHIFT */
 	bool poison;
+	/* every one-SGE send WR (not inline, not atomic) posted as 3 SGEs over
+	 * the same bytes, every sendrecv receive as 2 */
+	bool split_sge;
 	/* around the workload's own calls into the world (its trace notes),
 	 * when other threads call into it too; NULL: none */
 	void (*enter)(void), (*leave)(void);

@@ -58,7 +58,10 @@ static int sim_query_device(struct ibv_context *c, struct ibv_device_attr *a)
 	a->page_size_cap = 4096;
 	a->vendor_id = 0x5348;
 	a->vendor_part_id = 1;
-	if (d->w->opts.vendor_id || d->w->opts.vendor_part_id) {
+	if (d->w->opts.mlx5) {
+		a->vendor_id = 0x02c9;      /* Mellanox */
+		a->vendor_part_id = 4123;   /* ConnectX-6 */
+	} else if (d->w->opts.vendor_id || d->w->opts.vendor_part_id) {
 		a->vendor_id = d->w->opts.vendor_id;
 		a->vendor_part_id = d->w->opts.vendor_part_id;
 	}
@@ -780,4 +783,5 @@ const struct shift_lower sim_lower_proto = {
 	.modify_srq = sim_modify_srq,
 	.query_srq = sim_query_srq,
 	.destroy_srq = sim_destroy_srq,
+	.mlx5dv_init_obj = sim_mlx5dv_init_obj,
 };

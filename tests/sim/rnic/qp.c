@@ -140,7 +140,9 @@ static struct ibv_qp *sim_qp_new(struct ibv_context *c, struct ibv_pd *pd,
 	q->rq = calloc(q->rq_cap, sizeof(*q->rq));
 	if (q->cap.max_inline_data)
 		q->inl_arena = malloc((size_t)q->sq_cap * q->cap.max_inline_data);
-	if (!q->sq || !q->rq || (q->cap.max_inline_data && !q->inl_arena)) {
+	q->srq = (struct sim_srq *)ia->srq;
+	q->dev = d;
+	if (!q->sq || !q->rq || (q->cap.max_inline_data && !q->inl_arena) || sim_img_init(q)) {
 		free(q->sq);
 		free(q->rq);
 		free(q->inl_arena);
@@ -346,6 +348,7 @@ int sim_modify_qp(struct ibv_qp *qp, struct ibv_qp_attr *attr, int attr_mask)
 		sim_cq_purge((struct sim_cq *)qp->send_cq, qp->qp_num);
 		sim_cq_purge((struct sim_cq *)qp->recv_cq, qp->qp_num);
 		q->peer_dev = -1;
+		sim_img_reset(q);
 		break;
 	case IBV_QPS_RTR:
 		q->epsn = q->attr.rq_psn;
@@ -438,6 +441,7 @@ void sim_qp_free(struct sim_qp *q)
 	free(q->sq);
 	free(q->rq);
 	free(q->inl_arena);
+	sim_img_free(q);
 	sim_qp_ex_free(q);
 	free(q);
 }

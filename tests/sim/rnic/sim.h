@@ -64,6 +64,10 @@ struct sim_world_opts {
 	 * simulator's own), so SHIFT takes the devices for another provider's
 	 * (rxe: 0xffffff, 0) and applies its quirks. */
 	uint32_t vendor_id, vendor_part_id;
+	/* mlx5 mode (rnic/mlx5img.c): the devices report Mellanox's vendor
+	 * id and keep each QP's queues in the mlx5 WQE format too, described
+	 * by an mlx5dv_init_obj of their own (the lower table's) */
+	int mlx5;
 };
 
 /* Statistics of a world, for summaries. */
@@ -84,6 +88,8 @@ void sim_world_set_rxe_stale_read(struct sim_world *w, int on);
 void sim_world_set_refuse_posts_in_err(struct sim_world *w, int on);
 /* Sets the vendor id and part the devices report (sim_world_opts). */
 void sim_world_set_vendor(struct sim_world *w, uint32_t id, uint32_t part);
+/* Turns the mlx5 mode (sim_world_opts) on or off: for QPs created after. */
+void sim_world_set_mlx5(struct sim_world *w, int on);
 /* Frees every object the world still holds (contexts, QPs, ...). */
 void sim_world_destroy(struct sim_world *w);
 

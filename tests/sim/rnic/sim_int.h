@@ -230,6 +230,13 @@ struct sim_qp {
 
 	/* Fault hooks. */
 	unsigned drop_req, drop_resp;
+
+	/* mlx5 mode (mlx5img.c): the queues in mlx5's WQE format */
+	uint8_t *img_sq, *img_rq;
+	uint32_t img_sq_cnt;		/* 64-byte blocks */
+	uint32_t img_rq_cnt, img_rq_stride;
+	uint32_t img_cur, img_rq_head;	/* producer counters (16 bits) */
+	uint32_t *img_db;		/* doorbell record: [0] receive, [1] send */
 };
 
 struct sim_timed {
@@ -324,6 +331,16 @@ void sim_srq_free_all(struct sim_ctx *ctx);
  * taking it (after which the SRQ's limit event may fire). */
 struct sim_rwqe *sim_rq_peek(struct sim_qp *q);
 void sim_rq_take(struct sim_qp *q);
+
+/* mlx5img.c (sim_world_opts.mlx5; each a no-op on a QP without) */
+int sim_img_init(struct sim_qp *q);
+void sim_img_free(struct sim_qp *q);
+void sim_img_reset(struct sim_qp *q);
+void sim_img_send(struct sim_qp *q, const struct ibv_send_wr *wr);
+void sim_img_send_done(struct sim_qp *q);
+void sim_img_recv(struct sim_qp *q, const struct ibv_recv_wr *wr);
+struct mlx5dv_obj;
+int sim_mlx5dv_init_obj(struct mlx5dv_obj *obj, uint64_t obj_type);
 
 /* cqex.c */
 void sim_cq_ex_init(struct sim_cq *cq);

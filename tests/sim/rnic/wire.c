@@ -296,7 +296,9 @@ int sim_post_send(struct ibv_qp *qp, struct ibv_send_wr *wr,
 		e->psn = q->next_psn;
 		q->next_psn = (q->next_psn + 1) & SIM_PSN_MASK;
 		q->sq_tail++;
+		sim_img_send(q, wr);
 	}
+	sim_img_send_done(q);
 	if (rc && bad)
 		*bad = wr;
 	if (qp->state == IBV_QPS_ERR)
@@ -332,6 +334,7 @@ int sim_post_recv(struct ibv_qp *qp, struct ibv_recv_wr *wr,
 		if (r->num_sge)
 			memcpy(r->sge, wr->sg_list, r->num_sge * sizeof(*r->sge));
 		q->rq_tail++;
+		sim_img_recv(q, wr);
 	}
 	if (rc && bad)
 		*bad = wr;

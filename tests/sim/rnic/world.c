@@ -164,6 +164,11 @@ void sim_world_set_refuse_posts_in_err(struct sim_world *w, int on)
 	w->opts.refuse_posts_in_err = on;
 }
 
+void sim_world_set_mlx5(struct sim_world *w, int on)
+{
+	w->opts.mlx5 = on;
+}
+
 void sim_world_set_vendor(struct sim_world *w, uint32_t id, uint32_t part)
 {
 	w->opts.vendor_id = id;
