@@ -78,3 +78,8 @@ endif()
 # test_pmap: the intrusive pointer-keyed hash of the shadow layer's lookups.
 shift_unit_test(test_pmap SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/test_pmap.c
   LIBS shift_core)
+# test_mlx5_wqe: mlx5 WQEs, built byte by byte from the format, read back
+# into mirror entries (providers/mlx5_wqe.c), and every WQE that is not the
+# one posted refused.
+shift_unit_test(test_mlx5_wqe SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/test_mlx5_wqe.c
+  LIBS shift_providers shift_core)
