@@ -31,7 +31,7 @@
 
 struct status_row {
 	int pid;
-	char dev[64], st[16], sh[16], bk[64], bks[16], ss[16], rs[16], when[16];
+	char dev[64], st[16], sh[16], bk[64], bks[16], ss[16], rs[16], when[16], wq[16];
 	unsigned qpn, bkqpn, peer, gen;
 	unsigned long fo, fb, retx;
 	const char *note;
@@ -88,9 +88,9 @@ static void row_print(struct status_out *o, struct status_row *r)
 {
 	if (!o->json) {
 		printf("%-7d %-8s %-8u %-6s %-11s %-8s %-8u %-6s %-8u %-9s %-8s %4lu %4lu %6lu %4u "
-		       "%-8s %s\n", r->pid, plain(r->dev), r->qpn, plain(r->st), plain(r->sh),
+		       "%-8s %-6s %s\n", r->pid, plain(r->dev), r->qpn, plain(r->st), plain(r->sh),
 		       plain(r->bk), r->bkqpn, plain(r->bks), r->peer, plain(r->ss), plain(r->rs),
-		       r->fo, r->fb, r->retx, r->gen, r->when, plain((char *)r->note));
+		       r->fo, r->fb, r->retx, r->gen, r->when, plain(r->wq), plain((char *)r->note));
 		return;
 	}
 	printf("%s\n  {\"pid\": %d, \"dev\": ", o->rows ? "," : "", r->pid);
@@ -110,6 +110,8 @@ static void row_print(struct status_out *o, struct status_row *r)
 	printf(", \"failovers\": %lu, \"failbacks\": %lu, \"retransmitted\": %lu, "
 	       "\"generation\": %u, \"switched\": ", r->fo, r->fb, r->retx, r->gen);
 	json_str(r->when);
+	printf(", \"wq\": ");
+	json_str(r->wq);
 	printf(", \"note\": ");
 	json_str(r->note);
 	putchar('}');
@@ -123,9 +125,9 @@ static void line_parse(struct status_out *o, char *line)
 
 	if (line[0] == '#')
 		return;
-	if (sscanf(line, "%d %63s %u %15s %15s %63s %u %15s %u %15s %15s %lu %lu %lu %u %llu %n",
+	if (sscanf(line, "%d %63s %u %15s %15s %63s %u %15s %u %15s %15s %lu %lu %lu %u %llu %15s %n",
 		   &r.pid, r.dev, &r.qpn, r.st, r.sh, r.bk, &r.bkqpn, r.bks, &r.peer, r.ss, r.rs,
-		   &r.fo, &r.fb, &r.retx, &r.gen, &last, &off) < 16)
+		   &r.fo, &r.fb, &r.retx, &r.gen, &last, r.wq, &off) < 17)
 		return;
 	line[strcspn(line, "\n")] = '\0';
 	if (last) {
@@ -244,9 +246,9 @@ static int status(int argc, char **argv)
 	}
 	if (!o.json)
 		printf("%-7s %-8s %-8s %-6s %-11s %-8s %-8s %-6s %-8s %-9s %-8s %4s %4s %6s %4s "
-		       "%-8s %s\n", "PID", "DEV", "QPN", "STATE", "SHADOW", "BACKUP", "BK_QPN",
+		       "%-8s %-6s %s\n", "PID", "DEV", "QPN", "STATE", "SHADOW", "BACKUP", "BK_QPN",
 		       "BK_ST", "PEER_BK", "SEND", "RECV", "FO", "FB", "RETX", "GEN", "SWITCHED",
-		       "NOTE");
+		       "WQ", "NOTE");
 	else
 		printf("[");
 	if (dir) {

@@ -32,9 +32,9 @@ SHIFT_KV_URL="redis://job:$secret@$long:6379" "$ctl" config >"$tmp/long" 2>&1 &&
 grep -q "SHIFT_KV_URL.*too long" "$tmp/long" || fail "long URL reason"
 
 mkdir -m 0700 "$tmp/st"
-printf '%s sim0 7 RTS ready sim1 9 RTS 11 default default 0 0 0 0 0 a "quoted"\\\ttab\n' $$ >"$tmp/st/shift-$$-sim0.status"
+printf '%s sim0 7 RTS ready sim1 9 RTS 11 default default 0 0 0 0 0 native a "quoted"\\\ttab\n' $$ >"$tmp/st/shift-$$-sim0.status"
 "$ctl" status --json "$tmp/st" >"$tmp/json" 2>&1 || fail "status --json exit $?"
-python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); assert d[0]["qpn"]==7, d; assert d[0]["note"].startswith("a \"quoted\""), d' \
+python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); assert d[0]["qpn"]==7, d; assert d[0]["wq"]=="native", d; assert d[0]["note"].startswith("a \"quoted\""), d' \
 	"$tmp/json" || fail "status --json not valid JSON: $(cat "$tmp/json")"
 
 chmod 0777 "$tmp/st"
