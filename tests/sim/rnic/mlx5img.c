@@ -137,10 +137,11 @@ static uint32_t put_inline(struct sim_qp *q, uint32_t idx, uint32_t s, const str
 void sim_img_send(struct sim_qp *q, const struct ibv_send_wr *wr)
 {
 	uint32_t idx = q->img_cur, s = 1;
-	uint8_t *c = seg_at(q, idx, 0), fm = 0;
+	uint8_t *c, fm = 0;
 
 	if (!q->img_sq)
 		return;
+	c = seg_at(q, idx, 0);
 	memset(c, 0, SEG);
 	if (wr->opcode == IBV_WR_RDMA_WRITE || wr->opcode == IBV_WR_RDMA_WRITE_WITH_IMM ||
 	    wr->opcode == IBV_WR_RDMA_READ || wr->opcode == IBV_WR_ATOMIC_CMP_AND_SWP ||
