@@ -448,12 +448,15 @@ int fo_finish_start(struct shift_ctx *s, struct shift_dqp *d, bool reset)
 	/* one warning per context while anything of it is failed over (a
 	 * failure of its NIC or path moves all its QPs), the rest at info */
 	enum shift_log_level lv = fo_first_failover(s) ? SHIFT_LOG_WARN : SHIFT_LOG_INFO;
+	bool armed = fo_peer_armed(d);
 
+	/* (my message first: the peer's answer is what this failover waits
+	 * for, and a log line may be a write to a slow file) */
+	if (armed)
+		fo_send_my_ctrl(s, d);
 	shift_log(lv, "%s QP %u: failing over to backup QP %u (receive counter %u, failover %lu)",
 		  d->dev, d->qpn, d->bk->qp_num, (uint32_t)SHIFT_LOAD(d->rq_tail), d->failovers);
-	if (fo_peer_armed(d)) {
-		fo_send_my_ctrl(s, d);
-	} else {
+	if (!armed) {
 		/* the peer's backup still serves the last failover: it reads
 		 * my record and answers first, or its record says it is ready */
 		shift_dqp_set_ep_wait(d, SHIFT_EP_WAIT_PEER, "the peer's backup is not reset yet");
