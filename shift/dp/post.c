@@ -292,17 +292,33 @@ post_recv_fast(struct shift_dqp *d, struct ibv_qp *qp, struct ibv_recv_wr *wr,
 	return shift_post_recv(qp, wr, bad_wr);
 }
 
+/* A single receive of at most one SGE takes the fast path (true, *rc its
+ * result); NCCL posts 0-SGE receives (for RDMA write with immediate). */
+static inline __attribute__((always_inline)) bool
+recv_fast(struct shift_dqp *d, struct ibv_qp *qp, struct ibv_recv_wr *wr,
+	  struct ibv_recv_wr **bad_wr, int *rc)
+{
+	if (shift_likely(!wr->next)) {
+		if (shift_likely(wr->num_sge == 1)) {
+			*rc = post_recv_fast(d, qp, wr, bad_wr, 1);
+			return true;
+		}
+		if (wr->num_sge == 0) {
+			*rc = post_recv_fast(d, qp, wr, bad_wr, 0);
+			return true;
+		}
+	}
+	return false;
+}
+
 __attribute__((hot)) int shift_dp_post_recv(struct ibv_qp *qp, struct ibv_recv_wr *wr,
 						     struct ibv_recv_wr **bad_wr)
 {
+	int rc;
+
 	LOOKUP_OR(qp, unprotected_post_recv(qp, wr, bad_wr));
-	if (shift_likely(!wr->next)) {
-		if (shift_likely(wr->num_sge == 1))
-			return post_recv_fast(d, qp, wr, bad_wr, 1);
-		/* NCCL posts 0-SGE receives (for RDMA write with immediate) */
-		if (wr->num_sge == 0)
-			return post_recv_fast(d, qp, wr, bad_wr, 0);
-	}
+	if (recv_fast(d, qp, wr, bad_wr, &rc))
+		return rc;
 	return shift_post_recv(qp, wr, bad_wr);
 }
 
@@ -422,13 +438,11 @@ static __attribute__((noinline)) int native_post_recv(struct shift_dqp *d, struc
 __attribute__((hot)) int shift_dp_post_recv_native(struct ibv_qp *qp, struct ibv_recv_wr *wr,
 						   struct ibv_recv_wr **bad_wr)
 {
+	int rc;
+
 	LOOKUP_OR(qp, unprotected_post_recv(qp, wr, bad_wr));
-	if (shift_likely(!wr->next)) {
-		if (shift_likely(wr->num_sge == 1))
-			return post_recv_fast(d, qp, wr, bad_wr, 1);
-		if (wr->num_sge == 0)
-			return post_recv_fast(d, qp, wr, bad_wr, 0);
-	}
+	if (recv_fast(d, qp, wr, bad_wr, &rc))
+		return rc;
 	if (d->rq_dbrec)
 		return native_post_recv(d, qp, wr, bad_wr);
 	return shift_post_recv(qp, wr, bad_wr);
