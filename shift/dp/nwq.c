@@ -3,6 +3,7 @@
  * native entries at a failover.
  */
 #include "shift/dp/nwq.h"
+#include "shift/dp/ctx.h"
 
 #include <stdlib.h>
 
@@ -20,19 +21,30 @@ unsigned shift_dqp_native_fill(struct shift_dqp *d, uint64_t send_from, uint64_t
 
 	if (!q)
 		return 0;
+	unsigned long good = 0;
+
 	for (uint64_t i = send_from; i < d->sq_head; i++) {
 		struct shift_swqe *e = shift_dqp_swqe(d, i);
 
-		if (e->num_sge == SHIFT_WQE_NATIVE &&
-		    q->read_send(q, e->imm, e, d->max_send_sge, d->max_inline))
+		if (e->num_sge != SHIFT_WQE_NATIVE)
+			continue;
+		if (q->read_send(q, e->imm, e, d->max_send_sge, d->max_inline))
 			bad++;
+		else
+			good++;
 	}
 	for (uint64_t i = recv_from; q->rq_cnt && i < d->rq_head; i++) {
 		struct shift_rwqe *e = shift_dqp_rwqe(d, i);
 
-		if (e->num_sge == SHIFT_WQE_NATIVE && q->read_recv(q, e->pad, e, d->max_recv_sge))
+		if (e->num_sge != SHIFT_WQE_NATIVE)
+			continue;
+		if (q->read_recv(q, e->pad, e, d->max_recv_sge))
 			bad++;
+		else
+			good++;
 	}
+	__atomic_fetch_add(&shift_stats.wqes_read_back, good, __ATOMIC_RELAXED);
+	__atomic_fetch_add(&shift_stats.wqes_unreadable, bad, __ATOMIC_RELAXED);
 	return bad;
 }
 

@@ -490,6 +490,12 @@ int main(int argc, char **argv)
 	       o.schedules, o.seed, t.faults, t.app_errors, t.conns_failed,
 	       t.violations, t.unfinished, t.msgs, t.atomics_ok,
 	       t.atomics_ok + t.atomics_err, t.steps, t.hash, rate);
+	if (o.mlx5 && o.shift) {
+		unsigned long bad, good = campaign_front_read_back(&bad);
+
+		printf("native: %lu WRs read back from the mlx5 queues, %lu not readable\n", good,
+		       bad);
+	}
 	if (o.app_errors)
 		printf("application errors: the remote access error seen %" PRIu64 " times, lost "
 		       "to a path failure %" PRIu64 " times\n", t.poison_seen, t.poison_lost);

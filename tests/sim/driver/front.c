@@ -22,6 +22,7 @@
 #include "shift/fo/failover.h"
 #include "shift/shadow/shadow.h"
 #include "shift/shift.h"
+#include "shift/dp/ctx.h"
 #include "shift/dp/state.h"
 #include "sim_locked.h"
 
@@ -161,6 +162,12 @@ bool campaign_front_at_rest(bool shift, bool moved, bool app)
 unsigned long campaign_front_illegal_transitions(bool shift)
 {
 	return shift ? shift_dqp_illegal_transitions() : 0;
+}
+
+unsigned long campaign_front_read_back(unsigned long *unreadable)
+{
+	*unreadable = __atomic_load_n(&shift_stats.wqes_unreadable, __ATOMIC_RELAXED);
+	return __atomic_load_n(&shift_stats.wqes_read_back, __ATOMIC_RELAXED);
 }
 
 void campaign_front_done(struct sim_host *h, bool shift)

@@ -51,5 +51,8 @@ void campaign_front_done(struct sim_host *h, bool shift);
 /* Changes of a QP's data-path state that its state machine does not allow
  * (shift/dp/state.h), process-wide: must stay 0. */
 unsigned long campaign_front_illegal_transitions(bool shift);
+/* WRs SHIFT read back from the provider's queues (native work-queue
+ * access), and those it could not (*unreadable) */
+unsigned long campaign_front_read_back(unsigned long *unreadable);
 
 #endif /* SHIFT_SIM_FRONT_H */
