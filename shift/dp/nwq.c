@@ -5,8 +5,6 @@
 #include "shift/dp/nwq.h"
 #include "shift/dp/ctx.h"
 
-#include <stdlib.h>
-
 void shift_dqp_set_native(struct shift_dqp *d, struct shift_nwq *q)
 {
 	d->nwq = q;
@@ -18,11 +16,10 @@ unsigned shift_dqp_native_fill(struct shift_dqp *d, uint64_t send_from, uint64_t
 {
 	const struct shift_nwq *q = d->nwq;
 	unsigned bad = 0;
+	unsigned long good = 0;
 
 	if (!q)
 		return 0;
-	unsigned long good = 0;
-
 	for (uint64_t i = send_from; i < d->sq_head; i++) {
 		struct shift_swqe *e = shift_dqp_swqe(d, i);
 

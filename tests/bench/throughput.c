@@ -55,6 +55,20 @@ struct pair {
 	long done;
 };
 
+/* a and b opened on devices da and db and connected to each other */
+static int connect_pair(struct sim_ep *a, struct sim_ep *b, const struct shift_lower *v,
+			const char *da, const char *db, const struct ibv_qp_cap *cap)
+{
+	struct sim_ep_info ia, ib;
+
+	if (sim_ep_open(a, v, da, 4096, ACCESS, cap, 256, 0) ||
+	    sim_ep_open(b, v, db, 4096, ACCESS, cap, 256, 0))
+		return -1;
+	sim_ep_info(a, 1, &ia);
+	sim_ep_info(b, 2, &ib);
+	return sim_ep_connect(a, &ia, &ib, NULL) || sim_ep_connect(b, &ib, &ia, NULL) ? -1 : 0;
+}
+
 static void run_world(void)
 {
 	if (locked)
@@ -153,23 +167,9 @@ int main(int argc, char **argv)
 	}
 	memset(pr, 0, sizeof(pr));
 	for (int i = 0; i < nthreads; i++) {
-		struct sim_ep_info ia, ib;
-
-		if (sim_ep_open(&pr[i].a, v, "sim0_0", 4096, ACCESS, &cap, 256, 0) ||
-		    sim_ep_open(&pr[i].b, v, "sim1_0", 4096, ACCESS, &cap, 256, 0))
-			return 1;
-		sim_ep_info(&pr[i].a, 1, &ia);
-		sim_ep_info(&pr[i].b, 2, &ib);
-		if (sim_ep_connect(&pr[i].a, &ia, &ib, NULL) || sim_ep_connect(&pr[i].b, &ib, &ia, NULL))
-			return 1;
-		if (!idle || shift)
-			continue;
-		if (sim_ep_open(&pr[i].ia, v, "sim0_1", 4096, ACCESS, &cap, 256, 0) ||
-		    sim_ep_open(&pr[i].ib, v, "sim1_1", 4096, ACCESS, &cap, 256, 0))
-			return 1;
-		sim_ep_info(&pr[i].ia, 1, &ia);
-		sim_ep_info(&pr[i].ib, 2, &ib);
-		if (sim_ep_connect(&pr[i].ia, &ia, &ib, NULL) || sim_ep_connect(&pr[i].ib, &ib, &ia, NULL))
+		if (connect_pair(&pr[i].a, &pr[i].b, v, "sim0_0", "sim1_0", &cap) ||
+		    (idle && !shift &&
+		     connect_pair(&pr[i].ia, &pr[i].ib, v, "sim0_1", "sim1_1", &cap)))
 			return 1;
 	}
 	for (int i = 0; shift && i < 4; i++)
