@@ -27,7 +27,7 @@ _Static_assert(offsetof(struct shift_swqe, num_sge) + 32 == offsetof(struct shif
 /* dqp.h's hot/cold layout: four hot lines, the cold part after them */
 _Static_assert(offsetof(struct shift_dqp, post_lock) == 0 && offsetof(struct shift_dqp, sig_head) < 64 &&
 	       offsetof(struct shift_dqp, posted_by_op) == 64 &&
-	       offsetof(struct shift_dqp, states) == 128 && offsetof(struct shift_dqp, sq_bmask) < 192 &&
+	       offsetof(struct shift_dqp, states) == 128 && offsetof(struct shift_dqp, inl_max) < 192 &&
 	       offsetof(struct shift_dqp, sig_tail) == 192 &&
 	       offsetof(struct shift_dqp, next_in_bucket) < 256 && offsetof(struct shift_dqp, dev) == 256,
 	       "struct shift_dqp: the hot fields in their four lines");
@@ -95,6 +95,10 @@ struct shift_dqp *shift_dqp_create(struct ibv_qp *qp, const struct ibv_qp_cap *c
 		return NULL;
 	}
 	d->sq_bmask = d->sq_size * d->sq_stride - 1;
+	if (offsetof(struct shift_swqe, sge[d->max_send_sge]) <= UINT16_MAX) {
+		d->inl_off = (uint16_t)offsetof(struct shift_swqe, sge[d->max_send_sge]);
+		d->inl_max = (uint16_t)(d->max_inline < 64 ? d->max_inline : 64);
+	}
 	d->rq_bmask = d->rq_size * d->rq_stride - 1;
 	d->sq_limit = d->sq_size;
 	d->rq_limit = d->rq_size;

@@ -164,6 +164,10 @@ struct shift_dqp {
 		/* the send mirror's geometry */
 		uint32_t sq_stride;   /* a power of two */
 		uint32_t sq_bmask;    /* sq_size * sq_stride - 1 */
+		/* a single inline WR's fast path (post.c): where an entry's
+		 * inline bytes start (after max_send_sge SGEs), and the most
+		 * it copies (max_inline, at most 64: shift_copy64()) */
+		uint16_t inl_off, inl_max;
 	} __attribute__((aligned(64)));
 	struct {
 		/* pollers: atomic adds only (shift_dqp_retire) */
@@ -487,6 +491,14 @@ static inline bool shift_dqp_send_is_common(const struct ibv_send_wr *wr)
 {
 	return !wr->next && wr->num_sge == 1 && !(wr->send_flags & IBV_SEND_INLINE) &&
 	       (unsigned)wr->opcode <= IBV_WR_RDMA_READ;
+}
+
+/* Alone in its chain, one SGE, WRITE/SEND/READ (with or without
+ * immediate): the common WR, or with IBV_SEND_INLINE the single inline one
+ * (post.c). */
+static inline bool shift_dqp_send_is_one(const struct ibv_send_wr *wr)
+{
+	return !wr->next && wr->num_sge == 1 && (unsigned)wr->opcode <= IBV_WR_RDMA_READ;
 }
 
 /* Room for one more send WR, in the Default state? (post_lock held) */

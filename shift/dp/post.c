@@ -248,6 +248,39 @@ post_send_common(struct shift_dqp *d, struct ibv_qp *qp, struct ibv_send_wr *wr,
 	return shift_post_send(qp, wr, bad_wr);
 }
 
+/*
+ * Default state, one WRITE, SEND or READ WR of one SGE with IBV_SEND_INLINE
+ * and at most 64 bytes (NCCL's small control writes): mirrored as the
+ * common WR is, plus a copy of its bytes after the entry's SGEs (the
+ * application may reuse its buffer once the post returns); else the
+ * general path. Only d stays live across the provider's call.
+ */
+static __attribute__((noinline)) int post_send_inline(struct shift_dqp *d, struct ibv_qp *qp,
+						      struct ibv_send_wr *wr,
+						      struct ibv_send_wr **bad_wr)
+{
+	uint32_t len = wr->sg_list[0].length;
+
+	shift_dqp_lock(d);
+	if (shift_likely(d->sq_head < d->sq_limit && len <= d->inl_max)) {
+		struct shift_swqe *e = shift_dqp_swqe(d, d->sq_head);
+		int rc;
+
+		shift_dqp_record_one(d, wr);
+		shift_copy64((uint8_t *)e + d->inl_off, (const void *)(uintptr_t)wr->sg_list[0].addr,
+			     len);
+		e->inline_len = len;
+		rc = d->prov_post_send(qp, wr, bad_wr);
+		if (shift_unlikely(rc))
+			return post_send_refused(d, rc);
+		SHIFT_KEEP_RC(rc);
+		shift_dqp_unlock(d);
+		return rc;
+	}
+	shift_dqp_unlock(d);
+	return shift_post_send(qp, wr, bad_wr);
+}
+
 /* The data-path state of qp, found from the QP alone (a hash and, rarely,
  * a chain), or NULL. */
 #define LOOKUP_OR(qp, unprotected)                                                   \
@@ -263,8 +296,11 @@ __attribute__((hot)) int shift_dp_post_send(struct ibv_qp *qp, struct ibv_send_w
 						     struct ibv_send_wr **bad_wr)
 {
 	LOOKUP_OR(qp, unprotected_post_send(qp, wr, bad_wr));
-	if (shift_likely(shift_dqp_send_is_common(wr)))
-		return post_send_common(d, qp, wr, bad_wr);
+	if (shift_likely(shift_dqp_send_is_one(wr))) {
+		if (shift_likely(!(wr->send_flags & IBV_SEND_INLINE)))
+			return post_send_common(d, qp, wr, bad_wr);
+		return post_send_inline(d, qp, wr, bad_wr);
+	}
 	return post_send_chain(d, qp, wr, bad_wr);
 }
 

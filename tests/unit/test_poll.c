@@ -82,12 +82,111 @@ static void test_batches_retire_exactly(void **state)
 	assert_int_equal(ibv_poll_cq(a.cq, 16, wc), 9);
 	assert_true(d->rq_tail == rq + 7 && d->sig_tail == sig + 8);
 
+	/* 8 at once: the largest batch taken in one go */
+	traffic(5, 3);
+	assert_int_equal(ibv_poll_cq(a.cq, 8, wc), 8);
+	assert_true(d->rq_tail == rq + 10 && d->sig_tail == sig + 13);
+	rq += 3;
+	sig += 5;
+
 	/* receives only */
 	traffic(0, 3);
 	assert_int_equal(ibv_poll_cq(a.cq, 16, wc), 3);
 	assert_true(d->rq_tail == rq + 10 && d->sig_tail == sig + 8);
 	/* B's sends, its first poll (no QP known yet): through the loop */
-	assert_int_equal(ibv_poll_cq(b.cq, 16, wc), 3 + 4 + 3);
+	assert_int_equal(ibv_poll_cq(b.cq, 16, wc), 3 + 4 + 3 + 3);
+	sim_pair_close(&pair);
+}
+
+/* A second connected QP pair on the same contexts, A's side on A's CQ. */
+static void open_second(struct sim_ep *a2, struct sim_ep *b2)
+{
+	struct ibv_qp_init_attr ia = { .qp_type = IBV_QPT_RC,
+				       .cap = { .max_send_wr = 64, .max_recv_wr = 64,
+						.max_send_sge = 1, .max_recv_sge = 1 } };
+	struct sim_ep_info i2, j2;
+
+	*a2 = a;
+	*b2 = b;
+	ia.send_cq = ia.recv_cq = a.cq;
+	a2->qp = a.v->create_qp(a.pd, &ia);
+	ia.send_cq = ia.recv_cq = b.cq;
+	b2->qp = b.v->create_qp(b.pd, &ia);
+	assert_non_null(a2->qp);
+	assert_non_null(b2->qp);
+	sim_ep_info(a2, 7, &i2);
+	sim_ep_info(b2, 8, &j2);
+	assert_int_equal(sim_ep_connect(a2, &i2, &j2, NULL), 0);
+	assert_int_equal(sim_ep_connect(b2, &j2, &i2, NULL), 0);
+	for (int i = 0; i < 4; i++)
+		shift_rnic_pass_all();
+}
+
+/* n signaled writes from A's side of e into B's buffer. */
+static void writes(struct sim_ep *e, int n)
+{
+	struct ibv_send_wr *bad;
+
+	for (int i = 0; i < n; i++) {
+		struct ibv_sge s = { .addr = (uintptr_t)a.buf, .length = 64, .lkey = a.mr->lkey };
+		struct ibv_send_wr w = { .wr_id = 900 + i, .sg_list = &s, .num_sge = 1,
+					 .opcode = IBV_WR_RDMA_WRITE, .send_flags = IBV_SEND_SIGNALED,
+					 .wr.rdma = { .remote_addr = (uintptr_t)b.buf + 4096,
+						      .rkey = b.mr->rkey } };
+
+		assert_int_equal(ibv_post_send(e->qp, &w, &bad), 0);
+	}
+}
+
+/*
+ * A batch mixing two QPs of one CQ, one QP number's bits a subset of the
+ * other's (the simulator numbers QPs in order: 0x100 and 0x101), the
+ * cached QP being the one with more bits: every completion's QP ORed
+ * together is then the cached QP's number, and only the AND tells the
+ * other QP's completions apart. Each QP retires exactly its own.
+ */
+static void test_mixed_qps_retire_their_own(void **state)
+{
+	struct ibv_wc wc[16];
+	struct sim_ep a2, b2;
+	(void)state;
+
+	sim_pair_open(&pair, &a, &b, "poll2", 0);
+	sim_pair_connect(&pair);
+	open_second(&a2, &b2);
+	struct sim_ep *sup = &a, *sub = &a2;
+
+	if ((a.qp->qp_num | a2.qp->qp_num) == a2.qp->qp_num) {
+		sup = &a2;
+		sub = &a;
+	}
+	assert_int_equal(sup->qp->qp_num | sub->qp->qp_num, sup->qp->qp_num);
+	struct shift_dqp *ds = shift_dqp_of_qp(sup->qp), *dt = shift_dqp_of_qp(sub->qp);
+
+	assert_non_null(ds);
+	assert_non_null(dt);
+	/* the poll caches sup's QP */
+	writes(sup, 1);
+	sim_world_run_until_idle(pair.world);
+	assert_int_equal(ibv_poll_cq(a.cq, 1, wc), 1);
+	assert_int_equal(wc[0].qp_num, sup->qp->qp_num);
+	uint64_t s0 = ds->sig_tail, t0 = dt->sig_tail;
+
+	writes(sub, 1);
+	writes(sup, 2);
+	sim_world_run_until_idle(pair.world);
+	assert_int_equal(ibv_poll_cq(a.cq, 4, wc), 3);
+	assert_int_equal(ds->sig_tail, s0 + 2);
+	assert_int_equal(dt->sig_tail, t0 + 1);
+	/* and sup's alone, after: still one batch, still exact */
+	writes(sup, 3);
+	sim_world_run_until_idle(pair.world);
+	assert_int_equal(ibv_poll_cq(a.cq, 4, wc), 3);
+	assert_int_equal(ds->sig_tail + dt->sig_tail, s0 + t0 + 6);
+	for (int i = 0; i < 3; i++)
+		assert_int_equal(wc[i].status, IBV_WC_SUCCESS);
+	a.v->destroy_qp(a2.qp);
+	b.v->destroy_qp(b2.qp);
 	sim_pair_close(&pair);
 }
 
@@ -95,6 +194,7 @@ int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_batches_retire_exactly),
+		cmocka_unit_test(test_mixed_qps_retire_their_own),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);

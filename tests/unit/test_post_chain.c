@@ -7,6 +7,8 @@
  * counts. A chain the path cannot take (an atomic in it, two SGEs) goes
  * to the general path with nothing counted twice; a WR the provider
  * refuses mid-chain is forgotten from there on, the ones before it kept.
+ * A single inline WR of up to 64 bytes takes its own path
+ * (post_send_inline) and is mirrored the same way, every length.
  * Through ibv_post_send on the simulated pair, then every WR completes.
  */
 #include <setjmp.h>
@@ -193,12 +195,63 @@ static void test_chain_refused(void **state)
 	sim_pair_close(&pair);
 }
 
+/* Single inline WRs of 0..64 bytes (the single-inline path: copied in
+ * blocks, every length a different split) and 65 (more than the QP
+ * takes: the general path, which cannot mirror it and leaves the QP
+ * unprotected; the provider refuses it, nothing is kept). */
+static void test_inline_single(void **state)
+{
+	struct ibv_send_wr *bad = NULL;
+	(void)state;
+
+	sim_pair_open(&pair, &a, &b, "chaini", 0);
+	sim_pair_connect(&pair);
+	struct shift_dqp *d = shift_dqp_of_qp(a.qp);
+
+	post_recvs(32); /* (for the odd lengths' WRITE_WITH_IMM) */
+	for (uint32_t len = 0; len <= 64; len++) {
+		uint64_t h = d->sq_head;
+		uint8_t *src = a.buf + 512;
+		/* signaled every 8th: the mirror retires as the QP completes */
+		unsigned sig = len % 8 == 7 ? IBV_SEND_SIGNALED : 0;
+
+		for (uint32_t i = 0; i < 80; i++)
+			src[i] = (uint8_t)(len * 7 + i + 1);
+		mk(0, len & 1 ? IBV_WR_RDMA_WRITE_WITH_IMM : IBV_WR_RDMA_WRITE,
+		   IBV_SEND_INLINE | sig, len);
+		sg[0].addr = (uintptr_t)src;
+		assert_int_equal(ibv_post_send(a.qp, wr, &bad), 0);
+		memset(src, 0, 80); /* reused at once */
+		assert_int_equal(d->sq_head, h + 1);
+		const struct shift_swqe *e = shift_dqp_swqe(d, h);
+		const uint8_t *got = (const uint8_t *)&e->sge[d->max_send_sge];
+
+		assert_int_equal(e->wr_id, 900);
+		assert_int_equal(e->opcode, wr[0].opcode);
+		assert_int_equal(e->send_flags, IBV_SEND_INLINE | sig);
+		assert_int_equal(e->num_sge, 1);
+		assert_int_equal(e->remote_addr, wr[0].wr.rdma.remote_addr);
+		assert_int_equal(e->inline_len, len);
+		for (uint32_t i = 0; i < len; i++)
+			assert_int_equal(got[i], (uint8_t)(len * 7 + i + 1));
+		if (sig)
+			drain(1);
+	}
+	uint64_t h = d->sq_head;
+
+	mk(0, IBV_WR_RDMA_WRITE, IBV_SEND_INLINE | IBV_SEND_SIGNALED, 65);
+	assert_int_not_equal(ibv_post_send(a.qp, wr, &bad), 0);
+	assert_int_equal(d->sq_head, h);
+	sim_pair_close(&pair);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_chain_mirrored),
 		cmocka_unit_test(test_chain_general),
 		cmocka_unit_test(test_chain_refused),
+		cmocka_unit_test(test_inline_single),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);
