@@ -53,6 +53,7 @@ struct kv_cluster {
 	int primaries;        /* in the last map read, 0 = none yet */
 	int served;           /* slots it served */
 	char where[300];      /* "redis-cluster://[user@]n1:p1,n2:p2" */
+	SSL_CTX *tls_ctx;     /* rediss-cluster://: every node's, NULL else */
 };
 
 /* ---- slots ---- */
@@ -274,6 +275,7 @@ static int kv_node(shift_kv *h, struct kv_cluster *cl, const struct shift_kv_add
 	if (!r)
 		return -1;
 	kv_redis_node_init(h, r, a);
+	r->tls_ctx = cl->tls_ctx; /* (shared: freed with cl) */
 	cl->node[cl->nnodes] = r;
 	return cl->nnodes++;
 }
@@ -442,6 +444,7 @@ static void kv_cluster_free(struct kv_cluster *cl)
 		free(cl->node[i]);
 	}
 	free(cl->node);
+	kv_tls_ctx_free(cl->tls_ctx);
 	free(cl);
 }
 
@@ -452,7 +455,19 @@ static int kv_cluster_open(shift_kv *h)
 
 	if (!cl)
 		return kv_err(-ENOMEM, "kv redis-cluster: out of memory");
-	kv_redis_where_addrs(h, cl->where, sizeof(cl->where), "redis-cluster");
+	kv_redis_where_addrs(h, cl->where, sizeof(cl->where),
+			     h->url.tls ? "rediss-cluster" : "redis-cluster");
+	if (h->url.tls) {
+		char why[300];
+
+		cl->tls_ctx = kv_tls_ctx_new(h->opts.tls_ca, h->opts.tls_cert, h->opts.tls_key, why,
+					     sizeof(why));
+		if (!cl->tls_ctx) {
+			rc = kv_err(-EINVAL, "%s: %s", cl->where, why);
+			free(cl);
+			return rc;
+		}
+	}
 	for (int i = 0; i < h->url.naddrs && !rc; i++)
 		if (kv_node(h, cl, &h->url.addr[i]) < 0)
 			rc = kv_err(-ENOMEM, "kv redis-cluster: out of memory");

@@ -277,7 +277,7 @@ static int kv_redis_ask_sentinels(shift_kv *h, struct kv_redis *r, uint64_t dead
 	struct shift_kv_addr a;
 	char why[400];
 
-	if (kv_sentinel_primary(h, &r->sent_next, deadline, &a, why, sizeof(why))) {
+	if (kv_sentinel_primary(h, r->tls_ctx, &r->sent_next, deadline, &a, why, sizeof(why))) {
 		char w[160];
 
 		snprintf(w, sizeof(w), "no sentinel named the primary of '%s'",
@@ -299,7 +299,7 @@ static int kv_redis_ask_sentinels(shift_kv *h, struct kv_redis *r, uint64_t dead
 static int kv_redis_check_primary(shift_kv *h, struct kv_redis *r, uint64_t deadline)
 {
 	char why[200], w[480];
-	int rc = kv_sentinel_check_role(r->c, deadline, why, sizeof(why));
+	int rc = kv_sentinel_check_role(r->c, r->ssl, deadline, why, sizeof(why));
 
 	if (!rc)
 		return 0;
@@ -312,7 +312,8 @@ static int kv_redis_check_primary(shift_kv *h, struct kv_redis *r, uint64_t dead
 static void kv_redis_sentinel_where(const shift_kv *h, struct kv_redis *r)
 {
 	size_t cap = sizeof(r->where);
-	size_t n = kv_redis_where_addrs(h, r->where, cap, "redis-sentinel");
+	size_t n = kv_redis_where_addrs(h, r->where, cap,
+					h->url.tls ? "rediss-sentinel" : "redis-sentinel");
 
 	if (n < cap)
 		snprintf(r->where + n, cap - n, "/%s/%d", h->url.master, h->url.db);
@@ -451,7 +452,7 @@ void kv_redis_node_init(const shift_kv *h, struct kv_redis *r, const struct shif
 	memset(r, 0, sizeof(*r));
 	r->cluster = true;
 	r->node = *a;
-	kv_redis_where(h, r, "redis-cluster", a->host, a->port);
+	kv_redis_where(h, r, h->url.tls ? "rediss-cluster" : "redis-cluster", a->host, a->port);
 }
 
 redisReply *kv_redis_call(shift_kv *h, struct kv_redis *r, uint64_t deadline, int *rc, int argc,

@@ -1,6 +1,7 @@
 /*
  * kv/kv_redis_sentinel.c - which server is the primary, asked of Redis
- * Sentinel (redis-sentinel:// URLs).  Internal to kv_redis.c.
+ * Sentinel (redis-sentinel:// URLs; rediss-sentinel:// asks the sentinels
+ * over TLS too).  Internal to kv_redis.c.
  *
  * The client side of Sentinel is small and follows the Sentinel client
  * guidelines: at every (re)connect ask the sentinels in turn, starting
@@ -47,8 +48,9 @@ static int kv_sent_ms(uint64_t deadline, int connect_ms, int left_sentinels)
 	return share < connect_ms ? share : connect_ms;
 }
 
-/* One round trip of cmd (argv) to an already connected context. */
-static redisReply *kv_sent_cmd(redisContext *c, uint64_t deadline, int argc,
+/* One round trip of cmd (argv) to an already connected context (ssl: its
+ * TLS session, or NULL). */
+static redisReply *kv_sent_cmd(redisContext *c, SSL *ssl, uint64_t deadline, int argc,
 			       const char **argv, size_t max, char *why, size_t whycap)
 {
 	struct kv_rio_err e;
@@ -60,7 +62,7 @@ static redisReply *kv_sent_cmd(redisContext *c, uint64_t deadline, int argc,
 		snprintf(why, whycap, "cannot format %s", argv[0]);
 		return NULL;
 	}
-	rep = kv_rio_roundtrip(c, NULL, cmd, (size_t)len, deadline,
+	rep = kv_rio_roundtrip(c, ssl, cmd, (size_t)len, deadline,
 			       max, 4, &e);
 	redisFreeCommand(cmd);
 	if (!rep)
@@ -104,7 +106,7 @@ static int kv_sent_parse(const redisReply *rep, struct shift_kv_addr *out,
 }
 
 /* Ask one sentinel; 0 with *out, or -1 with why. */
-static int kv_sent_ask(const shift_kv *h, const struct shift_kv_addr *s,
+static int kv_sent_ask(const shift_kv *h, SSL_CTX *tls, const struct shift_kv_addr *s,
 		       uint64_t deadline, int ms, struct shift_kv_addr *out,
 		       char *why, size_t whycap)
 {
@@ -113,6 +115,7 @@ static int kv_sent_ask(const shift_kv *h, const struct shift_kv_addr *s,
 			      .tv_usec = (suseconds_t)(ms % 1000) * 1000 };
 	redisContext *c;
 	redisReply *rep;
+	SSL *ssl = NULL;
 	int rc = -1;
 
 	if (ms <= 0) {
@@ -130,17 +133,23 @@ static int kv_sent_ask(const shift_kv *h, const struct shift_kv_addr *s,
 	/* the sentinel's share, not the whole command's deadline */
 	uint64_t mine = kv_now_ns() + (uint64_t)ms * 1000000ull;
 
-	rep = kv_sent_cmd(c, mine < deadline ? mine : deadline, 3, argv,
-			  KV_SENTINEL_MAX_REPLY, why, whycap);
+	if (mine > deadline)
+		mine = deadline;
+	if (tls && !(ssl = kv_tls_start(tls, c->fd, s->host, mine, why, whycap))) {
+		redisFree(c);
+		return -1;
+	}
+	rep = kv_sent_cmd(c, ssl, mine, 3, argv, KV_SENTINEL_MAX_REPLY, why, whycap);
 	if (rep) {
 		rc = kv_sent_parse(rep, out, why, whycap);
 		freeReplyObject(rep);
 	}
+	kv_tls_free(ssl);
 	redisFree(c);
 	return rc;
 }
 
-int kv_sentinel_primary(const shift_kv *h, int *next, uint64_t deadline,
+int kv_sentinel_primary(const shift_kv *h, SSL_CTX *tls, int *next, uint64_t deadline,
 			struct shift_kv_addr *out, char *why, size_t whycap)
 {
 	int n = h->url.naddrs;
@@ -153,7 +162,7 @@ int kv_sentinel_primary(const shift_kv *h, int *next, uint64_t deadline,
 		char one[200];
 		int ms = kv_sent_ms(deadline, h->opts.connect_timeout_ms, n - i);
 
-		if (!kv_sent_ask(h, s, deadline, ms, out, one, sizeof(one))) {
+		if (!kv_sent_ask(h, tls, s, deadline, ms, out, one, sizeof(one))) {
 			*next = k;
 			return 0;
 		}
@@ -167,12 +176,13 @@ int kv_sentinel_primary(const shift_kv *h, int *next, uint64_t deadline,
 	return -1;
 }
 
-int kv_sentinel_check_role(redisContext *c, uint64_t deadline, char *why, size_t whycap)
+int kv_sentinel_check_role(redisContext *c, SSL *ssl, uint64_t deadline, char *why,
+			   size_t whycap)
 {
 	/* INFO, not ROLE: ROLE's reply nests arrays, which the bounded
 	 * reader refuses */
 	const char *argv[] = { "INFO", "replication" };
-	redisReply *rep = kv_sent_cmd(c, deadline, 2, argv, KV_INFO_MAX_REPLY,
+	redisReply *rep = kv_sent_cmd(c, ssl, deadline, 2, argv, KV_INFO_MAX_REPLY,
 				      why, whycap);
 	const char *role;
 	int rc = 0;

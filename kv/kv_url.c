@@ -9,6 +9,9 @@
  *   redis-cluster://[user:password@]n1[:port][,n2[:port]...][/]
  *       (seed nodes of a Redis Cluster, port 6379 when omitted; at most
  *       SHIFT_KV_ADDRS_MAX; db 0 only, the one a cluster has)
+ *   rediss-sentinel://..., rediss-cluster://...
+ *       (the same over TLS: to the sentinels and the primary, to every
+ *       cluster node)
  *   mem://NAME
  *
  * Anything not matching exactly (unknown scheme, stray characters, query
@@ -354,9 +357,17 @@ int shift_kv_url_parse(const char *url, struct shift_kv_url *out)
 	} else if (!strncmp(url, "redis-sentinel://", 17)) {
 		u.scheme = SHIFT_KV_SCHEME_SENTINEL;
 		rc = kv_parse_sentinel(url + 17, &u);
+	} else if (!strncmp(url, "rediss-sentinel://", 18)) {
+		u.scheme = SHIFT_KV_SCHEME_SENTINEL;
+		u.tls = true;
+		rc = kv_parse_sentinel(url + 18, &u);
 	} else if (!strncmp(url, "redis-cluster://", 16)) {
 		u.scheme = SHIFT_KV_SCHEME_CLUSTER;
 		rc = kv_parse_cluster(url + 16, &u);
+	} else if (!strncmp(url, "rediss-cluster://", 17)) {
+		u.scheme = SHIFT_KV_SCHEME_CLUSTER;
+		u.tls = true;
+		rc = kv_parse_cluster(url + 17, &u);
 	} else if (!strncmp(url, "mem://", 6)) {
 		u.scheme = SHIFT_KV_SCHEME_MEM;
 		rc = kv_check_name(url + 6, len - 6, SHIFT_KV_MEM_NAME_MAX);
@@ -369,7 +380,7 @@ int shift_kv_url_parse(const char *url, struct shift_kv_url *out)
 	} else {
 		rc = kv_err(-EINVAL,
 			    "kv URL must start with redis://, rediss://, redis-sentinel://, "
-			    "redis-cluster:// or mem://");
+			    "rediss-sentinel://, redis-cluster://, rediss-cluster:// or mem://");
 	}
 	if (rc)
 		return rc;

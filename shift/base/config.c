@@ -188,7 +188,7 @@ static const struct config_row rows[] = {
 	  "same NUMA node first, in natural name order, port p to port p)",
 	  parse_string, FIELD(backup) },
 	{ "SHIFT_KV_URL", "redis://127.0.0.1:6379",
-	  "where backup attributes are exchanged: redis://[user:password@]host:port[/db] (rediss:// over TLS), redis-sentinel://[user:password@]s1[:port][,s2...]/MASTER[/db] or mem://NAME",
+	  "where backup attributes are exchanged: redis://[user:password@]host:port[/db], redis-sentinel://[user:password@]s1[:port][,s2...]/MASTER[/db], redis-cluster://[user:password@]n1[:port][,n2...] (rediss://, rediss-sentinel://, rediss-cluster://: the same over TLS) or mem://NAME",
 	  parse_string, FIELD(kv_url) },
 	{ "SHIFT_KV_NAMESPACE", "default",
 	  "job id; every KV key carries it (1..64 of A-Z a-z 0-9 . _ -)",
@@ -214,15 +214,15 @@ static const struct config_row rows[] = {
 	  "does not verify is ignored; '' = records are not authenticated (docs/security.md)",
 	  parse_string, FIELD(kv_secret_file) },
 	{ "SHIFT_KV_TLS_CA", "",
-	  "rediss:// only: CA file (PEM) the Redis server's certificate must chain to; its "
+	  "TLS schemes (rediss*://) only: CA file (PEM) the Redis server's certificate must chain to; its "
 	  "name or IP must be the URL's host; '' = the system's trust store",
 	  parse_string, FIELD(kv_tls_ca) },
 	{ "SHIFT_KV_TLS_CERT", "",
-	  "rediss:// only: client certificate (PEM chain) for a server with tls-auth-clients; "
+	  "TLS schemes (rediss*://) only: client certificate (PEM chain) for a server with tls-auth-clients; "
 	  "with SHIFT_KV_TLS_KEY; '' = none",
 	  parse_string, FIELD(kv_tls_cert) },
 	{ "SHIFT_KV_TLS_KEY", "",
-	  "rediss:// only: the client certificate's private key (PEM); '' = none",
+	  "TLS schemes (rediss*://) only: the client certificate's private key (PEM); '' = none",
 	  parse_string, FIELD(kv_tls_key) },
 	{ "SHIFT_PROBE_MS", "250",
 	  "period of the recovery probe on a failed default path, in ms (doubling per failed "

@@ -40,6 +40,11 @@ set_tests_properties(kv_tls_stunnel PROPERTIES LABELS unit TIMEOUT 60)
 # name, no client certificate, plaintext either way refused.
 add_test(NAME kv_tls_native COMMAND ${CMAKE_SOURCE_DIR}/tests/kv/tls_native.sh ${CMAKE_BINARY_DIR}/bin)
 set_tests_properties(kv_tls_native PROPERTIES LABELS unit TIMEOUT 60)
+# kv_tls_replicated: rediss-cluster:// at a TLS-only Redis Cluster (three
+# primaries, tls-cluster) and rediss-sentinel:// at a TLS sentinel watching
+# a TLS primary; another CA and the plaintext schemes refused.
+add_test(NAME kv_tls_replicated COMMAND ${CMAKE_SOURCE_DIR}/tests/kv/tls_replicated.sh ${CMAKE_BINARY_DIR}/bin)
+set_tests_properties(kv_tls_replicated PROPERTIES LABELS unit TIMEOUT 90)
 # test_kv_cluster: redis-cluster:// against a real Redis Cluster the test
 # builds (three primaries, a replica): slots and hash tags as the server
 # computes them, CLUSTER NODES parsing (hand-made replies too), MOVED and

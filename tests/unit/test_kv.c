@@ -162,7 +162,25 @@ static void test_url_sentinel(void **state)
 	assert_string_equal(u.addr[2].host, "::1");
 	assert_string_equal(u.password, "pw");
 	assert_int_equal(u.db, 0);
+	assert_false(u.tls);
+	/* the same over TLS, parsed the same way */
+	assert_int_equal(shift_kv_url_parse("rediss-cluster://:pw@n1,10.0.0.2:7001", &u), 0);
+	assert_int_equal(u.scheme, SHIFT_KV_SCHEME_CLUSTER);
+	assert_true(u.tls);
+	assert_int_equal(u.naddrs, 2);
+	assert_int_equal(u.addr[1].port, 7001);
+	assert_int_equal(shift_kv_url_parse("rediss-sentinel://s1,s2:5000/m/2", &u), 0);
+	assert_int_equal(u.scheme, SHIFT_KV_SCHEME_SENTINEL);
+	assert_true(u.tls);
+	assert_int_equal(u.naddrs, 2);
+	assert_int_equal(u.addr[0].port, 26379);
+	assert_string_equal(u.master, "m");
+	assert_int_equal(u.db, 2);
+	assert_int_equal(shift_kv_url_parse("redis-sentinel://s1/m", &u), 0);
+	assert_false(u.tls);
 	static const char *cbad[] = {
+		"rediss-cluster://", "rediss-cluster://h/1", "rediss-sentinel://h",
+		"rediss-sentinel:///m", "redisss-cluster://h", "rediss-cluster:/h",
 		"redis-cluster://", "redis-cluster://h/0", "redis-cluster://h/1",
 		"redis-cluster://h,/", "redis-cluster://,h", "redis-cluster://h:0",
 		"redis-cluster://a,b,c,d,e,f,g,h,i", "redis-cluster://h?x=1",
