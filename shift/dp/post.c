@@ -281,6 +281,37 @@ static __attribute__((noinline)) int post_send_inline(struct shift_dqp *d, struc
 	return shift_post_send(qp, wr, bad_wr);
 }
 
+/*
+ * Default state, one WRITE, SEND or READ WR of 2..max_send_sge SGEs, not
+ * inline: mirrored as the common WR is, its further SGEs after the first;
+ * else the general path.
+ */
+static __attribute__((noinline)) int post_send_sges(struct shift_dqp *d, struct ibv_qp *qp,
+						    struct ibv_send_wr *wr,
+						    struct ibv_send_wr **bad_wr)
+{
+	uint32_t n = (uint32_t)wr->num_sge;
+
+	shift_dqp_lock(d);
+	if (shift_likely(d->sq_head < d->sq_limit && n <= d->max_send_sge &&
+			 (unsigned)wr->opcode <= IBV_WR_RDMA_READ &&
+			 !(wr->send_flags & IBV_SEND_INLINE))) {
+		struct shift_swqe *e = shift_dqp_swqe(d, d->sq_head);
+		int rc;
+
+		shift_dqp_record_one(d, wr);
+		for (uint32_t i = 1; i < n; i++)
+			e->sge[i] = wr->sg_list[i];
+		rc = d->prov_post_send(qp, wr, bad_wr);
+		if (shift_unlikely(rc))
+			return post_send_refused(d, rc);
+		shift_dqp_unlock(d);
+		return rc;
+	}
+	shift_dqp_unlock(d);
+	return shift_post_send(qp, wr, bad_wr);
+}
+
 /* The data-path state of qp, found from the QP alone (a hash and, rarely,
  * a chain), or NULL. */
 #define LOOKUP_OR(qp, unprotected)                                                   \
@@ -301,6 +332,8 @@ __attribute__((hot)) int shift_dp_post_send(struct ibv_qp *qp, struct ibv_send_w
 			return post_send_common(d, qp, wr, bad_wr);
 		return post_send_inline(d, qp, wr, bad_wr);
 	}
+	if (!wr->next && wr->num_sge > 1)
+		return post_send_sges(d, qp, wr, bad_wr);
 	return post_send_chain(d, qp, wr, bad_wr);
 }
 
@@ -321,6 +354,35 @@ post_recv_fast(struct shift_dqp *d, struct ibv_qp *qp, struct ibv_recv_wr *wr,
 			return post_recv_refused(d, rc);
 		/* (rc is 0 here: returned as is, not made again) */
 		SHIFT_KEEP_RC(rc);
+		shift_dqp_unlock(d);
+		return rc;
+	}
+	shift_dqp_unlock(d);
+	return shift_post_recv(qp, wr, bad_wr);
+}
+
+/* One receive WR of 2..max_recv_sge SGEs, Default state: mirrored with
+ * its SGEs under post_lock; else the general path. */
+static __attribute__((noinline)) int post_recv_sges(struct shift_dqp *d, struct ibv_qp *qp,
+						    struct ibv_recv_wr *wr,
+						    struct ibv_recv_wr **bad_wr)
+{
+	uint32_t n = (uint32_t)wr->num_sge;
+
+	shift_dqp_lock(d);
+	/* (rq_room fails unless both states are Default) */
+	if (shift_likely(n <= d->max_recv_sge && shift_dqp_rq_room(d))) {
+		struct shift_rwqe *e = shift_dqp_rwqe(d, d->rq_head);
+		int rc;
+
+		e->wr_id = wr->wr_id;
+		e->num_sge = n;
+		for (uint32_t i = 0; i < n; i++)
+			e->sge[i] = wr->sg_list[i];
+		d->rq_head++;
+		rc = d->prov_post_recv(qp, wr, bad_wr);
+		if (shift_unlikely(rc))
+			return post_recv_refused(d, rc);
 		shift_dqp_unlock(d);
 		return rc;
 	}
@@ -355,6 +417,8 @@ __attribute__((hot)) int shift_dp_post_recv(struct ibv_qp *qp, struct ibv_recv_w
 	LOOKUP_OR(qp, unprotected_post_recv(qp, wr, bad_wr));
 	if (recv_fast(d, qp, wr, bad_wr, &rc))
 		return rc;
+	if (!wr->next && wr->num_sge > 1)
+		return post_recv_sges(d, qp, wr, bad_wr);
 	return shift_post_recv(qp, wr, bad_wr);
 }
 

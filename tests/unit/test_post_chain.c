@@ -8,7 +8,9 @@
  * to the general path with nothing counted twice; a WR the provider
  * refuses mid-chain is forgotten from there on, the ones before it kept.
  * A single inline WR of up to 64 bytes takes its own path
- * (post_send_inline) and is mirrored the same way, every length.
+ * (post_send_inline) and is mirrored the same way, every length; so do a
+ * single send and a single receive of several SGEs (post_send_sges,
+ * post_recv_sges).
  * Through ibv_post_send on the simulated pair, then every WR completes.
  */
 #include <setjmp.h>
@@ -245,6 +247,75 @@ static void test_inline_single(void **state)
 	sim_pair_close(&pair);
 }
 
+/* One WRITE and one receive of 2 SGEs (the QPs take 2): every SGE in
+ * the mirror, in order; a 2-SGE inline WRITE: the general path, the same
+ * entry. */
+static void test_sges_single(void **state)
+{
+	struct ibv_send_wr *bad = NULL;
+	struct ibv_recv_wr *rbad = NULL;
+	(void)state;
+
+	sim_pair_open(&pair, &a, &b, "chains", 0);
+	sim_pair_connect(&pair);
+	struct shift_dqp *d = shift_dqp_of_qp(a.qp), *db = shift_dqp_of_qp(b.qp);
+
+	for (int inl = 0; inl < 2; inl++) {
+		uint64_t h = d->sq_head, sig = d->sig_head;
+		uint32_t n0 = posted(d);
+
+		mk(0, IBV_WR_RDMA_WRITE, IBV_SEND_SIGNALED | (inl ? IBV_SEND_INLINE : 0), 16);
+		struct ibv_sge two[2] = { sg[0], { .addr = (uintptr_t)a.buf + 2048, .length = 24,
+						   .lkey = a.mr->lkey } };
+
+		wr[0].sg_list = two;
+		wr[0].num_sge = 2;
+		assert_int_equal(ibv_post_send(a.qp, wr, &bad), 0);
+		assert_int_equal(d->sq_head, h + 1);
+		assert_int_equal(d->sig_head, sig + 1);
+		assert_int_equal(posted(d), n0 + 1);
+		const struct shift_swqe *e = shift_dqp_swqe(d, h);
+
+		assert_int_equal(e->wr_id, 900);
+		assert_int_equal(e->num_sge, 2);
+		assert_int_equal(e->opcode, IBV_WR_RDMA_WRITE);
+		assert_int_equal(e->remote_addr, wr[0].wr.rdma.remote_addr);
+		assert_int_equal(e->rkey, b.mr->rkey);
+		assert_memory_equal(e->sge, two, sizeof(two));
+		if (inl)
+			assert_int_equal(e->inline_len, 40);
+		drain(1);
+	}
+	uint64_t rh = db->rq_head;
+	struct ibv_sge rs[2] = { { .addr = (uintptr_t)b.buf + 100, .length = 10, .lkey = b.mr->lkey },
+				 { .addr = (uintptr_t)b.buf + 300, .length = 30, .lkey = b.mr->lkey } };
+	struct ibv_recv_wr r = { .wr_id = 77, .sg_list = rs, .num_sge = 2 };
+
+	assert_int_equal(ibv_post_recv(b.qp, &r, &rbad), 0);
+	assert_int_equal(db->rq_head, rh + 1);
+	const struct shift_rwqe *re = shift_dqp_rwqe(db, rh);
+
+	assert_int_equal(re->wr_id, 77);
+	assert_int_equal(re->num_sge, 2);
+	assert_memory_equal(re->sge, rs, sizeof(rs));
+	/* a SEND fills it: both SGEs, in order */
+	mk(0, IBV_WR_SEND, IBV_SEND_SIGNALED, 40);
+	memset(a.buf, 0xab, 40);
+	assert_int_equal(ibv_post_send(a.qp, wr, &bad), 0);
+	drain(1);
+	struct ibv_wc wc;
+
+	sim_world_run_until_idle(pair.world);
+	assert_int_equal(sim_pair_poll1("B", &b, &wc), 1);
+	assert_int_equal(wc.wr_id, 77);
+	assert_int_equal(wc.byte_len, 40);
+	for (int i = 0; i < 10; i++)
+		assert_int_equal(b.buf[100 + i], 0xab);
+	for (int i = 0; i < 30; i++)
+		assert_int_equal(b.buf[300 + i], 0xab);
+	sim_pair_close(&pair);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -252,6 +323,7 @@ int main(void)
 		cmocka_unit_test(test_chain_general),
 		cmocka_unit_test(test_chain_refused),
 		cmocka_unit_test(test_inline_single),
+		cmocka_unit_test(test_sges_single),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);
