@@ -15,6 +15,11 @@ LAT = (" #bytes #iterations    t_min[usec]    t_max[usec]  t_typical[usec]    t_
        " 2       300          204.23         7104.10      355.49   \t       681.97      \t705.63 \t\t3967.65 \t\t7104.10\n")
 BW = (" #bytes     #iterations    BW peak[Gb/sec]    BW average[Gb/sec]   MsgRate[Mpps]\n"
       " 65536      927              0.00               0.16   \t\t   0.000308\n")
+# ib_write_bw --run_infinitely (a CI run, 2026-11-27): an interval whose WRs
+# completed while its rates read 0 (the guest's emulated clock)
+BW0 = (" #bytes     #iterations    BW peak[Gb/sec]    BW average[Gb/sec]   MsgRate[Mpps]\n"
+       " 65536      201           0.000000            0.000000            0.000000\n"
+       " 65536      0             0.000000            0.000000            0.000000\n")
 
 
 def main():
@@ -35,8 +40,12 @@ def main():
         bad.append("bandwidth row %r, want %r" % (rows, want))
     ts = "".join("%d.5\t%s" % (100 + i, l + "\n") for i, l in enumerate(BW.splitlines()))
     pts = tb.parse_throughput(ts, 0.5)
-    if pts != [{"t": 101.0, "bw": 0.16, "unit": "Gb/sec"}]:
+    if pts != [{"t": 101.0, "bw": 0.16, "unit": "Gb/sec", "iters": 927}]:
         bad.append("throughput %r" % pts)
+    ts = "".join("%d.5\t%s" % (100 + i, l + "\n") for i, l in enumerate(BW0.splitlines()))
+    pts = tb.parse_throughput(ts, 0.5)
+    if [tb.flowed(p) for p in pts] != [True, False]:
+        bad.append("flowed() on %r: WRs counted with rates of 0 are traffic, none is not" % pts)
     for b in bad:
         print("FAIL:", b)
     print("parse_perftest: %s" % ("FAIL" if bad else "ok"))
