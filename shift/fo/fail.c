@@ -164,7 +164,14 @@ void fo_fail_connection(struct shift_dqp *d, struct out *o, const char *why,
 	fo_flush_held(d, o, err, sq, rq);
 	if (s && !d->failovers)
 		fo_remove(s, d);
-	/* a peer on its backup reads it in my record (closed) */
-	if (s && d->shadow && !d->peer_closed && d->failovers)
+	/* a peer on its backup, or one that starts a failover after this
+	 * (its QP meets mine in ERR), reads it in my record (closed): also
+	 * when this connection never failed over (an atomic in flight at
+	 * its first failover, an ABORT that cannot leave), once my shadow
+	 * published its record, so that the QP's end deletes this one too
+	 * (shadow/replay.c) */
+	if (s && d->shadow && !d->peer_closed &&
+	    (d->failovers ||
+	     __atomic_load_n(&d->shadow->state, __ATOMIC_ACQUIRE) == SHIFT_SHADOW_READY))
 		fo_ep_publish(s, d);
 }

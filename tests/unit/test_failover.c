@@ -18,6 +18,9 @@
 
 #include "kv/kv.h"
 #include "sim_pair.h"
+#include "shift/dp/ctx.h"
+#include "shift/shadow/exchange.h"
+#include "shift/shadow/types.h"
 
 static struct sim_world *world;
 static struct sim_host *host[2];
@@ -1042,6 +1045,29 @@ static void test_destroy_failed_over_qp(void **state)
 	}
 }
 
+/* e's failover record in the KV store (what its peer reads): 1 if it
+ * says the connection ended, 0 if it does not, -1 if there is none. */
+static int record_closed(const struct sim_ep *e)
+{
+	struct shift_dqp *d = shift_dqp_of_qp(e->qp);
+	struct shift_ctx *s = shift_ctx_of(e->ctx);
+	struct shift_ep_value ev;
+	char key[SHIFT_EXCHANGE_KEY_MAX];
+	void *val = NULL;
+	size_t len = 0;
+
+	assert_non_null(d);
+	assert_non_null(s);
+	assert_true(shift_exchange_ep_key(&d->shadow->my_key, key, sizeof(key)) > 0);
+	if (shift_kv_get(s->rnic->kv, key, &val, &len))
+		return -1;
+	int rc = shift_exchange_ep_decode_ex(val, len, &ev);
+
+	free(val);
+	assert_int_equal(rc, 0);
+	return ev.closed;
+}
+
 static void test_atomic_in_flight_surfaces(void **state)
 {
 	struct ibv_wc wa[128], wb[128];
@@ -1058,6 +1084,9 @@ static void test_atomic_in_flight_surfaces(void **state)
 	uint64_t v;
 	memcpy(&v, b.buf + 4096, 8);
 	assert_true(v <= 1); /* never applied twice */
+	/* A's connection failed at its first failover (failovers 0): its
+	 * record says so, for a peer whose ABORT did not arrive */
+	assert_int_equal(record_closed(&a), 1);
 }
 
 static void test_qp_fatal_hidden(void **state)
