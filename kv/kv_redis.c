@@ -49,16 +49,10 @@ static int kv_redis_open(shift_kv *h)
 	if (!r)
 		return kv_err(-ENOMEM, "kv redis: out of memory");
 	kv_redis_url_init(h, r);
-	if (h->url.tls) {
-		char why[300];
-
-		r->tls_ctx = kv_tls_ctx_new(h->opts.tls_ca, h->opts.tls_cert, h->opts.tls_key, why,
-					    sizeof(why));
-		if (!r->tls_ctx) {
-			rc = kv_err(-EINVAL, "%s: %s", r->where, why);
-			free(r);
-			return rc;
-		}
+	rc = kv_redis_tls_ctx(h, r->where, &r->tls_ctx);
+	if (rc) {
+		free(r);
+		return rc;
 	}
 	h->priv = r;
 	if (h->opts.lazy_connect)

@@ -457,16 +457,10 @@ static int kv_cluster_open(shift_kv *h)
 		return kv_err(-ENOMEM, "kv redis-cluster: out of memory");
 	kv_redis_where_addrs(h, cl->where, sizeof(cl->where),
 			     h->url.tls ? "rediss-cluster" : "redis-cluster");
-	if (h->url.tls) {
-		char why[300];
-
-		cl->tls_ctx = kv_tls_ctx_new(h->opts.tls_ca, h->opts.tls_cert, h->opts.tls_key, why,
-					     sizeof(why));
-		if (!cl->tls_ctx) {
-			rc = kv_err(-EINVAL, "%s: %s", cl->where, why);
-			free(cl);
-			return rc;
-		}
+	rc = kv_redis_tls_ctx(h, cl->where, &cl->tls_ctx);
+	if (rc) {
+		free(cl);
+		return rc;
 	}
 	for (int i = 0; i < h->url.naddrs && !rc; i++)
 		if (kv_node(h, cl, &h->url.addr[i]) < 0)

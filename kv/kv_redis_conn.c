@@ -447,6 +447,17 @@ void kv_redis_url_init(const shift_kv *h, struct kv_redis *r)
 		kv_redis_where(h, r, h->url.tls ? "rediss" : "redis", h->url.host, h->url.port);
 }
 
+int kv_redis_tls_ctx(const shift_kv *h, const char *where, SSL_CTX **ctx)
+{
+	char why[300];
+
+	*ctx = NULL;
+	if (!h->url.tls)
+		return 0;
+	*ctx = kv_tls_ctx_new(h->opts.tls_ca, h->opts.tls_cert, h->opts.tls_key, why, sizeof(why));
+	return *ctx ? 0 : kv_err(-EINVAL, "%s: %s", where, why);
+}
+
 void kv_redis_node_init(const shift_kv *h, struct kv_redis *r, const struct shift_kv_addr *a)
 {
 	memset(r, 0, sizeof(*r));

@@ -72,6 +72,10 @@ void kv_redis_url_init(const shift_kv *h, struct kv_redis *r);
 /* "SCHEME://[user@]a1:p1,a2:p2..." of h's addresses (sentinels, seeds)
  * into buf; the length written. */
 size_t kv_redis_where_addrs(const shift_kv *h, char *buf, size_t cap, const char *scheme);
+/* The TLS context of a rediss*:// handle h (its settings' CA and client
+ * certificate) into *ctx, NULL for the plaintext schemes: 0, or -EINVAL
+ * naming where and why. */
+int kv_redis_tls_ctx(const shift_kv *h, const char *where, SSL_CTX **ctx);
 /* A connection (not yet dialled) to cluster node a of h: r zeroed first. */
 void kv_redis_node_init(const shift_kv *h, struct kv_redis *r, const struct shift_kv_addr *a);
 /* Close the socket, keep the rest (back-off, names). */

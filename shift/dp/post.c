@@ -221,21 +221,46 @@ general:
 }
 
 /*
- * Default state, the common WR (shift_dqp_send_is_common): mirror it inline,
- * then the provider's post. Only d stays live across the provider's call;
- * anything else goes to shift_post_send().
+ * Default state, one WRITE, SEND or READ WR alone in its chain, mirrored
+ * under post_lock, then the provider's post; anything else goes to
+ * shift_post_send(). kind, a constant at each call:
+ * - ONE_COMMON: one SGE, not inline (shift_dqp_send_is_common), the copy
+ *   inline in the caller;
+ * - ONE_INLINE: one SGE with IBV_SEND_INLINE and at most 64 bytes (NCCL's
+ *   small control writes): its bytes copied after the entry's SGEs (the
+ *   application may reuse its buffer once the post returns);
+ * - ONE_SGES: 2..max_send_sge SGEs, not inline: the further SGEs after the
+ *   first.
+ * Only d stays live across the provider's call.
  */
+enum { ONE_COMMON, ONE_INLINE, ONE_SGES };
+
 static inline __attribute__((always_inline)) int
-post_send_common(struct shift_dqp *d, struct ibv_qp *qp, struct ibv_send_wr *wr,
-		 struct ibv_send_wr **bad_wr)
+post_send_one(struct shift_dqp *d, struct ibv_qp *qp, struct ibv_send_wr *wr,
+	      struct ibv_send_wr **bad_wr, int kind)
 {
+	uint32_t n = kind == ONE_INLINE ? wr->sg_list[0].length : (uint32_t)wr->num_sge;
+
 	shift_dqp_lock(d);
 	/* (the bound is 0 in any other state than Default; a mirror that
 	 * looks full goes to shift_post_send(), which syncs) */
-	if (shift_likely(d->sq_head < d->sq_limit)) {
+	if (shift_likely(d->sq_head < d->sq_limit &&
+			 (kind != ONE_INLINE || n <= d->inl_max) &&
+			 (kind != ONE_SGES || (n <= d->max_send_sge &&
+					       (unsigned)wr->opcode <= IBV_WR_RDMA_READ &&
+					       !(wr->send_flags & IBV_SEND_INLINE))))) {
+		struct shift_swqe *e = shift_dqp_swqe(d, d->sq_head);
 		int rc;
 
 		shift_dqp_record_one(d, wr);
+		if (kind == ONE_INLINE) {
+			shift_copy64((uint8_t *)e + d->inl_off,
+				     (const void *)(uintptr_t)wr->sg_list[0].addr, n);
+			e->inline_len = n;
+		} else if (kind == ONE_SGES) {
+			for (uint32_t i = 1; i < n; i++)
+				e->sge[i] = wr->sg_list[i];
+		}
 		rc = d->prov_post_send(qp, wr, bad_wr);
 		if (shift_unlikely(rc))
 			return post_send_refused(d, rc);
@@ -248,68 +273,18 @@ post_send_common(struct shift_dqp *d, struct ibv_qp *qp, struct ibv_send_wr *wr,
 	return shift_post_send(qp, wr, bad_wr);
 }
 
-/*
- * Default state, one WRITE, SEND or READ WR of one SGE with IBV_SEND_INLINE
- * and at most 64 bytes (NCCL's small control writes): mirrored as the
- * common WR is, plus a copy of its bytes after the entry's SGEs (the
- * application may reuse its buffer once the post returns); else the
- * general path. Only d stays live across the provider's call.
- */
 static __attribute__((noinline)) int post_send_inline(struct shift_dqp *d, struct ibv_qp *qp,
 						      struct ibv_send_wr *wr,
 						      struct ibv_send_wr **bad_wr)
 {
-	uint32_t len = wr->sg_list[0].length;
-
-	shift_dqp_lock(d);
-	if (shift_likely(d->sq_head < d->sq_limit && len <= d->inl_max)) {
-		struct shift_swqe *e = shift_dqp_swqe(d, d->sq_head);
-		int rc;
-
-		shift_dqp_record_one(d, wr);
-		shift_copy64((uint8_t *)e + d->inl_off, (const void *)(uintptr_t)wr->sg_list[0].addr,
-			     len);
-		e->inline_len = len;
-		rc = d->prov_post_send(qp, wr, bad_wr);
-		if (shift_unlikely(rc))
-			return post_send_refused(d, rc);
-		SHIFT_KEEP_RC(rc);
-		shift_dqp_unlock(d);
-		return rc;
-	}
-	shift_dqp_unlock(d);
-	return shift_post_send(qp, wr, bad_wr);
+	return post_send_one(d, qp, wr, bad_wr, ONE_INLINE);
 }
 
-/*
- * Default state, one WRITE, SEND or READ WR of 2..max_send_sge SGEs, not
- * inline: mirrored as the common WR is, its further SGEs after the first;
- * else the general path.
- */
 static __attribute__((noinline)) int post_send_sges(struct shift_dqp *d, struct ibv_qp *qp,
 						    struct ibv_send_wr *wr,
 						    struct ibv_send_wr **bad_wr)
 {
-	uint32_t n = (uint32_t)wr->num_sge;
-
-	shift_dqp_lock(d);
-	if (shift_likely(d->sq_head < d->sq_limit && n <= d->max_send_sge &&
-			 (unsigned)wr->opcode <= IBV_WR_RDMA_READ &&
-			 !(wr->send_flags & IBV_SEND_INLINE))) {
-		struct shift_swqe *e = shift_dqp_swqe(d, d->sq_head);
-		int rc;
-
-		shift_dqp_record_one(d, wr);
-		for (uint32_t i = 1; i < n; i++)
-			e->sge[i] = wr->sg_list[i];
-		rc = d->prov_post_send(qp, wr, bad_wr);
-		if (shift_unlikely(rc))
-			return post_send_refused(d, rc);
-		shift_dqp_unlock(d);
-		return rc;
-	}
-	shift_dqp_unlock(d);
-	return shift_post_send(qp, wr, bad_wr);
+	return post_send_one(d, qp, wr, bad_wr, ONE_SGES);
 }
 
 /* The data-path state of qp, found from the QP alone (a hash and, rarely,
@@ -329,7 +304,7 @@ __attribute__((hot)) int shift_dp_post_send(struct ibv_qp *qp, struct ibv_send_w
 	LOOKUP_OR(qp, unprotected_post_send(qp, wr, bad_wr));
 	if (shift_likely(shift_dqp_send_is_one(wr))) {
 		if (shift_likely(!(wr->send_flags & IBV_SEND_INLINE)))
-			return post_send_common(d, qp, wr, bad_wr);
+			return post_send_one(d, qp, wr, bad_wr, ONE_COMMON);
 		return post_send_inline(d, qp, wr, bad_wr);
 	}
 	if (!wr->next && wr->num_sge > 1)
@@ -337,18 +312,33 @@ __attribute__((hot)) int shift_dp_post_send(struct ibv_qp *qp, struct ibv_send_w
 	return post_send_chain(d, qp, wr, bad_wr);
 }
 
-/* One receive WR of n (0 or 1, a constant at the call) SGEs, Default state:
- * mirror it inline under post_lock, else the general path. */
+/* One receive WR of n SGEs, Default state: mirrored under post_lock,
+ * else the general path. n is a constant at the call: 0 or 1 (the copy
+ * inline in the caller), or RECV_SGES for 2..max_recv_sge (its count
+ * read from the WR). */
+#define RECV_SGES 2u
 static inline __attribute__((always_inline)) int
 post_recv_fast(struct shift_dqp *d, struct ibv_qp *qp, struct ibv_recv_wr *wr,
 	       struct ibv_recv_wr **bad_wr, unsigned n)
 {
+	uint32_t ns = n == RECV_SGES ? (uint32_t)wr->num_sge : n;
+
 	shift_dqp_lock(d);
 	/* (rq_room fails unless both states are Default) */
-	if (shift_likely(shift_dqp_rq_room(d))) {
+	if (shift_likely((n != RECV_SGES || ns <= d->max_recv_sge) && shift_dqp_rq_room(d))) {
 		int rc;
 
-		shift_dqp_record_recv_one(d, wr, n);
+		if (n == RECV_SGES) {
+			struct shift_rwqe *e = shift_dqp_rwqe(d, d->rq_head);
+
+			e->wr_id = wr->wr_id;
+			e->num_sge = ns;
+			for (uint32_t i = 0; i < ns; i++)
+				e->sge[i] = wr->sg_list[i];
+			d->rq_head++;
+		} else {
+			shift_dqp_record_recv_one(d, wr, n);
+		}
 		rc = d->prov_post_recv(qp, wr, bad_wr);
 		if (shift_unlikely(rc))
 			return post_recv_refused(d, rc);
@@ -361,33 +351,11 @@ post_recv_fast(struct shift_dqp *d, struct ibv_qp *qp, struct ibv_recv_wr *wr,
 	return shift_post_recv(qp, wr, bad_wr);
 }
 
-/* One receive WR of 2..max_recv_sge SGEs, Default state: mirrored with
- * its SGEs under post_lock; else the general path. */
 static __attribute__((noinline)) int post_recv_sges(struct shift_dqp *d, struct ibv_qp *qp,
 						    struct ibv_recv_wr *wr,
 						    struct ibv_recv_wr **bad_wr)
 {
-	uint32_t n = (uint32_t)wr->num_sge;
-
-	shift_dqp_lock(d);
-	/* (rq_room fails unless both states are Default) */
-	if (shift_likely(n <= d->max_recv_sge && shift_dqp_rq_room(d))) {
-		struct shift_rwqe *e = shift_dqp_rwqe(d, d->rq_head);
-		int rc;
-
-		e->wr_id = wr->wr_id;
-		e->num_sge = n;
-		for (uint32_t i = 0; i < n; i++)
-			e->sge[i] = wr->sg_list[i];
-		d->rq_head++;
-		rc = d->prov_post_recv(qp, wr, bad_wr);
-		if (shift_unlikely(rc))
-			return post_recv_refused(d, rc);
-		shift_dqp_unlock(d);
-		return rc;
-	}
-	shift_dqp_unlock(d);
-	return shift_post_recv(qp, wr, bad_wr);
+	return post_recv_fast(d, qp, wr, bad_wr, RECV_SGES);
 }
 
 /* A single receive of at most one SGE takes the fast path (true, *rc its
@@ -494,7 +462,7 @@ __attribute__((hot)) int shift_dp_post_send_native(struct ibv_qp *qp, struct ibv
 {
 	LOOKUP_OR(qp, unprotected_post_send(qp, wr, bad_wr));
 	if (shift_likely(shift_dqp_send_is_common(wr)))
-		return post_send_common(d, qp, wr, bad_wr);
+		return post_send_one(d, qp, wr, bad_wr, ONE_COMMON);
 	if (d->sq_dbrec && !wr->next && shift_nwq_send_op((unsigned)wr->opcode))
 		return native_post_send(d, qp, wr, bad_wr);
 	return post_send_chain(d, qp, wr, bad_wr);

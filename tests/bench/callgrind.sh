@@ -70,7 +70,7 @@ measure() {
 measure --plain --shift \
 	send:1:40:51 recv:1:28:38 poll:1:15:17 expost:1:125:119 expoll:1:80:78 \
 	recv0:1:28:38 chain2:2:40:59 chain4:4:40:48 \
-	chain8:8:40:43 inline32:1:40:79 sge4:1:40:87 recv4:1:28:82 \
+	chain8:8:40:43 inline32:1:40:79 sge4:1:40:86 recv4:1:28:81 \
 	poll2:1:20:35 poll4:1:30:45
 # Native path (Default state): the common shapes take the mirror's fast
 # paths (a one-SGE WR is cheaper copied than its WQE index read); inline,

@@ -43,3 +43,19 @@ until redis-cli --tls --cacert jobca.crt --cert client.crt --key client.key -p "
 	sleep 0.1
 done
 
+# check URL CA CERT KEY: `shiftctl check` through SHIFT's own TLS client
+# (command deadline $check_ms, default 500 ms): its output in $out (and
+# appended to $all), its exit status in $rc, its time in $ms; ok: it passed
+check_ms=500
+all=
+check() {
+	t0=$(date +%s%N)
+	out=$(env -i PATH="$PATH" SHIFT_CONFIG= SHIFT_KV_URL="$1" SHIFT_KV_TLS_CA="$2" \
+		SHIFT_KV_TLS_CERT="$3" SHIFT_KV_TLS_KEY="$4" SHIFT_KV_NAMESPACE=tls \
+		SHIFT_KV_TIMEOUT_MS=$check_ms "$bin/shiftctl" check 2>&1)
+	rc=$?
+	ms=$(( ($(date +%s%N) - t0) / 1000000 ))
+	all="$all
+$out"
+}
+ok() { [ $rc -eq 0 ] && echo "$out" | grep -q "^ok  *KV store"; }

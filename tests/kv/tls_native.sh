@@ -20,19 +20,6 @@ redis-server --port "$plain" --bind 127.0.0.1 --save '' --appendonly no --daemon
 	>plain.log 2>&1 &
 pids="$pids $!"
 
-# check URL CA CERT KEY: shiftctl check's output; its exit status in $rc, time in $ms
-check() {
-	t0=$(date +%s%N)
-	out=$(env -i PATH="$PATH" SHIFT_CONFIG= SHIFT_KV_URL="$1" SHIFT_KV_TLS_CA="$2" \
-		SHIFT_KV_TLS_CERT="$3" SHIFT_KV_TLS_KEY="$4" SHIFT_KV_NAMESPACE=tls \
-		SHIFT_KV_TIMEOUT_MS=500 "$bin/shiftctl" check 2>&1)
-	rc=$?
-	ms=$(( ($(date +%s%N) - t0) / 1000000 ))
-	all="$all
-$out"
-}
-ok() { [ $rc -eq 0 ] && echo "$out" | grep -q "^ok  *KV store"; }
-all=
 good="$tmp/jobca.crt $tmp/client.crt $tmp/client.key"
 
 check "rediss://:$pw@127.0.0.1:$tls" $good

@@ -89,40 +89,29 @@ until redis-cli --tls --cacert jobca.crt --cert client.crt --key client.key -p "
 	sleep 0.1
 done
 
-# check URL CA: shiftctl check's output; its exit status in $rc, time in $ms
-check() {
-	t0=$(date +%s%N)
-	out=$(env -i PATH="$PATH" SHIFT_CONFIG= SHIFT_KV_URL="$1" SHIFT_KV_TLS_CA="$2" \
-		SHIFT_KV_TLS_CERT="$tmp/client.crt" SHIFT_KV_TLS_KEY="$tmp/client.key" \
-		SHIFT_KV_NAMESPACE=tlsr SHIFT_KV_TIMEOUT_MS=1000 "$bin/shiftctl" check 2>&1)
-	rc=$?
-	ms=$(( ($(date +%s%N) - t0) / 1000000 ))
-	all="$all
-$out"
-}
-ok() { [ $rc -eq 0 ] && echo "$out" | grep -q "^ok  *KV store"; }
-all=
+check_ms=1000
+cc="$tmp/client.crt $tmp/client.key"
 
 for seed in $n1 $n2 $n3; do
-	check "rediss-cluster://:$pw@127.0.0.1:$seed" "$tmp/jobca.crt"
+	check "rediss-cluster://:$pw@127.0.0.1:$seed" "$tmp/jobca.crt" $cc
 	ok || fail "rediss-cluster:// seeded at $seed: $out"
 done
-check "rediss-cluster://:$pw@127.0.0.1:$n1,127.0.0.1:$n2" "$tmp/jobca.crt"
+check "rediss-cluster://:$pw@127.0.0.1:$n1,127.0.0.1:$n2" "$tmp/jobca.crt" $cc
 ok || fail "rediss-cluster:// with two seeds: $out"
-check "rediss-sentinel://:$pw@127.0.0.1:$sport/m" "$tmp/jobca.crt"
+check "rediss-sentinel://:$pw@127.0.0.1:$sport/m" "$tmp/jobca.crt" $cc
 ok || fail "rediss-sentinel://: $out"
 
-check "rediss-cluster://:$pw@127.0.0.1:$n1" "$tmp/otherca.crt"
+check "rediss-cluster://:$pw@127.0.0.1:$n1" "$tmp/otherca.crt" $cc
 { [ $rc -ne 0 ] && echo "$out" | grep -q "certificate"; } ||
 	fail "a cluster signed by another CA was accepted: $out"
-check "rediss-sentinel://:$pw@127.0.0.1:$sport/m" "$tmp/otherca.crt"
+check "rediss-sentinel://:$pw@127.0.0.1:$sport/m" "$tmp/otherca.crt" $cc
 { [ $rc -ne 0 ] && echo "$out" | grep -q "certificate"; } ||
 	fail "a sentinel signed by another CA was accepted: $out"
 
-check "redis-cluster://:$pw@127.0.0.1:$n1" ""
+check "redis-cluster://:$pw@127.0.0.1:$n1" "" $cc
 [ $rc -ne 0 ] || fail "plaintext redis-cluster:// to a TLS node answered: $out"
 [ $ms -lt 4000 ] || fail "plaintext redis-cluster:// to a TLS node took $ms ms (deadline 1000 ms)"
-check "redis-sentinel://:$pw@127.0.0.1:$sport/m" ""
+check "redis-sentinel://:$pw@127.0.0.1:$sport/m" "" $cc
 [ $rc -ne 0 ] || fail "plaintext redis-sentinel:// to a TLS sentinel answered: $out"
 [ $ms -lt 4000 ] || fail "plaintext redis-sentinel:// to a TLS sentinel took $ms ms (deadline 1000 ms)"
 
