@@ -482,23 +482,22 @@ static inline void shift_dqp_unlock(struct shift_dqp *d)
 	__atomic_store_n(&d->post_lock, 0, __ATOMIC_RELEASE);
 }
 
-/*
- * The common send WR, which the post path mirrors inline: alone in its
- * chain, one SGE, not inline, not atomic (opcodes WRITE, WRITE_WITH_IMM,
- * SEND, SEND_WITH_IMM, READ). The others go through shift_dqp_record_send().
- */
-static inline bool shift_dqp_send_is_common(const struct ibv_send_wr *wr)
-{
-	return !wr->next && wr->num_sge == 1 && !(wr->send_flags & IBV_SEND_INLINE) &&
-	       (unsigned)wr->opcode <= IBV_WR_RDMA_READ;
-}
-
 /* Alone in its chain, one SGE, WRITE/SEND/READ (with or without
  * immediate): the common WR, or with IBV_SEND_INLINE the single inline one
  * (post.c). */
 static inline bool shift_dqp_send_is_one(const struct ibv_send_wr *wr)
 {
 	return !wr->next && wr->num_sge == 1 && (unsigned)wr->opcode <= IBV_WR_RDMA_READ;
+}
+
+/*
+ * The common send WR, which the post path mirrors inline: one of the above,
+ * not inline (so not atomic either). The others go through
+ * shift_dqp_record_send() or a path of their own (post.c).
+ */
+static inline bool shift_dqp_send_is_common(const struct ibv_send_wr *wr)
+{
+	return shift_dqp_send_is_one(wr) && !(wr->send_flags & IBV_SEND_INLINE);
 }
 
 /* Room for one more send WR, in the Default state? (post_lock held) */
