@@ -139,11 +139,19 @@ void shift_dqp_destroy_later(struct shift_dqp *d)
 	shift_limbo_put(d, dqp_free);
 }
 
+void shift_dqp_unprotect(struct shift_dqp *d, const char *what)
+{
+	shift_dqp_set_send_state(d, SHIFT_SEND_UNPROTECTED, what);
+	shift_warn("%s QP %u: %s: QP unprotected", d->dev, d->qpn, what);
+}
+
 static int mirror_full(struct shift_dqp *d, const char *q)
 {
-	shift_dqp_set_send_state(d, SHIFT_SEND_UNPROTECTED, "mirror overflow");
-	shift_warn("%s QP %u: %s mirror overflow (more outstanding WRs than the QP's capacity): "
-		   "QP unprotected", d->dev, d->qpn, q);
+	char what[96];
+
+	snprintf(what, sizeof(what),
+		 "%s mirror overflow (more outstanding WRs than the QP's capacity)", q);
+	shift_dqp_unprotect(d, what);
 	return -1;
 }
 
@@ -202,13 +210,34 @@ void shift_dqp_unrecord_last_send(struct shift_dqp *d)
 	unrecord_last(d);
 }
 
-int shift_dqp_record_send(struct shift_dqp *d, const struct ibv_send_wr *wr)
+/* Is wr beyond what the QP was created for (more SGEs, or more inline bytes,
+ * than its capacities)? The provider refuses such a WR as it would without
+ * SHIFT (the capacities are those it reported at create). */
+static bool send_beyond_caps(const struct shift_dqp *d, const struct ibv_send_wr *wr, uint32_t n)
+{
+	uint64_t len = 0;
+
+	if (n > d->max_send_sge)
+		return true;
+	if (!(wr->send_flags & IBV_SEND_INLINE))
+		return false;
+	for (uint32_t i = 0; i < n; i++)
+		len += wr->sg_list[i].length;
+	return len > d->max_inline;
+}
+
+int shift_dqp_record_send(struct shift_dqp *d, const struct ibv_send_wr *wr,
+			  const struct ibv_send_wr **stop)
 {
 	for (; wr; wr = wr->next) {
 		struct shift_swqe *e;
 		uint32_t n = (uint32_t)(wr->num_sge > 0 ? wr->num_sge : 0);
 
-		if (shift_unlikely(!shift_dqp_sq_free(d) || n > d->max_send_sge))
+		if (shift_unlikely(send_beyond_caps(d, wr, n))) {
+			*stop = wr;
+			return 1;
+		}
+		if (shift_unlikely(!shift_dqp_sq_free(d)))
 			return mirror_full(d, "send");
 		e = shift_dqp_swqe(d, d->sq_head);
 		e->wr_id = wr->wr_id;
@@ -231,13 +260,12 @@ int shift_dqp_record_send(struct shift_dqp *d, const struct ibv_send_wr *wr)
 			memcpy(e->sge, wr->sg_list, n * sizeof(struct ibv_sge));
 		e->inline_len = 0;
 		if (shift_unlikely(wr->send_flags & IBV_SEND_INLINE)) {
-			/* the app may reuse the buffer when post returns: copy the bytes */
+			/* the app may reuse the buffer when post returns: copy
+			 * the bytes (send_beyond_caps: they fit) */
 			uint8_t *dst = (uint8_t *)&e->sge[d->max_send_sge];
 			uint32_t len = 0;
 
 			for (uint32_t i = 0; i < n; i++) {
-				if (len + wr->sg_list[i].length > d->max_inline)
-					return mirror_full(d, "inline");
 				memcpy(dst + len, (void *)(uintptr_t)wr->sg_list[i].addr,
 				       wr->sg_list[i].length);
 				len += wr->sg_list[i].length;
@@ -263,13 +291,18 @@ void shift_dqp_unrecord_send(struct shift_dqp *d, const struct ibv_send_wr *wr,
 		unrecord_last(d);
 }
 
-int shift_dqp_record_recv(struct shift_dqp *d, const struct ibv_recv_wr *wr)
+int shift_dqp_record_recv(struct shift_dqp *d, const struct ibv_recv_wr *wr,
+			  const struct ibv_recv_wr **stop)
 {
 	for (; wr; wr = wr->next) {
 		uint32_t n = (uint32_t)(wr->num_sge > 0 ? wr->num_sge : 0);
 		struct shift_rwqe *e;
 
-		if (shift_unlikely(!shift_dqp_rq_free(d) || n > d->max_recv_sge)) {
+		if (shift_unlikely(n > d->max_recv_sge)) {
+			*stop = wr; /* (beyond the QP's capacity: see above) */
+			return 1;
+		}
+		if (shift_unlikely(!shift_dqp_rq_free(d))) {
 			shift_dqp_set_recv_state(d, SHIFT_RECV_DEFAULT, "receive mirror overflow");
 			return mirror_full(d, "receive");
 		}

@@ -386,16 +386,26 @@ void shift_dqp_destroy(struct shift_dqp *d);
  * destroyed while its CQs may still be polled. */
 void shift_dqp_destroy_later(struct shift_dqp *d);
 
+/* The QP can no longer be protected (what: why, said at warn level). */
+void shift_dqp_unprotect(struct shift_dqp *d, const char *what);
+
 /*
- * Mirror the WR chain about to be posted. Returns 0, or -1 if the mirror
- * cannot hold it (the QP then becomes unprotected; the post still goes to
- * the provider). Called with post_lock held.
+ * Mirror the WR chain about to be posted (post_lock held). Returns 0 when
+ * every WR is mirrored; 1 when it stopped at *stop, a WR beyond the QP's
+ * capacities (more SGEs or inline bytes than the provider reported at
+ * create), which the provider refuses as it would without SHIFT: the WRs
+ * before it are mirrored, and the QP stays protected (post.c decides once
+ * the provider has answered); -1 if the mirror cannot hold the chain (the
+ * QP then becomes unprotected, said; the post still goes to the provider).
  */
-int shift_dqp_record_send(struct shift_dqp *d, const struct ibv_send_wr *wr);
+int shift_dqp_record_send(struct shift_dqp *d, const struct ibv_send_wr *wr,
+			  const struct ibv_send_wr **stop);
 /* Forget the WRs from bad onwards (the provider refused them). */
 void shift_dqp_unrecord_send(struct shift_dqp *d, const struct ibv_send_wr *wr,
 			     const struct ibv_send_wr *bad, uint64_t head_before);
-int shift_dqp_record_recv(struct shift_dqp *d, const struct ibv_recv_wr *wr);
+/* The same for receives (more SGEs than the QP's max_recv_sge). */
+int shift_dqp_record_recv(struct shift_dqp *d, const struct ibv_recv_wr *wr,
+			  const struct ibv_recv_wr **stop);
 void shift_dqp_unrecord_recv(struct shift_dqp *d, const struct ibv_recv_wr *wr,
 			     const struct ibv_recv_wr *bad, uint64_t head_before);
 

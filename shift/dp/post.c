@@ -94,6 +94,33 @@ static __attribute__((noinline, cold)) int recv_refused(struct shift_dqp *d, str
 	return rc;
 }
 
+/*
+ * The chain held stop, a WR beyond the QP's capacities, and the WRs before
+ * it are mirrored (shift_dqp_record_send). The provider refusing at or
+ * before stop is the application's error, as without SHIFT, even on a QP
+ * that failed meanwhile (plain refuses the same WRs): the WRs from bad on
+ * are forgotten and the QP stays protected. The provider taking stop all
+ * the same holds a WR the mirror does not: the QP is unprotected, said.
+ */
+#define BEYOND_CAPS(fn, wr_t, unrecord)                                                  \
+	static __attribute__((noinline, cold)) int fn(struct shift_dqp *d, wr_t *wr, wr_t *bad, \
+						      const wr_t *stop, uint64_t head, int rc) \
+	{                                                                                \
+		for (const wr_t *w = wr; rc && w; w = w->next) {                         \
+			if (w == bad) {                                                  \
+				unrecord(d, wr, bad, head);                              \
+				return rc;                                               \
+			}                                                                \
+			if (w == stop)                                                   \
+				break;                                                   \
+		}                                                                        \
+		shift_dqp_unprotect(d, "the provider took a work request beyond the QP's " \
+				       "capacities (SGEs or inline data)");              \
+		return rc;                                                               \
+	}
+BEYOND_CAPS(send_beyond_caps, struct ibv_send_wr, shift_dqp_unrecord_send)
+BEYOND_CAPS(recv_beyond_caps, struct ibv_recv_wr, shift_dqp_unrecord_recv)
+
 static int shift_post_send(struct ibv_qp *qp, struct ibv_send_wr *wr,
 			   struct ibv_send_wr **bad_wr)
 {
@@ -106,9 +133,13 @@ static int shift_post_send(struct ibv_qp *qp, struct ibv_send_wr *wr,
 	shift_dqp_lock(d);
 	head = d->sq_head;
 	if (shift_likely(shift_dqp_send_state(d) == SHIFT_SEND_DEFAULT)) {
-		shift_dqp_record_send(d, wr);
+		const struct ibv_send_wr *stop = NULL;
+
+		shift_dqp_record_send(d, wr, &stop);
 		rc = d->prov_post_send(qp, wr, bad_wr);
-		if (shift_unlikely(rc))
+		if (shift_unlikely(stop))
+			rc = send_beyond_caps(d, wr, *bad_wr, stop, head, rc);
+		else if (shift_unlikely(rc))
 			rc = send_refused(d, wr, *bad_wr, head, rc);
 	} else if (shift_dqp_send_state(d) == SHIFT_SEND_UNPROTECTED) {
 		rc = d->prov_post_send(qp, wr, bad_wr);
@@ -132,10 +163,14 @@ static int shift_post_recv(struct ibv_qp *qp, struct ibv_recv_wr *wr,
 	head = d->rq_head;
 	if (shift_likely(shift_dqp_recv_state(d) == SHIFT_RECV_DEFAULT &&
 			 shift_dqp_send_state(d) != SHIFT_SEND_UNPROTECTED)) {
+		const struct ibv_recv_wr *stop = NULL;
+
 		(void)shift_dqp_rq_room(d); /* (the fast path's bound again) */
-		shift_dqp_record_recv(d, wr);
+		shift_dqp_record_recv(d, wr, &stop);
 		rc = d->prov_post_recv(qp, wr, bad_wr);
-		if (shift_unlikely(rc))
+		if (shift_unlikely(stop))
+			rc = recv_beyond_caps(d, wr, *bad_wr, stop, head, rc);
+		else if (shift_unlikely(rc))
 			rc = recv_refused(d, wr, *bad_wr, head, rc);
 	} else if (shift_dqp_send_state(d) == SHIFT_SEND_UNPROTECTED) {
 		rc = d->prov_post_recv(qp, wr, bad_wr);
@@ -407,11 +442,18 @@ static __attribute__((noinline, cold)) int native_send_refused(struct shift_dqp 
 							       struct ibv_send_wr *bad,
 							       uint64_t head, int rc)
 {
+	const struct ibv_send_wr *stop = NULL;
+
 	while (d->sq_head > head)
 		shift_dqp_unrecord_last_send(d);
-	if (shift_dqp_record_send(d, wr))
+	switch (shift_dqp_record_send(d, wr, &stop)) {
+	case 0:
+		return send_refused(d, wr, bad, head, rc);
+	case 1:
+		return send_beyond_caps(d, wr, bad, stop, head, rc);
+	default:
 		return rc; /* (the mirror cannot hold them: unprotected, said) */
-	return send_refused(d, wr, bad, head, rc);
+	}
 }
 
 static __attribute__((noinline, cold)) int native_recv_refused(struct shift_dqp *d,
@@ -419,10 +461,17 @@ static __attribute__((noinline, cold)) int native_recv_refused(struct shift_dqp 
 							       struct ibv_recv_wr *bad,
 							       uint64_t head, int rc)
 {
+	const struct ibv_recv_wr *stop = NULL;
+
 	d->rq_head = head;
-	if (shift_dqp_record_recv(d, wr))
+	switch (shift_dqp_record_recv(d, wr, &stop)) {
+	case 0:
+		return recv_refused(d, wr, bad, head, rc);
+	case 1:
+		return recv_beyond_caps(d, wr, bad, stop, head, rc);
+	default:
 		return rc;
-	return recv_refused(d, wr, bad, head, rc);
+	}
 }
 
 /* One send WR of a native QP, not the common one: its wr_id, opcode, flags

@@ -61,12 +61,9 @@ static __attribute__((noinline, cold)) int rec_end(struct shift_qpx *x, int rc)
 
 	if (x->bad) {
 		qpx_rollback(x);
-		if (!rc) {
-			shift_dqp_set_send_state(d, SHIFT_SEND_UNPROTECTED, "mirror overflow");
-			shift_warn("%s QP %u: an ibv_wr_* work request the mirror cannot hold "
-				   "(more than the QP's capacity, SGEs or inline data): QP unprotected",
-				   d->dev, d->qpn);
-		}
+		if (!rc)
+			shift_dqp_unprotect(d, "the provider took an ibv_wr_* work request beyond "
+					       "the QP's capacities (SGEs or inline data)");
 		return rc;
 	}
 	/* the QP failed: SHIFT keeps the batch for its backup QP */

@@ -90,18 +90,29 @@ int fo_post_bk_sends(struct shift_dqp *d, uint64_t from, uint64_t *failed)
 	return 0;
 }
 
+/* A chain posted while failed over that held a WR beyond the QP's
+ * capacities (stop, not mirrored; the WRs before it are): the post fails
+ * there with EINVAL, as the verbs say of an invalid WR (the backup's
+ * provider, asked, would refuse it too; its errno may differ, mlx5 says
+ * ENOMEM for too much inline data). 0 without one. */
+#define BEYOND_CAPS(stop, bad_wr) \
+	((stop) ? (*(bad_wr) = (void *)(uintptr_t)(stop), EINVAL) : 0)
+
 int shift_post_send_fallback(struct shift_dqp *d, struct ibv_send_wr *wr,
 			     struct ibv_send_wr **bad_wr)
 {
-	uint64_t head = d->sq_head;
+	uint64_t head = d->sq_head, i;
+	const struct ibv_send_wr *stop = NULL;
+	int r = shift_dqp_record_send(d, wr, &stop);
 
-	if (shift_dqp_record_send(d, wr)) {
+	if (r < 0) {
 		*bad_wr = wr;
 		return ENOMEM;
 	}
 	if (!d->handshake_done || shift_dqp_send_state(d) == SHIFT_SEND_WAIT_DRAINED || d->sq_held)
-		return 0; /* held: fo_retransmit(), fo_switch_back() or fo_held_release() posts them */
-	uint64_t i;
+		return BEYOND_CAPS(stop, bad_wr); /* held: fo_retransmit(),
+							      fo_switch_back() or
+							      fo_held_release() posts them */
 
 	if (fo_post_bk_sends(d, head, &i)) {
 		/* report the first WR that did not go out */
@@ -113,20 +124,23 @@ int shift_post_send_fallback(struct shift_dqp *d, struct ibv_send_wr *wr,
 		*bad_wr = w;
 		return EIO;
 	}
-	return 0;
+	return BEYOND_CAPS(stop, bad_wr);
 }
 
 int shift_post_recv_fallback(struct shift_dqp *d, struct ibv_recv_wr *wr,
 			     struct ibv_recv_wr **bad_wr)
 {
 	uint64_t head = d->rq_head;
+	const struct ibv_recv_wr *stop = NULL;
+	int r = shift_dqp_record_recv(d, wr, &stop);
 
-	if (shift_dqp_record_recv(d, wr)) {
+	if (r < 0) {
 		*bad_wr = wr;
 		return ENOMEM;
 	}
 	if (d->notify_pending || d->recv_hold)
-		return 0; /* fo_try_notify() or fo_start() posts them */
+		return BEYOND_CAPS(stop, bad_wr); /* fo_try_notify() or fo_start()
+							      posts them */
 	for (uint64_t i = head; i < d->rq_head; i++) {
 		if (fo_post_bk_recv(d, i)) {
 			struct ibv_recv_wr *w = wr;
@@ -138,5 +152,5 @@ int shift_post_recv_fallback(struct shift_dqp *d, struct ibv_recv_wr *wr,
 			return EIO;
 		}
 	}
-	return 0;
+	return BEYOND_CAPS(stop, bad_wr);
 }

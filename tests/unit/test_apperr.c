@@ -75,6 +75,8 @@ struct seen {
 struct outcome {
 	struct seen a, b;
 	int qa, qb; /* QP states, as the application's query_qp reads them */
+	/* posts the provider refused: errno * 100 + the refused WR's place */
+	int nref, ref[8];
 };
 
 struct env {
@@ -83,7 +85,11 @@ struct env {
 	struct sim_host *h[2];
 	const struct shift_lower *v;
 	struct sim_ep a, b;
+	int nref, ref[8]; /* (struct outcome) */
 };
+
+/* the simulator's mlx5 mode: SHIFT reads its WQEs back (the native path) */
+static bool mlx5_mode;
 
 static const struct sim_ep_conn conn_default = { 14, 7, 7, 12, 16, 0 };
 
@@ -98,7 +104,9 @@ static void env_open(struct env *e, bool shift, const struct sim_ep_conn *ca,
 
 	memset(e, 0, sizeof(*e));
 	e->shift = shift;
-	e->w = sim_world_create(NULL);
+	struct sim_world_opts wo = { .mlx5 = mlx5_mode };
+
+	e->w = sim_world_create(&wo);
 	e->h[0] = sim_host_create(e->w, 2);
 	e->h[1] = sim_host_create(e->w, 2);
 	shift_lower_set(sim_lower_world(e->w));
@@ -228,6 +236,9 @@ struct scenario {
 	/* what plain shows, checked so a scenario cannot pass vacuously: A's
 	 * first error status and B's (0: none) */
 	int a_err, b_err;
+	/* posts refused (by the provider, plain): so many, and SHIFT keeps
+	 * both QPs protected */
+	int refused;
 };
 
 /* a write with a bad rkey among good ones: the requester gets the remote
@@ -291,6 +302,84 @@ static void post_misaligned_atomic(struct env *e)
 	wr_write(&e->a, &e->b, 102, 64, true, 0, 0);
 }
 
+/* ---- WRs beyond the QP's capacities (max_send_sge, max_recv_sge and
+ * max_inline_data 2, 2, 64): refused by the provider, as plain ---------- */
+
+static void refused(struct env *e, int rc, int place)
+{
+	assert_true(e->nref < 8);
+	e->ref[e->nref++] = rc * 100 + place;
+}
+
+static void post_send_chain(struct env *e, struct ibv_send_wr *wr)
+{
+	struct ibv_send_wr *bad = NULL;
+	int rc = ibv_post_send(e->a.qp, wr, &bad), place = 0;
+
+	for (struct ibv_send_wr *w = wr; rc && w != bad; w = w->next)
+		place++;
+	refused(e, rc, rc ? place : -1);
+}
+
+static void post_recv_chain(struct env *e, struct ibv_recv_wr *wr)
+{
+	struct ibv_recv_wr *bad = NULL;
+	int rc = ibv_post_recv(e->b.qp, wr, &bad), place = 0;
+
+	for (struct ibv_recv_wr *w = wr; rc && w != bad; w = w->next)
+		place++;
+	refused(e, rc, rc ? place : -1);
+}
+
+static void post_beyond_caps(struct env *e)
+{
+	struct sim_ep *a = &e->a, *b = &e->b;
+	struct ibv_sge rs[3] = { { (uintptr_t)b->buf + 1024, 32, b->mr->lkey },
+				 { (uintptr_t)b->buf + 1056, 32, b->mr->lkey },
+				 { (uintptr_t)b->buf + 1088, 32, b->mr->lkey } };
+	struct ibv_recv_wr r2 = { .wr_id = 502, .sg_list = &rs[0], .num_sge = 1 };
+	struct ibv_recv_wr r1 = { .wr_id = 501, .next = &r2, .sg_list = rs, .num_sge = 3 };
+	struct ibv_recv_wr r0 = { .wr_id = 500, .next = &r1, .sg_list = &rs[0], .num_sge = 1 };
+	struct ibv_sge big = { (uintptr_t)a->buf, 65, a->mr->lkey };
+	struct ibv_sge ss[3] = { { (uintptr_t)a->buf + 256, 16, a->mr->lkey },
+				 { (uintptr_t)a->buf + 272, 16, a->mr->lkey },
+				 { (uintptr_t)a->buf + 288, 16, a->mr->lkey } };
+	struct ibv_send_wr w2 = { .wr_id = 102, .sg_list = &ss[0], .num_sge = 1,
+				  .opcode = IBV_WR_RDMA_WRITE, .send_flags = IBV_SEND_SIGNALED,
+				  .wr.rdma = { (uintptr_t)b->buf + 512, b->mr->rkey } };
+	struct ibv_send_wr w1 = w2, w0 = w2;
+
+	w1.wr_id = 101;
+	w1.next = &w2;
+	w1.sg_list = &big;
+	w1.send_flags = IBV_SEND_INLINE | IBV_SEND_SIGNALED;
+	w0.wr_id = 100;
+	w0.next = &w1;
+	memset(a->buf, 0x5a, 512);
+	/* chains refused in the middle: the WRs before go out */
+	post_recv_chain(e, &r0);
+	post_send_chain(e, &w0);
+	/* alone: 65 inline bytes, three SGEs (the fast paths' shapes) */
+	w1.next = NULL;
+	post_send_chain(e, &w1);
+	w1.sg_list = ss;
+	w1.num_sge = 3;
+	w1.send_flags = IBV_SEND_SIGNALED;
+	post_send_chain(e, &w1);
+	r1.next = NULL;
+	post_recv_chain(e, &r1);
+	/* at the limits: taken */
+	big.length = 64;
+	w1.sg_list = &big;
+	w1.num_sge = 1;
+	w1.send_flags = IBV_SEND_INLINE | IBV_SEND_SIGNALED;
+	post_send_chain(e, &w1);
+	r1.num_sge = 2;
+	post_recv_chain(e, &r1);
+	wr_send(a, 103, 0, 32, true);
+	wr_write(a, b, 104, 128, true, 0, 0);
+}
+
 /* the wr_ids SHIFT once kept for itself, used by the application */
 static void post_shift_wrids(struct env *e)
 {
@@ -312,6 +401,8 @@ static void run(const struct scenario *sc, bool shift, struct outcome *o)
 	drive(&e, o, 8, 3);
 	o->qa = qp_state(&e, &e.a);
 	o->qb = qp_state(&e, &e.b);
+	o->nref = e.nref;
+	memcpy(o->ref, e.ref, sizeof(o->ref));
 	if (shift) {
 		/* SHIFT left no QP half-protected: an errored QP is the
 		 * application's, and nothing of SHIFT's moved afterwards */
@@ -325,6 +416,14 @@ static void run(const struct scenario *sc, bool shift, struct outcome *o)
 			assert_int_equal(da->send_state, SHIFT_SEND_UNPROTECTED);
 		if (o->qb == IBV_QPS_ERR)
 			assert_int_equal(db->send_state, SHIFT_SEND_UNPROTECTED);
+		if (sc->refused) {
+			assert_int_equal(da->send_state, SHIFT_SEND_DEFAULT);
+			assert_int_equal(db->send_state, SHIFT_SEND_DEFAULT);
+			assert_int_equal(da->recv_state, SHIFT_RECV_DEFAULT);
+			assert_int_equal(db->recv_state, SHIFT_RECV_DEFAULT);
+			/* (the native path read nothing back: no failover) */
+			assert_int_equal(!!da->sq_dbrec, mlx5_mode);
+		}
 	}
 	env_close(&e);
 }
@@ -367,12 +466,25 @@ static void check_scenario(const struct scenario *sc)
 	same(sc->name, "B", &plain.b, &through.b);
 	assert_int_equal(plain.qa, through.qa);
 	assert_int_equal(plain.qb, through.qb);
+	assert_int_equal(plain.nref, through.nref);
+	for (int i = 0; i < plain.nref; i++)
+		if (plain.ref[i] != through.ref[i])
+			fail_msg("%s, post %d: plain returned %d (WR %d), SHIFT %d (WR %d)", sc->name,
+				 i, plain.ref[i] / 100, plain.ref[i] % 100, through.ref[i] / 100,
+				 through.ref[i] % 100);
+	if (sc->refused) {
+		int n = 0;
+
+		for (int i = 0; i < plain.nref; i++)
+			n += plain.ref[i] / 100 != 0;
+		assert_int_equal(n, sc->refused);
+	}
 }
 
 static void test_rem_access_as_plain(void **state)
 {
 	static const struct scenario sc = { "remote access", post_rem_access, NULL, NULL,
-					    IBV_WC_REM_ACCESS_ERR, IBV_WC_WR_FLUSH_ERR };
+					    IBV_WC_REM_ACCESS_ERR, IBV_WC_WR_FLUSH_ERR, 0 };
 	(void)state;
 	check_scenario(&sc);
 }
@@ -380,7 +492,7 @@ static void test_rem_access_as_plain(void **state)
 static void test_loc_prot_as_plain(void **state)
 {
 	static const struct scenario sc = { "local protection", post_loc_prot, NULL, NULL,
-					    IBV_WC_LOC_PROT_ERR, 0 };
+					    IBV_WC_LOC_PROT_ERR, 0, 0 };
 	(void)state;
 	check_scenario(&sc);
 }
@@ -388,7 +500,7 @@ static void test_loc_prot_as_plain(void **state)
 static void test_loc_len_as_plain(void **state)
 {
 	static const struct scenario sc = { "local length", post_loc_len, NULL, NULL,
-					    IBV_WC_REM_INV_REQ_ERR, IBV_WC_LOC_LEN_ERR };
+					    IBV_WC_REM_INV_REQ_ERR, IBV_WC_LOC_LEN_ERR, 0 };
 	(void)state;
 	check_scenario(&sc);
 }
@@ -396,7 +508,7 @@ static void test_loc_len_as_plain(void **state)
 static void test_rem_op_as_plain(void **state)
 {
 	static const struct scenario sc = { "remote operation", post_rem_op, NULL, NULL,
-					    IBV_WC_REM_OP_ERR, IBV_WC_LOC_PROT_ERR };
+					    IBV_WC_REM_OP_ERR, IBV_WC_LOC_PROT_ERR, 0 };
 	(void)state;
 	check_scenario(&sc);
 }
@@ -404,7 +516,7 @@ static void test_rem_op_as_plain(void **state)
 static void test_rnr_retry_exc_as_plain(void **state)
 {
 	static const struct scenario sc = { "RNR retry exceeded", post_rnr, &conn_rnr1,
-					    &conn_rnr_fast, IBV_WC_RNR_RETRY_EXC_ERR, 0 };
+					    &conn_rnr_fast, IBV_WC_RNR_RETRY_EXC_ERR, 0, 0 };
 	(void)state;
 	check_scenario(&sc);
 }
@@ -412,7 +524,7 @@ static void test_rnr_retry_exc_as_plain(void **state)
 static void test_misaligned_atomic_as_plain(void **state)
 {
 	static const struct scenario sc = { "misaligned atomic", post_misaligned_atomic, NULL,
-					    NULL, IBV_WC_REM_INV_REQ_ERR, IBV_WC_WR_FLUSH_ERR };
+					    NULL, IBV_WC_REM_INV_REQ_ERR, IBV_WC_WR_FLUSH_ERR, 0 };
 	(void)state;
 	check_scenario(&sc);
 }
@@ -420,9 +532,20 @@ static void test_misaligned_atomic_as_plain(void **state)
 static void test_shift_wrids_are_the_apps(void **state)
 {
 	static const struct scenario sc = { "SHIFT's old wr_ids", post_shift_wrids, NULL, NULL,
-					    0, 0 };
+					    0, 0, 0 };
 	(void)state;
 	check_scenario(&sc);
+}
+
+static void test_beyond_caps_as_plain(void **state)
+{
+	static const struct scenario sc = { "WRs beyond the QP's capacities", post_beyond_caps,
+					    NULL, NULL, 0, 0, 5 };
+	(void)state;
+	check_scenario(&sc);
+	mlx5_mode = true;
+	check_scenario(&sc);
+	mlx5_mode = false;
 }
 
 int main(void)
@@ -436,6 +559,7 @@ int main(void)
 		cmocka_unit_test(test_rnr_retry_exc_as_plain),
 		cmocka_unit_test(test_misaligned_atomic_as_plain),
 		cmocka_unit_test(test_shift_wrids_are_the_apps),
+		cmocka_unit_test(test_beyond_caps_as_plain),
 	};
 
 	test_setenv("SHIFT_LOG_LEVEL", "warn");

@@ -21,6 +21,10 @@ struct fixture {
 	uint8_t buf[256];
 };
 
+/* (the recorders' stop, where a test does not look at it) */
+static const struct ibv_send_wr *stop_send;
+static const struct ibv_recv_wr *stop_recv;
+
 static int setup(void **state)
 {
 	struct fixture *f = calloc(1, sizeof(*f));
@@ -224,7 +228,7 @@ static void test_uncommon_wrs(void **state)
 	two.next = &inl;
 	inl.next = &fadd;
 	shift_dqp_lock(d);
-	assert_int_equal(shift_dqp_record_send(d, &two), 0);
+	assert_int_equal(shift_dqp_record_send(d, &two, &stop_send), 0);
 	shift_dqp_unlock(d);
 	memset(f->buf, 0, 20); /* inline: SHIFT kept its own copy */
 
@@ -241,18 +245,34 @@ static void test_uncommon_wrs(void **state)
 	assert_int_equal(e->compare_add, 7);
 	assert_int_equal(e->swap, 8);
 	assert_int_equal(e->rkey, 0x77);
-	/* inline bytes over the QP's max_inline_data: unprotected, not lost */
-	struct ibv_send_wr big = wr_of(sge, IBV_WR_RDMA_WRITE, IBV_SEND_INLINE, 4);
+	/* inline bytes over the QP's max_inline_data, or more SGEs than its
+	 * max_send_sge, after a good WR: the recorder stops there (the
+	 * provider refuses that WR), the QP stays protected */
+	struct ibv_send_wr good = wr_of(sge, IBV_WR_RDMA_WRITE, 0, 4);
+	struct ibv_send_wr big = wr_of(sge, IBV_WR_RDMA_WRITE, IBV_SEND_INLINE, 5);
 	struct ibv_sge bsge = { .addr = (uintptr_t)f->buf, .length = 41 };
+	const struct ibv_send_wr *stop = NULL;
 
 	big.sg_list = &bsge;
+	good.next = &big;
 	shift_dqp_lock(d);
-	assert_int_equal(shift_dqp_record_send(d, &big), -1);
+	assert_int_equal(shift_dqp_record_send(d, &good, &stop), 1);
+	assert_ptr_equal(stop, &big);
+	assert_int_equal(d->sq_head, 4);
+	bsge.length = 40; /* (at the limit: mirrored) */
+	stop = NULL;
+	assert_int_equal(shift_dqp_record_send(d, &big, &stop), 0);
+	assert_null(stop);
+	assert_int_equal(shift_dqp_swqe(d, 4)->inline_len, 40);
+	struct ibv_send_wr many = two;
+
+	many.next = NULL;
+	many.num_sge = (int)d->max_send_sge + 1;
+	assert_int_equal(shift_dqp_record_send(d, &many, &stop), 1);
+	assert_ptr_equal(stop, &many);
+	assert_int_equal(d->sq_head, 5);
 	shift_dqp_unlock(d);
-	assert_int_equal(d->send_state, SHIFT_SEND_UNPROTECTED);
-	/* and the fast path no longer mirrors anything */
-	struct ibv_send_wr w = wr_of(sge, IBV_WR_RDMA_WRITE, 0, 5);
-	assert_false(fast_post(d, &w));
+	assert_int_equal(d->send_state, SHIFT_SEND_DEFAULT);
 }
 
 static void test_consumers_posted(void **state)
@@ -278,8 +298,8 @@ static void test_consumers_posted(void **state)
 	struct ibv_send_wr odd = wr_of(&sge, (enum ibv_wr_opcode)99, 0, 10);
 
 	shift_dqp_lock(d);
-	assert_int_equal(shift_dqp_record_send(d, &inv), 0);
-	assert_int_equal(shift_dqp_record_send(d, &odd), 0);
+	assert_int_equal(shift_dqp_record_send(d, &inv, &stop_send), 0);
+	assert_int_equal(shift_dqp_record_send(d, &odd, &stop_send), 0);
 	assert_int_equal(shift_dqp_consumers_posted(d), want + 1);
 	/* the provider refused the last two: forgotten, count with them */
 	shift_dqp_unrecord_last_send(d);
@@ -309,8 +329,8 @@ static void test_bound_follows_state(void **state)
 	/* the generic recorders still find the room there is */
 	assert_true(shift_dqp_sq_free(d));
 	assert_true(shift_dqp_rq_free(d));
-	assert_int_equal(shift_dqp_record_send(d, &wr), 0);
-	assert_int_equal(shift_dqp_record_recv(d, &rwr), 0);
+	assert_int_equal(shift_dqp_record_send(d, &wr, &stop_send), 0);
+	assert_int_equal(shift_dqp_record_recv(d, &rwr, &stop_recv), 0);
 	assert_int_equal(d->send_state, SHIFT_SEND_FALLBACK);
 	/* a sync while failed over keeps the bound shut */
 	shift_dqp_sync_locked(d);
@@ -342,7 +362,7 @@ static void test_receive_overflow(void **state)
 		shift_dqp_record_recv_one(d, &rwr, 1);
 	}
 	assert_false(shift_dqp_rq_room(d));
-	assert_int_equal(shift_dqp_record_recv(d, &rwr), -1);
+	assert_int_equal(shift_dqp_record_recv(d, &rwr, &stop_recv), -1);
 	shift_dqp_unlock(d);
 	assert_int_equal(d->send_state, SHIFT_SEND_UNPROTECTED);
 	assert_int_equal(shift_dqp_rwqe(d, 3)->wr_id, 3);
