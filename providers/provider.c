@@ -33,16 +33,19 @@ const struct shift_provider *shift_provider_match(const struct ibv_device_attr *
 	return &shift_provider_generic;
 }
 
+/* Read without the lock: a slot's p is stored before its ctx (release),
+ * and the taken slots are the first ones (shift_provider_forget). */
 static const struct shift_provider *cached(struct ibv_context *ctx)
 {
-	const struct shift_provider *p = NULL;
+	for (int i = 0; i < CACHE; i++) {
+		struct ibv_context *c = __atomic_load_n(&cache[i].ctx, __ATOMIC_ACQUIRE);
 
-	pthread_mutex_lock(&cache_lock);
-	for (int i = 0; i < CACHE && !p; i++)
-		if (cache[i].ctx == ctx)
-			p = cache[i].p;
-	pthread_mutex_unlock(&cache_lock);
-	return p;
+		if (c == ctx)
+			return __atomic_load_n(&cache[i].p, __ATOMIC_RELAXED);
+		if (!c)
+			break;
+	}
+	return NULL;
 }
 
 const struct shift_provider *shift_provider_of(struct ibv_context *ctx)
@@ -59,9 +62,11 @@ const struct shift_provider *shift_provider_of(struct ibv_context *ctx)
 						       : &shift_provider_generic;
 	pthread_mutex_lock(&cache_lock);
 	for (int i = 0; i < CACHE; i++) {
-		if (!cache[i].ctx || cache[i].ctx == ctx) {
-			cache[i].ctx = ctx;
-			cache[i].p = p;
+		if (cache[i].ctx == ctx)
+			break; /* (another thread's answer: the same) */
+		if (!cache[i].ctx) {
+			__atomic_store_n(&cache[i].p, p, __ATOMIC_RELAXED);
+			__atomic_store_n(&cache[i].ctx, ctx, __ATOMIC_RELEASE);
 			break;
 		}
 	}
@@ -81,10 +86,22 @@ void shift_provider_fork_done(void)
 
 void shift_provider_forget(struct ibv_context *ctx)
 {
+	int last = -1, at = -1;
+
+	/* (the last slot taken moves into the freed one: the taken slots
+	 * stay in front, so a reader stops at the first free one; a reader
+	 * that misses a slot while it moves asks the device again) */
 	pthread_mutex_lock(&cache_lock);
-	for (int i = 0; i < CACHE; i++)
+	for (int i = 0; i < CACHE && cache[i].ctx; i++) {
 		if (cache[i].ctx == ctx)
-			cache[i].ctx = NULL;
+			at = i;
+		last = i;
+	}
+	if (at >= 0) {
+		__atomic_store_n(&cache[at].p, cache[last].p, __ATOMIC_RELAXED);
+		__atomic_store_n(&cache[at].ctx, cache[last].ctx, __ATOMIC_RELEASE);
+		__atomic_store_n(&cache[last].ctx, NULL, __ATOMIC_RELEASE);
+	}
 	pthread_mutex_unlock(&cache_lock);
 }
 

@@ -29,9 +29,10 @@ extern const struct shift_lower shift_verbs;
 #define SHIFT_SQ_ROOM 2u
 
 /* Connect a new QP's data-path state d (NULL: nothing to do) to its shadow
- * QP and CQs, before d is published (shift_ctx_add_dqp; shift/vctx.c). */
-void shift_dqp_link(struct shift_ctx *s, struct shift_dqp *d, struct ibv_cq *send_cq,
-		    struct ibv_cq *recv_cq);
+ * QP q (shift_shadow_qp's record) and CQs, before d is published
+ * (shift_ctx_add_dqp; shift/vctx.c). */
+void shift_dqp_link(struct shift_ctx *s, struct shift_dqp *d, struct shift_qp *q,
+		    struct ibv_cq *send_cq, struct ibv_cq *recv_cq);
 
 /* The extended-verb slots of a context SHIFT attached (shift/vctx.c):
  * taken after shift_ctx_attach(), given back before shift_ctx_detach(). */

@@ -120,9 +120,12 @@ static struct ibv_qp *shift_vctx_create_qp_ex(struct ibv_context *context,
 		d = qp_ex_protect(s, qp, attr);
 	struct ibv_qp_cap cap = shift_srq_qp_created(d, qp, attr->qp_type, attr->srq, &attr->cap);
 
-	shift_shadow_qp(s->rnic, qp, attr->qp_type, attr->send_cq, attr->recv_cq, &cap,
-			attr->sq_sig_all, (attr->srq && !d) || (attr->comp_mask & IBV_QP_INIT_ATTR_XRCD));
-	shift_dqp_link(s, d, attr->send_cq, attr->recv_cq); /* (before it is published) */
+	struct shift_qp *sq = shift_shadow_qp(s->rnic, qp, attr->qp_type, attr->send_cq,
+					      attr->recv_cq, &cap, attr->sq_sig_all,
+					      (attr->srq && !d) ||
+						      (attr->comp_mask & IBV_QP_INIT_ATTR_XRCD));
+
+	shift_dqp_link(s, d, sq, attr->send_cq, attr->recv_cq); /* (before it is published) */
 	if (d)
 		shift_ctx_add_dqp(s, d);
 	return qp;
@@ -222,14 +225,15 @@ void shift_vctx_give_back(struct shift_ctx *s)
 	shift_srq_vctx_give_back(s);
 }
 
-void shift_dqp_link(struct shift_ctx *s, struct shift_dqp *d, struct ibv_cq *send_cq,
-		    struct ibv_cq *recv_cq)
+void shift_dqp_link(struct shift_ctx *s, struct shift_dqp *d, struct shift_qp *q,
+		    struct ibv_cq *send_cq, struct ibv_cq *recv_cq)
 {
 	if (!s || !d || !s->rnic)
 		return;
-	d->shadow = shift_shadow_qp_of(s->rnic, d->qp);
-	d->scq = shift_shadow_cq_of(s->rnic, send_cq);
-	d->rcq = shift_shadow_cq_of(s->rnic, recv_cq);
+	/* (the record's CQs are set at its creation and never change) */
+	d->shadow = q;
+	d->scq = q ? q->send_cq : NULL;
+	d->rcq = q ? q->recv_cq : NULL;
 	d->scq_app = d->scq ? d->scq->app : NULL;
 	d->rcq_app = d->rcq ? d->rcq->app : NULL;
 	if (send_cq != recv_cq)

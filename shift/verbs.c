@@ -384,11 +384,14 @@ struct ibv_qp *shift_ibv_create_qp(struct ibv_pd *pd,
 	struct ibv_qp_cap cap = shift_srq_qp_created(d, qp, qp_init_attr->qp_type,
 						     qp_init_attr->srq, &qp_init_attr->cap);
 
-	shift_shadow_qp(r, qp, qp_init_attr->qp_type, qp_init_attr->send_cq, qp_init_attr->recv_cq,
-			&cap, qp_init_attr->sq_sig_all, qp_init_attr->srq && !d);
+	struct shift_qp *sq = shift_shadow_qp(r, qp, qp_init_attr->qp_type, qp_init_attr->send_cq,
+					      qp_init_attr->recv_cq, &cap, qp_init_attr->sq_sig_all,
+					      qp_init_attr->srq && !d);
+
 	/* linked to its shadows before it is published: the background pass
 	 * walks the published ones without a lock */
-	shift_dqp_link(shift_ctx_of(pd->context), d, qp_init_attr->send_cq, qp_init_attr->recv_cq);
+	shift_dqp_link(shift_ctx_of(pd->context), d, sq, qp_init_attr->send_cq,
+		       qp_init_attr->recv_cq);
 	if (d)
 		shift_ctx_add_dqp(shift_ctx_of(pd->context), d);
 	return qp;
@@ -412,7 +415,8 @@ static struct shift_dqp *protected_dqp(struct ibv_qp *qp)
 int shift_ibv_modify_qp(struct ibv_qp *qp, struct ibv_qp_attr *attr,
 			int attr_mask)
 {
-	struct shift_dqp *d = protected_dqp(qp);
+	/* (only a retry count needs it: connecting costs no lookup else) */
+	struct shift_dqp *d = attr_mask & IBV_QP_RETRY_CNT ? protected_dqp(qp) : NULL;
 	struct ibv_qp_attr fixed;
 	int rc;
 

@@ -37,11 +37,11 @@ _Static_assert(sizeof(enum shift_send_state) == 4 && sizeof(enum shift_recv_stat
 
 static uint32_t pow2_at_least(uint32_t n)
 {
-	uint32_t p = 1;
-
-	while (p < n && p < (1u << 30))
-		p <<= 1;
-	return p;
+	if (n <= 1)
+		return 1;
+	if (n > (1u << 30))
+		return 1u << 30;
+	return 1u << (32 - __builtin_clz(n - 1));
 }
 
 /* The tag of SHIFT's own WRs on a QP (dqp.h): a hash of its device name and
@@ -71,8 +71,13 @@ struct shift_dqp *shift_dqp_create(struct ibv_qp *qp, const struct ibv_qp_cap *c
 	d->qp = qp;
 	d->qpn = qp->qp_num;
 	d->serial = __atomic_add_fetch(&serials, 1, __ATOMIC_RELAXED);
-	snprintf(d->dev, sizeof(d->dev), "%.23s",
-		 qp->context && qp->context->device ? qp->context->device->name : "?");
+	/* (the name cut to fit, as "%.23s" would, without printf's cost at
+	 * every create) */
+	const char *dev = qp->context && qp->context->device ? qp->context->device->name : "?";
+	size_t len = strnlen(dev, sizeof(d->dev) - 1);
+
+	memcpy(d->dev, dev, len);
+	d->dev[len] = '\0';
 	d->own_tag = own_tag(d);
 	d->sq_sig_all = sq_sig_all;
 	d->max_send_sge = cap->max_send_sge ? cap->max_send_sge : 1;
@@ -105,14 +110,14 @@ struct shift_dqp *shift_dqp_create(struct ibv_qp *qp, const struct ibv_qp_cap *c
 	/* not zeroed: an entry is written by the post that mirrors it before
 	 * anything reads it, so a ring costs memory only as far as the QP's
 	 * posts reach (no memset of 2 x max_send_wr entries at create) */
-	d->sq = malloc((size_t)d->sq_size * d->sq_stride);
-	d->rq = malloc((size_t)d->rq_size * d->rq_stride);
-	if (!d->sq || !d->rq) {
-		free(d->sq);
-		free(d->rq);
+	/* one block, the receive ring after the send ring (both strides
+	 * powers of two, at least 32 bytes: the receive ring stays aligned) */
+	d->sq = malloc((size_t)d->sq_size * d->sq_stride + (size_t)d->rq_size * d->rq_stride);
+	if (!d->sq) {
 		free(d);
 		return NULL;
 	}
+	d->rq = d->sq + (size_t)d->sq_size * d->sq_stride;
 	pthread_mutex_init(&d->rk_lock, NULL);
 	return d;
 }
@@ -124,8 +129,7 @@ void shift_dqp_destroy(struct shift_dqp *d)
 	pthread_mutex_destroy(&d->rk_lock);
 	free(d->rk);
 	free(d->nwq);
-	free(d->sq);
-	free(d->rq);
+	free(d->sq); /* (and d->rq, in the same block) */
 	free(d);
 }
 

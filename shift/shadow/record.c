@@ -213,15 +213,15 @@ void shift_qp_unprotected_locked(struct shift_qp *q, const char *why)
 	}
 }
 
-void shift_shadow_qp(struct shift_rnic *r, struct ibv_qp *qp,
-		     enum ibv_qp_type type, struct ibv_cq *send_cq,
-		     struct ibv_cq *recv_cq, const struct ibv_qp_cap *cap,
-		     int sq_sig_all, bool has_srq)
+struct shift_qp *shift_shadow_qp(struct shift_rnic *r, struct ibv_qp *qp,
+				 enum ibv_qp_type type, struct ibv_cq *send_cq,
+				 struct ibv_cq *recv_cq, const struct ibv_qp_cap *cap,
+				 int sq_sig_all, bool has_srq)
 {
 	struct shift_qp *q = calloc(1, sizeof(*q));
 
 	if (!q)
-		return;
+		return NULL;
 	q->app = qp;
 	q->app_qpn = qp->qp_num;
 	q->cap = *cap;
@@ -247,6 +247,7 @@ void shift_shadow_qp(struct shift_rnic *r, struct ibv_qp *qp,
 	pthread_mutex_unlock(&r->lock);
 	if (q->state == SHIFT_SHADOW_UNPROTECTED)
 		shift_info("%s: QP %u unprotected: %s", r->name, q->app_qpn, q->why);
+	return q;
 }
 
 /*
@@ -360,14 +361,6 @@ struct shift_cq *shift_shadow_cq_of(struct shift_rnic *r, struct ibv_cq *cq)
 	struct shift_cq *c = find_cq(r, cq);
 	pthread_mutex_unlock(&r->lock);
 	return c;
-}
-
-struct shift_qp *shift_shadow_qp_of(struct shift_rnic *r, struct ibv_qp *qp)
-{
-	pthread_mutex_lock(&r->lock);
-	struct shift_qp *q = find_qp(r, qp);
-	pthread_mutex_unlock(&r->lock);
-	return q;
 }
 
 int shift_shadow_bk_lkey(struct shift_rnic *r, uint32_t app_lkey, uint32_t *bk_lkey)

@@ -56,10 +56,12 @@ void shift_shadow_cq(struct shift_rnic *r, struct ibv_cq *cq, int cqe,
  * before this returns, or its QPs run unprotected. */
 void shift_shadow_cq_resized(struct shift_rnic *r, struct ibv_cq *cq);
 void shift_shadow_cq_gone(struct shift_rnic *r, struct ibv_cq *cq);
-void shift_shadow_qp(struct shift_rnic *r, struct ibv_qp *qp,
-		     enum ibv_qp_type type, struct ibv_cq *send_cq,
-		     struct ibv_cq *recv_cq, const struct ibv_qp_cap *cap,
-		     int sq_sig_all, bool has_srq);
+/* Record a new QP; returns its record (NULL without memory), whose
+ * send_cq and recv_cq are the CQs' records, found on the way. */
+struct shift_qp *shift_shadow_qp(struct shift_rnic *r, struct ibv_qp *qp,
+				 enum ibv_qp_type type, struct ibv_cq *send_cq,
+				 struct ibv_cq *recv_cq, const struct ibv_qp_cap *cap,
+				 int sq_sig_all, bool has_srq);
 void shift_shadow_qp_modified(struct shift_rnic *r, struct ibv_qp *qp,
 			      const struct ibv_qp_attr *attr, int mask);
 void shift_shadow_qp_gone(struct shift_rnic *r, struct ibv_qp *qp);
@@ -127,9 +129,8 @@ void shift_status_remove(struct shift_rnic *r);
 
 /* What SHIFT knows of an application QP / MR (tests, tools). Reads
  * thread-owned fields: call with replay synchronous or quiescent. */
-/* The shadow CQ of an application CQ / the shadow QP of an app QP, or NULL. */
+/* The shadow CQ of an application CQ, or NULL. */
 struct shift_cq *shift_shadow_cq_of(struct shift_rnic *r, struct ibv_cq *cq);
-struct shift_qp *shift_shadow_qp_of(struct shift_rnic *r, struct ibv_qp *qp);
 /* The backup MR's lkey for an application lkey; 0 and -ENOENT if none. */
 int shift_shadow_bk_lkey(struct shift_rnic *r, uint32_t app_lkey, uint32_t *bk_lkey);
 

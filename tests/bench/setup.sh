@@ -7,7 +7,7 @@
 #  - wall clock and resident memory per QP for N = 1 .. 4096 (these
 #    machines are noisy: read the ratios, not the microseconds).
 # With --check (ctest bench_setup): fail if SHIFT's instructions per QP
-# exceed plain's by more than issue #21's 1.2x at either N, or grow by
+# exceed plain's by more than 1.12x at either N (issue #21: 1.1x; measured 1.09-1.10), or grow by
 # more than 5% from the small N to the large one.
 # Usage: setup.sh SETUP_BINARY [--check]
 set -eu
@@ -31,8 +31,8 @@ for n in 256 2048; do
 	s=$(ir shift $n)
 	r=$(awk -v p="$p" -v s="$s" 'BEGIN { printf "%.3f", s / p }')
 	printf '%-6s %14s %14s %7s\n' $n "$p" "$s" "$r"
-	if [ "$check" = --check ] && awk -v r="$r" 'BEGIN { exit !(r > 1.2) }'; then
-		echo "FAIL: $n QPs: SHIFT's setup takes ${r}x plain's instructions (budget 1.2x)"
+	if [ "$check" = --check ] && awk -v r="$r" 'BEGIN { exit !(r > 1.12) }'; then
+		echo "FAIL: $n QPs: SHIFT's setup takes ${r}x plain's instructions (ceiling 1.12x)"
 		status=1
 	fi
 	if [ -n "$small" ] && [ "$check" = --check ] &&
