@@ -13,7 +13,10 @@ done
 awk '
 function median(a, n,   i, j, t) { for (i = 1; i <= n; i++) for (j = i + 1; j <= n; j++) if (a[j] < a[i]) { t = a[i]; a[i] = a[j]; a[j] = t }
 	return n % 2 ? a[(n + 1) / 2] : (a[n / 2] + a[n / 2 + 1]) / 2 }
-{ split($2, r, "="); split($3, s, "="); if ($1 == "plain") { pr[++np] = r[2]; ps[np] = s[2] } else { sr[++ns] = r[2]; ss[ns] = s[2] } }
-END { a = median(pr, np); b = median(sr, ns); c = median(ps, np); d = median(ss, ns)
-	printf "RTR: plain %.1f us, SHIFT %.1f us, ratio %.2f\nRTS: plain %.1f us, SHIFT %.1f us, ratio %.2f\n", a, b, b / a, c, d, d / c }' "$out"
+{ m = $1; k = ++cnt[m]; for (f = 2; f <= NF; f++) { split($f, kv, "="); v[m, kv[1], k] = kv[2] } }
+function med(m, key,   a, i) { for (i = 1; i <= cnt[m]; i++) a[i] = v[m, key, i]; return median(a, cnt[m]) }
+END { split("rtr_us rts_us rtr_cpu_us rts_cpu_us", keys, " ")
+	split("RTR RTS RTR RTS", names, " ")
+	for (i = 1; i <= 4; i++) { a = med("plain", keys[i]); b = med("shift", keys[i])
+		printf "%s %s: plain %.1f us, SHIFT %.1f us, ratio %.2f\n", names[i], (i > 2 ? "(thread CPU)" : "(wall)"), a, b, b / a } }' "$out"
 rm -f "$out"
