@@ -46,6 +46,16 @@ def main():
     pts = tb.parse_throughput(ts, 0.5)
     if [tb.flowed(p) for p in pts] != [True, False]:
         bad.append("flowed() on %r: WRs counted with rates of 0 are traffic, none is not" % pts)
+    # double_fault_write_nic_a (2026-11-28): the backup NIC down at 8.2 s
+    # (2.1 s for its `ip link set`), the default one at 10.3 s, up again
+    # at 14.1 s and 20.1 s: traffic flows until the second is down
+    inj = [{"action": "nic-down", "t": 8.157}, {"action": "nic-down", "t": 10.281},
+           {"action": "nic-up", "t": 14.122}, {"action": "nic-up", "t": 20.146}]
+    win = tb.stall_window(inj)
+    if not win or abs(win[0] - 13.281) > 1e-9 or win[1] != 14.122:
+        bad.append("stall_window %r, want (13.281, 14.122)" % (win,))
+    if tb.stall_window(inj[:2]) is not None:
+        bad.append("stall_window without a repair: %r" % (tb.stall_window(inj[:2]),))
     for b in bad:
         print("FAIL:", b)
     print("parse_perftest: %s" % ("FAIL" if bad else "ok"))
