@@ -41,11 +41,19 @@ sys=$(ls "$tmp"/shift-system_*.deb)
 "$tb" prepare >"$tmp/prepare.log" 2>&1 || { tail -20 "$tmp/prepare.log"; exit 1; }
 "$tb" up >"$tmp/up.log" 2>&1 || { tail -20 "$tmp/up.log"; exit 1; }
 
+# dpkg in a guest reads its whole database over 9p: 160 s on a slow host
+# (2026-11-28), past exec's default 120 s; both guests at once
+dpkg_timeout=900
 for h in A B; do
-	"$tb" exec $h "dpkg -i $deb $sys >/tmp/dpkg.log 2>&1 || { tail -5 /tmp/dpkg.log; exit 1; }
+	"$tb" exec --timeout $dpkg_timeout $h "dpkg -i $deb $sys >/tmp/dpkg.log 2>&1 ||
+		{ tail -5 /tmp/dpkg.log; exit 1; }
 		printf 'kv_url = %s\nkv_namespace = tbpkg\nlog_level = info\n' \"\$SHIFT_KV_URL\" \
-			>/etc/shift/shift.conf && chmod 644 /etc/shift/shift.conf" ||
-		fail "install on $h"
+			>/etc/shift/shift.conf && chmod 644 /etc/shift/shift.conf" >"$tmp/install.$h" 2>&1 ||
+		echo "install on $h failed: $(tail -5 "$tmp/install.$h")" >"$tmp/install.$h.fail" &
+done
+wait
+for h in A B; do
+	[ -e "$tmp/install.$h.fail" ] && fail "$(cat "$tmp/install.$h.fail")"
 done
 
 # pair TAG PORT [PREFIX]: server on B, client on A for 22 s, A's rail-0 NIC
@@ -82,9 +90,16 @@ grep -q "enabled over $lib/shift/real/libibverbs.so.1" "$tmp/system.A" ||
 	fail "system: SHIFT did not wrap the diverted library"
 
 for h in A B; do
-	"$tb" exec $h "dpkg -r shift-system >/tmp/dpkg.log 2>&1 || { tail -5 /tmp/dpkg.log; exit 1; }
+	"$tb" exec --timeout $dpkg_timeout $h "dpkg -r shift-system >/tmp/dpkg.log 2>&1 ||
+		{ tail -5 /tmp/dpkg.log; exit 1; }
 		[ \"\$(readlink $lib/libibverbs.so.1)\" = '$host_link' ] || exit 1
-		! dpkg-divert --list | grep -q libibverbs" || fail "removal on $h: distro library not restored"
+		! dpkg-divert --list | grep -q libibverbs" >"$tmp/remove.$h" 2>&1 ||
+		echo "removal on $h: distro library not restored $(tail -5 "$tmp/remove.$h")" \
+			>"$tmp/remove.$h.fail" &
+done
+wait
+for h in A B; do
+	[ -e "$tmp/remove.$h.fail" ] && fail "$(cat "$tmp/remove.$h.fail")"
 done
 pair removed 18712 ""
 grep -q "^shift:" "$tmp/removed.A" && fail "removed: SHIFT still loaded"

@@ -11,7 +11,7 @@ set_tests_properties(pkg_rpm PROPERTIES LABELS pkg TIMEOUT 900)
 # The packages installed on the QEMU testbed (as root, like e2e_testbed):
 # shift-system makes an unmodified ib_write_bw survive a NIC failure, its
 # removal restores the distro library, shift-run protects with shift alone
-# (about 4 minutes).
+# (about 4 minutes, 10 on a slow host: dpkg in a guest).
 add_test(NAME pkg_testbed
   COMMAND ${CMAKE_SOURCE_DIR}/tests/pkg/testbed_install.sh ${CMAKE_SOURCE_DIR} ${CMAKE_BINARY_DIR})
 set_tests_properties(pkg_testbed PROPERTIES LABELS "pkg;e2e" TIMEOUT 1200)
