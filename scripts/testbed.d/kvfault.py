@@ -98,10 +98,11 @@ def _each_key(pw, ns, patterns, action):
 
 
 def _background(script, args, pidfile, ready):
-    """Shell: start SCRIPT (in this directory) detached; wait up to 20 s for
-    its READY file."""
+    """Shell: start SCRIPT (in this directory) detached; wait up to 60 s for
+    its READY file (the forger's first record needs the job's own, and
+    pyverbs' import: over 20 s in a TCG guest on a slow host)."""
     return ("rm -f %s; setsid /usr/bin/python3 %s %s >%s.log 2>&1 < /dev/null & echo $! > %s; "
-            "for i in $(seq 200); do [ -f %s ] && exit 0; kill -0 $(cat %s) 2>/dev/null || break; "
+            "for i in $(seq 600); do [ -f %s ] && exit 0; kill -0 $(cat %s) 2>/dev/null || break; "
             "sleep 0.1; done; echo '%s not ready:' >&2; cat %s.log >&2; exit 1"
             % (ready, os.path.join(HERE, script), " ".join(shlex.quote(str(a)) for a in args),
                pidfile, pidfile, ready, pidfile, script, pidfile))
@@ -245,7 +246,7 @@ def inject(g, action, args, ns, pw):
     if action == "kv-forge":
         gb.check("rm -f %s; " % FORGE_REPORT + _background(
             "kvforge.py", [ADDR, PORT, ns, "/run/kvforge.ready", FORGE_REPORT],
-            FORGE_PID, "/run/kvforge.ready"), 40, _env(pw))
+            FORGE_PID, "/run/kvforge.ready"), 90, _env(pw))
         return {}
     if action == "kv-forge-end":
         return _forge_end(gb)
