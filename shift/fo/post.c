@@ -95,7 +95,7 @@ int fo_post_bk_sends(struct shift_dqp *d, uint64_t from, uint64_t *failed)
  * there with EINVAL, as the verbs say of an invalid WR (the backup's
  * provider, asked, would refuse it too; its errno may differ, mlx5 says
  * ENOMEM for too much inline data). 0 without one. */
-#define BEYOND_CAPS(stop, bad_wr) \
+#define REFUSE_AT(stop, bad_wr) \
 	((stop) ? (*(bad_wr) = (void *)(uintptr_t)(stop), EINVAL) : 0)
 
 int shift_post_send_fallback(struct shift_dqp *d, struct ibv_send_wr *wr,
@@ -110,7 +110,7 @@ int shift_post_send_fallback(struct shift_dqp *d, struct ibv_send_wr *wr,
 		return ENOMEM;
 	}
 	if (!d->handshake_done || shift_dqp_send_state(d) == SHIFT_SEND_WAIT_DRAINED || d->sq_held)
-		return BEYOND_CAPS(stop, bad_wr); /* held: fo_retransmit(),
+		return REFUSE_AT(stop, bad_wr); /* held: fo_retransmit(),
 							      fo_switch_back() or
 							      fo_held_release() posts them */
 
@@ -124,7 +124,7 @@ int shift_post_send_fallback(struct shift_dqp *d, struct ibv_send_wr *wr,
 		*bad_wr = w;
 		return EIO;
 	}
-	return BEYOND_CAPS(stop, bad_wr);
+	return REFUSE_AT(stop, bad_wr);
 }
 
 int shift_post_recv_fallback(struct shift_dqp *d, struct ibv_recv_wr *wr,
@@ -139,7 +139,7 @@ int shift_post_recv_fallback(struct shift_dqp *d, struct ibv_recv_wr *wr,
 		return ENOMEM;
 	}
 	if (d->notify_pending || d->recv_hold)
-		return BEYOND_CAPS(stop, bad_wr); /* fo_try_notify() or fo_start()
+		return REFUSE_AT(stop, bad_wr); /* fo_try_notify() or fo_start()
 							      posts them */
 	for (uint64_t i = head; i < d->rq_head; i++) {
 		if (fo_post_bk_recv(d, i)) {
@@ -152,5 +152,5 @@ int shift_post_recv_fallback(struct shift_dqp *d, struct ibv_recv_wr *wr,
 			return EIO;
 		}
 	}
-	return BEYOND_CAPS(stop, bad_wr);
+	return REFUSE_AT(stop, bad_wr);
 }
