@@ -53,6 +53,12 @@ static struct shift_rkey *rk_find(struct shift_dqp *d, uint32_t app)
 	return NULL;
 }
 
+static struct shift_rkey_val rk_val(const struct shift_mr_value *mv)
+{
+	return (struct shift_rkey_val){ .bk = mv->bk_rkey, .ranged = mv->has_range,
+					.addr = mv->addr, .len = mv->len };
+}
+
 static struct shift_rkey *rk_add(struct shift_dqp *d, uint32_t app)
 {
 	if (d->rk_n == d->rk_cap) {
@@ -65,11 +71,18 @@ static struct shift_rkey *rk_add(struct shift_dqp *d, uint32_t app)
 		d->rk_cap = cap;
 	}
 	struct shift_rkey *e = &d->rk[d->rk_n++];
+	struct shift_mr_value mv;
 
 	memset(e, 0, sizeof(*e));
 	e->app = app;
 	e->st = SHIFT_RK_WANT;
 	e->want_ms = shift_clock_ms();
+	/* (a key the peer's MR index led the RNIC's thread to read ahead:
+	 * as one read before, the fallback when the store cannot tell) */
+	if (d->shadow && shift_shadow_peer_mr(d->shadow, app, &mv)) {
+		e->prev = rk_val(&mv);
+		e->has_prev = true;
+	}
 	return e;
 }
 
@@ -442,8 +455,7 @@ static void apply_rk(struct shift_dqp *d, struct kvq_item *it)
 	if (e && e->st == SHIFT_RK_WANT) {
 		if (known) {
 			e->st = SHIFT_RK_KNOWN;
-			e->v = (struct shift_rkey_val){ .bk = mv.bk_rkey, .ranged = mv.has_range,
-							.addr = mv.addr, .len = mv.len };
+			e->v = rk_val(&mv);
 			e->prev = e->v;
 			e->has_prev = true;
 			e->at_ms = it->at;
@@ -562,39 +574,4 @@ void fo_kvq_run(struct shift_ctx *s, bool reads)
 		if (d && d->scq && __atomic_load_n(&d->sq_held, __ATOMIC_ACQUIRE))
 			fo_held_release(d);
 	}
-}
-
-/* ---- sends held for a key ---------------------------------------------------- */
-
-/* Post held sends from d->sq_held_from on, as far as their keys are read
- * (or given up on). Background pass; takes its CQs and post_lock. */
-void fo_held_release(struct shift_dqp *d)
-{
-	fo_lock_cqs(d);
-	shift_dqp_lock(d);
-	if (!d->sq_held || shift_dqp_send_state(d) == SHIFT_SEND_UNPROTECTED) {
-		shift_dqp_unlock(d);
-		fo_unlock_cqs(d);
-		return;
-	}
-	uint64_t i = d->sq_held_from;
-
-	__atomic_store_n(&d->sq_held, false, __ATOMIC_RELEASE);
-	int rc = 0;
-
-	/* (below sq_held_exec: a failover's retransmission, fo_retransmit) */
-	for (; !rc && !d->sq_held && i < d->sq_held_exec && i < d->sq_head; i++)
-		rc = shift_dqp_swqe(d, i)->opcode == IBV_WR_RDMA_READ ?
-			     fo_post_bk_send(d, i) : fo_post_bk_placeholder(d, i);
-	uint64_t failed;
-
-	if (!rc && !d->sq_held && i < d->sq_head)
-		rc = fo_post_bk_sends(d, i, &failed);
-	if (rc)
-		fo_fail_mark(d, "cannot post a WR on the backup QP", FO_BY_STATE, FO_BY_STATE);
-	shift_dqp_unlock(d);
-	struct out o = { .wc = NULL, .n = 0, .max = 0, .c = d->scq };
-
-	fo_fail_pending(d, &o);
-	fo_unlock_cqs(d);
 }

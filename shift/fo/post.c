@@ -154,3 +154,38 @@ int shift_post_recv_fallback(struct shift_dqp *d, struct ibv_recv_wr *wr,
 	}
 	return REFUSE_AT(stop, bad_wr);
 }
+
+/* ---- sends held for a key ---------------------------------------------------- */
+
+/* Post held sends from d->sq_held_from on, as far as their keys are read
+ * (or given up on). Background pass; takes its CQs and post_lock. */
+void fo_held_release(struct shift_dqp *d)
+{
+	fo_lock_cqs(d);
+	shift_dqp_lock(d);
+	if (!d->sq_held || shift_dqp_send_state(d) == SHIFT_SEND_UNPROTECTED) {
+		shift_dqp_unlock(d);
+		fo_unlock_cqs(d);
+		return;
+	}
+	uint64_t i = d->sq_held_from;
+
+	__atomic_store_n(&d->sq_held, false, __ATOMIC_RELEASE);
+	int rc = 0;
+
+	/* (below sq_held_exec: a failover's retransmission, fo_retransmit) */
+	for (; !rc && !d->sq_held && i < d->sq_held_exec && i < d->sq_head; i++)
+		rc = shift_dqp_swqe(d, i)->opcode == IBV_WR_RDMA_READ ?
+			     fo_post_bk_send(d, i) : fo_post_bk_placeholder(d, i);
+	uint64_t failed;
+
+	if (!rc && !d->sq_held && i < d->sq_head)
+		rc = fo_post_bk_sends(d, i, &failed);
+	if (rc)
+		fo_fail_mark(d, "cannot post a WR on the backup QP", FO_BY_STATE, FO_BY_STATE);
+	shift_dqp_unlock(d);
+	struct out o = { .wc = NULL, .n = 0, .max = 0, .c = d->scq };
+
+	fo_fail_pending(d, &o);
+	fo_unlock_cqs(d);
+}

@@ -244,6 +244,8 @@ static bool replay_qp_describe(struct shift_rnic *r, struct shift_qp *q,
 	q->peer_key.qpn = app->dest_qp_num;
 	q->my_bk.has_peer = true; /* (my record names whom I connect to) */
 	q->my_bk.peer = q->peer_key;
+	q->my_bk.has_mri = true; /* (where the peer finds my MRs ahead) */
+	q->my_bk.mri = r->mri_id;
 	return true;
 }
 

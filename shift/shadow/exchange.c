@@ -59,18 +59,29 @@ int shift_exchange_mr_key(const union ibv_gid *gid, uint32_t rkey, char *buf,
 	return fit(snprintf(buf, cap, "mr:{%s}:%u", g, rkey), cap);
 }
 
+int shift_exchange_mri_key(const union ibv_gid *gid, uint64_t id, unsigned chunk, char *buf,
+			   size_t cap)
+{
+	char g[33];
+
+	shift_gid_hex(gid, g);
+	return fit(snprintf(buf, cap, "mri:{%s}:%016llx:%u", g, (unsigned long long)id, chunk),
+		   cap);
+}
+
 int shift_exchange_qp_encode(const struct shift_qp_value *v, char *buf, size_t cap)
 {
-	char g[33], pg[33];
+	char g[33], pg[33], peer[64] = "", mri[24] = "";
 
 	shift_gid_hex(&v->gid, g);
-	if (!v->has_peer)
-		return fit(snprintf(buf, cap, SHIFT_EXCHANGE_VERSION " qp gid=%s qpn=%u psn=%u mtu=%u",
-				    g, v->qpn, v->psn, v->mtu), cap);
-	shift_gid_hex(&v->peer.gid, pg);
-	return fit(snprintf(buf, cap, SHIFT_EXCHANGE_VERSION
-			    " qp gid=%s qpn=%u psn=%u mtu=%u pgid=%s pqpn=%u",
-			    g, v->qpn, v->psn, v->mtu, pg, v->peer.qpn), cap);
+	if (v->has_peer) {
+		shift_gid_hex(&v->peer.gid, pg);
+		snprintf(peer, sizeof(peer), " pgid=%s pqpn=%u", pg, v->peer.qpn);
+	}
+	if (v->has_mri)
+		snprintf(mri, sizeof(mri), " mri=%016llx", (unsigned long long)v->mri);
+	return fit(snprintf(buf, cap, SHIFT_EXCHANGE_VERSION " qp gid=%s qpn=%u psn=%u mtu=%u%s%s",
+			    g, v->qpn, v->psn, v->mtu, peer, mri), cap);
 }
 
 int shift_exchange_mr_encode(const struct shift_mr_value *v, char *buf, size_t cap)
@@ -131,6 +142,28 @@ static int prefix(const char **p, const char *end, const char *want)
 	return 0;
 }
 
+/* Exactly 16 lowercase hex digits at *p, then the end or a space. */
+static int field_hex64(const char **p, const char *end, uint64_t *out)
+{
+	const char *q = *p;
+	uint64_t v = 0;
+
+	if (end - q < 16)
+		return -EINVAL;
+	for (int i = 0; i < 16; i++, q++) {
+		int d = *q >= '0' && *q <= '9' ? *q - '0' : *q >= 'a' && *q <= 'f' ? *q - 'a' + 10 : -1;
+
+		if (d < 0)
+			return -EINVAL;
+		v = v << 4 | (uint64_t)d;
+	}
+	if (q < end && *q != ' ')
+		return -EINVAL;
+	*out = v;
+	*p = q < end ? q + 1 : q;
+	return 0;
+}
+
 int shift_exchange_qp_decode(const char *s, size_t len, struct shift_qp_value *v)
 {
 	const char *p = s, *end = s + len;
@@ -146,16 +179,21 @@ int shift_exchange_qp_decode(const char *s, size_t len, struct shift_qp_value *v
 	    field_u32(&p, end, "mtu", IBV_MTU_4096, &out.mtu) ||
 	    out.mtu < IBV_MTU_256 || out.qpn == 0)
 		return -EINVAL;
-	if (p != end) {
-		if (prefix(&p, end, "pgid=") || end - p < 33 || gid_parse(p, &out.peer.gid) ||
-		    p[32] != ' ')
+	if (p != end && !prefix(&p, end, "pgid=")) {
+		if (end - p < 33 || gid_parse(p, &out.peer.gid) || p[32] != ' ')
 			return -EINVAL;
 		p += 33;
-		if (field_u32(&p, end, "pqpn", 0xffffff, &out.peer.qpn) || p != end ||
-		    out.peer.qpn == 0)
+		if (field_u32(&p, end, "pqpn", 0xffffff, &out.peer.qpn) || out.peer.qpn == 0)
 			return -EINVAL;
 		out.has_peer = true;
 	}
+	if (p != end) {
+		if (prefix(&p, end, "mri=") || field_hex64(&p, end, &out.mri) || !out.mri)
+			return -EINVAL;
+		out.has_mri = true;
+	}
+	if (p != end)
+		return -EINVAL;
 	*v = out;
 	return 0;
 }
@@ -253,5 +291,46 @@ int shift_exchange_ep_decode(const char *s, size_t len, unsigned *gen, unsigned 
 		return rc;
 	*gen = v.gen;
 	*started = v.started;
+	return 0;
+}
+
+int shift_exchange_mri_encode(const struct shift_mri_chunk *c, char *buf, size_t cap)
+{
+	int n = snprintf(buf, cap, SHIFT_EXCHANGE_VERSION " mri ver=%llu chunks=%u keys=",
+			 (unsigned long long)c->ver, c->chunks);
+
+	if (c->n > SHIFT_MRI_CHUNK_KEYS || c->chunks < 1 || c->chunks > SHIFT_MRI_CHUNKS)
+		return -EINVAL;
+	for (unsigned i = 0; i < c->n && n >= 0 && (size_t)n < cap; i++)
+		n += snprintf(buf + n, cap - (size_t)n, i ? ",%u" : "%u", c->keys[i]);
+	return fit(n, cap);
+}
+
+/* "shift1 mri ver=<v> chunks=<c> keys=<k>,<k>,..." (keys may be none) */
+int shift_exchange_mri_decode(const char *s, size_t len, struct shift_mri_chunk *c)
+{
+	const char *p = s, *end = s + len;
+	uint32_t chunks;
+
+	if (prefix(&p, end, SHIFT_EXCHANGE_VERSION " mri ") ||
+	    field_u64(&p, end, "ver", UINT64_MAX, &c->ver) ||
+	    field_u32(&p, end, "chunks", SHIFT_MRI_CHUNKS, &chunks) || chunks < 1 ||
+	    prefix(&p, end, "keys="))
+		return -EINVAL;
+	c->chunks = chunks;
+	c->n = 0;
+	while (p < end) {
+		uint64_t v = 0;
+		const char *d = p;
+
+		while (p < end && *p >= '0' && *p <= '9' && p - d < 10)
+			v = v * 10 + (uint64_t)(*p++ - '0');
+		if (p == d || v > UINT32_MAX || c->n == SHIFT_MRI_CHUNK_KEYS ||
+		    (p < end && *p != ','))
+			return -EINVAL;
+		c->keys[c->n++] = (uint32_t)v;
+		if (p < end && ++p == end)
+			return -EINVAL; /* (a trailing comma) */
+	}
 	return 0;
 }

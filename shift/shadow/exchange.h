@@ -5,6 +5,9 @@
  *   qp:{<default GID, 32 hex>}:<default QPN>  -> the backup QP's GID, QPN, PSN, MTU
  *   mr:{<default GID, 32 hex>}:<default rkey> -> the backup MR's rkey
  *   ep:{<GID>}:<QPN> (failover episodes), poke:{<GID>} (wake a passive peer)
+ *   mri:{<default GID>}:<index id, 16 hex>:<chunk> -> the rkeys of every MR
+ *     one process published under that GID (its MR index, read ahead by
+ *     its peers: shadow/mrindex.c); the index id is in its QP records
  * The GID in braces is a Redis Cluster hash tag: every record one host
  * publishes lands in one hash slot, so a peer reads a host's records with
  * one MGET on one node (kv_redis_cluster.c).
@@ -21,7 +24,7 @@
 
 #define SHIFT_EXCHANGE_VERSION "shift1"
 #define SHIFT_EXCHANGE_KEY_MAX 80
-#define SHIFT_EXCHANGE_VALUE_MAX 160
+#define SHIFT_EXCHANGE_VALUE_MAX 192
 
 struct shift_qp_key {
 	union ibv_gid gid;
@@ -38,6 +41,10 @@ struct shift_qp_value {
 	 * an older writer, is read too) */
 	bool has_peer;
 	struct shift_qp_key peer;
+	/* the writer's MR index (mri:{<its GID>}:<mri>:...), nonzero; a record
+	 * without it (an older writer) is read too */
+	bool has_mri;
+	uint64_t mri;
 };
 
 int shift_exchange_qp_key(const struct shift_qp_key *k, char *buf, size_t cap);
@@ -81,6 +88,28 @@ int shift_exchange_mr_encode(const struct shift_mr_value *v, char *buf, size_t c
  * this version. s need not be NUL-terminated. */
 int shift_exchange_qp_decode(const char *s, size_t len, struct shift_qp_value *v);
 int shift_exchange_mr_decode(const char *s, size_t len, struct shift_mr_value *v);
+
+/*
+ * An MR index: the application rkeys of every MR one process published
+ * under one GID, in chunks of at most SHIFT_MRI_CHUNK_KEYS. Each chunk
+ * tells the index's version (the writer's count of its rewrites) and how
+ * many chunks it has; a reader takes a version only when all its chunks
+ * agree on it. Chunk 0 is written last.
+ */
+/* (a chunk, sealed, fits the smallest SHIFT_KV_MAX_REPLY, 1024) */
+#define SHIFT_MRI_CHUNK_KEYS 64
+#define SHIFT_MRI_CHUNKS 256
+#define SHIFT_MRI_VALUE_MAX (64 + 11 * SHIFT_MRI_CHUNK_KEYS)
+struct shift_mri_chunk {
+	uint64_t ver;
+	unsigned chunks; /* 1..SHIFT_MRI_CHUNKS */
+	unsigned n;      /* keys in this chunk */
+	uint32_t keys[SHIFT_MRI_CHUNK_KEYS];
+};
+int shift_exchange_mri_key(const union ibv_gid *gid, uint64_t id, unsigned chunk, char *buf,
+			   size_t cap);
+int shift_exchange_mri_encode(const struct shift_mri_chunk *c, char *buf, size_t cap);
+int shift_exchange_mri_decode(const char *s, size_t len, struct shift_mri_chunk *c);
 
 void shift_gid_hex(const union ibv_gid *gid, char out[33]);
 

@@ -334,6 +334,7 @@ int shift_shadow_qp_info(struct ibv_qp *qp, struct shift_qp_info *out)
 		out->peer_bk_qpn = q->peer_known ? q->peer_bk.qpn : 0;
 		out->published = q->published;
 		out->bk_dev = r->bk_name;
+		out->mri_id = r->mri_id;
 		rc = 0;
 	}
 	pthread_mutex_unlock(&r->lock);

@@ -195,6 +195,7 @@ static void publish_mr(struct shift_rnic *r, struct shift_mr *m)
 							 SHIFT_KV_TTL_MS), "put"))
 			return;
 		m->published |= 1u << i;
+		r->mri_dirty = true;
 	}
 }
 
@@ -292,6 +293,7 @@ void shift_rnic_reap(struct shift_rnic *r)
 			stat_add(&shift_shadow_counters.qps_ready, -1);
 	});
 	REAP(mrs, mr_of, struct shift_mr, shift_pmap_del(&r->mr_by_lkey, &o->hl), {
+		r->mri_dirty |= o->published != 0;
 		for (int i = 0; i < r->ngids; i++)
 			if ((o->published & (1u << i)) &&
 			    shift_exchange_mr_key(&r->gids[i], o->app_rkey, key, sizeof(key)) >= 0)
@@ -395,5 +397,7 @@ int shift_rnic_pass(struct shift_rnic *r)
 	EACH(r, mrs, struct shift_mr, m)
 		if (!SHIFT_SHADOW_DEAD(m))
 			replay_mr(r, m);
+	shift_mri_write(r);
+	shift_mri_read(r);
 	return pending(r);
 }

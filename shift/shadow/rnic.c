@@ -41,6 +41,7 @@
 #include <time.h>
 #include <poll.h>
 #include <sys/eventfd.h>
+#include <sys/random.h>
 #include <unistd.h>
 
 /* How soon the thread runs its next pass unkicked (rnic_main): replay
@@ -431,6 +432,22 @@ void shift_shadow_fork_child(void)
 	pthread_mutex_unlock(&rnics_lock);
 }
 
+/* My MR index's id (mrindex.c): another in every process and context, so
+ * that a peer never takes another's, or an earlier job's, index for mine. */
+static uint64_t mri_id(void)
+{
+	uint64_t id = 0;
+
+	if (getrandom(&id, sizeof(id), GRND_NONBLOCK) != (ssize_t)sizeof(id)) {
+		struct timespec ts;
+
+		clock_gettime(CLOCK_REALTIME, &ts);
+		id = ((uint64_t)ts.tv_sec << 32 ^ (uint64_t)ts.tv_nsec ^ (uint64_t)getpid() << 20) *
+		     0x9e3779b97f4a7c15ull;
+	}
+	return id ? id : 1;
+}
+
 struct shift_rnic *shift_rnic_start(struct shift_ctx *sctx)
 {
 	struct shift_rnic *r = calloc(1, sizeof(*r));
@@ -440,6 +457,7 @@ struct shift_rnic *shift_rnic_start(struct shift_ctx *sctx)
 		return NULL;
 	}
 	r->sctx = sctx;
+	r->mri_id = mri_id();
 	sctx->rnic = r; /* (before the thread starts: it reads it) */
 	snprintf(r->name, sizeof(r->name), "%s",
 		 sctx->ibctx->device ? sctx->ibctx->device->name : "?");
@@ -524,5 +542,6 @@ void shift_rnic_stop(struct shift_rnic *r)
 	shift_pmap_fini(&r->mr_by_lkey);
 	shift_pmap_fini(&r->cq_of);
 	shift_pmap_fini(&r->qp_of);
+	shift_mri_free(r);
 	free(r);
 }

@@ -118,6 +118,8 @@ void shift_shadow_set_background(void (*fn)(struct shift_ctx *s));
 struct shift_shadow_stats {
 	unsigned long qps_ready, qps_unprotected, mrs_ready, kv_errors;
 	unsigned long records_other; /* peer records of another connection, ignored */
+	unsigned long peer_mrs_read; /* peer MR records read ahead through MR indexes */
+	unsigned long peer_mri_bad;  /* peer MR indexes refused (malformed, torn) */
 };
 void shift_shadow_stats_get(struct shift_shadow_stats *out);
 
@@ -142,6 +144,7 @@ struct shift_qp_info {
 	uint32_t peer_bk_qpn;
 	bool published;
 	const char *bk_dev;
+	uint64_t mri_id; /* its RNIC's MR index (shadow/mrindex.c) */
 };
 /* Everything, for tests and tools that run no RNIC thread (inline passes):
  * bk and bk_state are that thread's while it runs. */
@@ -151,4 +154,8 @@ int shift_shadow_qp_info(struct ibv_qp *qp, struct shift_qp_info *out);
 int shift_shadow_qp_state(struct ibv_qp *qp);
 struct ibv_mr *shift_shadow_mr_backup(struct ibv_mr *mr);
 struct shift_rnic *shift_rnic_of(struct ibv_context *ctx);
+/* The record of the peer's MR of rkey app_rkey, as q's peer's MR index led
+ * the RNIC's thread to read it ahead (shadow/mrindex.c); false if none.
+ * Any thread; takes only a leaf lock. */
+bool shift_shadow_peer_mr(struct shift_qp *q, uint32_t app_rkey, struct shift_mr_value *out);
 #endif /* SHIFT_SHADOW_H */

@@ -57,4 +57,11 @@ void shift_cq_fit_backup(struct shift_rnic *r, struct shift_cq *c);
  * RTS as far as the application's QP and the peer allow (RNIC thread). */
 void shift_replay_qp(struct shift_rnic *r, struct shift_qp *q);
 
+/* mrindex.c, on the RNIC's thread: my MR index written again if an MR was
+ * published or reaped since; the indexes of my QPs' peers, and the MR
+ * records they list, read ahead; all freed (the RNIC's end). */
+void shift_mri_write(struct shift_rnic *r);
+void shift_mri_read(struct shift_rnic *r);
+void shift_mri_free(struct shift_rnic *r);
+
 #endif /* SHIFT_SHADOW_INT_H */

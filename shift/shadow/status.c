@@ -23,6 +23,8 @@ void shift_shadow_stats_get(struct shift_shadow_stats *out)
 	out->qps_ready = __atomic_load_n(&c->qps_ready, __ATOMIC_RELAXED);
 	out->qps_unprotected = __atomic_load_n(&c->qps_unprotected, __ATOMIC_RELAXED);
 	out->mrs_ready = __atomic_load_n(&c->mrs_ready, __ATOMIC_RELAXED);
+	out->peer_mrs_read = __atomic_load_n(&c->peer_mrs_read, __ATOMIC_RELAXED);
+	out->peer_mri_bad = __atomic_load_n(&c->peer_mri_bad, __ATOMIC_RELAXED);
 	out->kv_errors = __atomic_load_n(&c->kv_errors, __ATOMIC_RELAXED);
 	out->records_other = __atomic_load_n(&c->records_other, __ATOMIC_RELAXED);
 }

@@ -27,6 +27,7 @@
 
 struct shift_ctx;
 struct shift_kv;
+struct shift_peer_mrs;
 
 /* The application destroyed o (rnic->lock held) / has it? (any thread) */
 #define SHIFT_SHADOW_KILL(o) __atomic_store_n(&(o)->dead, true, __ATOMIC_RELEASE)
@@ -129,6 +130,9 @@ struct shift_qp {
 	const char *why;               /* (L) reason when UNPROTECTED */
 	bool dead;                     /* (L) */
 	bool ctrl_posted;              /* thread-owned: control receive posted */
+	/* its peer's MR index, read ahead (mrindex.c); written by the thread
+	 * under the index lock, read under it by a failover */
+	struct shift_peer_mrs *pm;
 };
 
 #define SHIFT_RNIC_MAX_GIDS 4
@@ -176,6 +180,17 @@ struct shift_rnic {
 	/* default GIDs the app's QPs use; MRs are published under each */
 	union ibv_gid gids[SHIFT_RNIC_MAX_GIDS]; /* thread-owned */
 	int ngids;
+
+	/* my MR index under each of gids[] (mrindex.c; thread-owned but id) */
+	uint64_t mri_id;          /* nonzero, set at start; in my QP records */
+	uint64_t mri_ver;         /* rewrites so far */
+	bool mri_dirty;           /* an MR published or reaped since */
+	bool mri_warned;          /* (more MRs than an index holds: said) */
+	unsigned mri_chunks[SHIFT_RNIC_MAX_GIDS]; /* chunks last written */
+	/* the MR indexes of the peers my QPs connect to (mrindex.c) */
+	struct shift_peer_mrs **peers; /* (thread; entries' keys under the index lock) */
+	unsigned npeers;
+	uint64_t peers_io_at;     /* (thread) no index I/O before (after a failure) */
 
 	struct shift_kv *kv;      /* thread-owned */
 	bool kv_warned;

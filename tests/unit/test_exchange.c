@@ -5,6 +5,7 @@
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
+#include <stdio.h>
 #include <string.h>
 #include <cmocka.h>
 
@@ -81,6 +82,101 @@ static void test_qp_decode_rejects(void **state)
 	assert_int_equal(shift_exchange_qp_decode(buf, (size_t)n, &w), 0);
 	assert_true(w.has_peer && w.peer.qpn == 0xffffff && w.qpn == 1 &&
 		    !memcmp(&w.peer.gid, &v.peer.gid, sizeof(w.peer.gid)));
+}
+
+/* The writer's MR index id in its QP record: with or without the
+ * connection, 16 hex digits, never 0, nothing after it. */
+static void test_qp_mri(void **state)
+{
+	struct shift_qp_value v = { .qpn = 0xffffff, .psn = 0xffffff, .mtu = IBV_MTU_4096,
+				    .has_peer = true, .has_mri = true,
+				    .mri = 0xfedcba9876543210ull },
+			      w;
+	char buf[SHIFT_EXCHANGE_VALUE_MAX];
+	(void)state;
+
+	memset(&v.gid, 0xff, sizeof(v.gid));
+	memset(&v.peer.gid, 0xee, sizeof(v.peer.gid));
+	v.peer.qpn = 0xffffff;
+	/* (the longest record fits) */
+	int n = shift_exchange_qp_encode(&v, buf, sizeof(buf));
+	assert_true(n > 0);
+	assert_int_equal(shift_exchange_qp_decode(buf, (size_t)n, &w), 0);
+	assert_true(w.has_peer && w.has_mri && w.mri == v.mri && w.peer.qpn == 0xffffff);
+	v.has_peer = false;
+	v.mri = 1;
+	n = shift_exchange_qp_encode(&v, buf, sizeof(buf));
+	assert_int_equal(shift_exchange_qp_decode(buf, (size_t)n, &w), 0);
+	assert_true(!w.has_peer && w.has_mri && w.mri == 1);
+	static const char *const bad[] = {
+		"shift1 qp gid=00112233445566778899aabbccddeeff qpn=1 psn=2 mtu=3 mri=0000000000000000",
+		"shift1 qp gid=00112233445566778899aabbccddeeff qpn=1 psn=2 mtu=3 mri=00000000000001",
+		"shift1 qp gid=00112233445566778899aabbccddeeff qpn=1 psn=2 mtu=3 mri=000000000000000g",
+		"shift1 qp gid=00112233445566778899aabbccddeeff qpn=1 psn=2 mtu=3 mri=00000000000000001",
+		"shift1 qp gid=00112233445566778899aabbccddeeff qpn=1 psn=2 mtu=3 mri=0000000000000001 x",
+		"shift1 qp gid=00112233445566778899aabbccddeeff qpn=1 psn=2 mtu=3 mri=0000000000000001 "
+		"pgid=00112233445566778899aabbccddeeff pqpn=5",
+		"shift1 qp gid=00112233445566778899aabbccddeeff qpn=1 psn=2 mtu=3 mri=",
+	};
+	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++)
+		assert_int_equal(shift_exchange_qp_decode(bad[i], strlen(bad[i]), &w), -EINVAL);
+}
+
+/* MR index chunks: the spelling, the bounds, and what is refused. */
+static void test_mri(void **state)
+{
+	static struct shift_mri_chunk c = { .ver = UINT64_MAX, .chunks = SHIFT_MRI_CHUNKS }, r;
+	char buf[SHIFT_MRI_VALUE_MAX], key[SHIFT_EXCHANGE_KEY_MAX];
+	union ibv_gid g;
+	(void)state;
+
+	memset(&g, 0xab, sizeof(g));
+	assert_true(shift_exchange_mri_key(&g, 0x1234, 7, key, sizeof(key)) > 0);
+	assert_string_equal(key, "mri:{abababababababababababababababab}:0000000000001234:7");
+	/* a full chunk of the largest keys fits its buffer */
+	c.n = SHIFT_MRI_CHUNK_KEYS;
+	for (unsigned i = 0; i < c.n; i++)
+		c.keys[i] = UINT32_MAX - i;
+	int n = shift_exchange_mri_encode(&c, buf, sizeof(buf));
+	assert_true(n > 0);
+	assert_int_equal(shift_exchange_mri_decode(buf, (size_t)n, &r), 0);
+	assert_true(r.ver == UINT64_MAX && r.chunks == SHIFT_MRI_CHUNKS && r.n == c.n);
+	assert_memory_equal(r.keys, c.keys, c.n * sizeof(c.keys[0]));
+	/* an empty index: one chunk, no keys */
+	c = (struct shift_mri_chunk){ .ver = 3, .chunks = 1 };
+	n = shift_exchange_mri_encode(&c, buf, sizeof(buf));
+	assert_string_equal(buf, "shift1 mri ver=3 chunks=1 keys=");
+	assert_int_equal(shift_exchange_mri_decode(buf, (size_t)n, &r), 0);
+	assert_true(r.n == 0 && r.chunks == 1);
+	/* too many keys, or chunks out of range: not encoded */
+	c.n = SHIFT_MRI_CHUNK_KEYS + 1;
+	assert_int_equal(shift_exchange_mri_encode(&c, buf, sizeof(buf)), -EINVAL);
+	c.n = 0;
+	c.chunks = 0;
+	assert_int_equal(shift_exchange_mri_encode(&c, buf, sizeof(buf)), -EINVAL);
+	static const char *const bad[] = {
+		"shift1 mri ver=1 chunks=0 keys=",
+		"shift1 mri ver=1 chunks=257 keys=",
+		"shift1 mri ver=1 chunks=1 keys=1,",
+		"shift1 mri ver=1 chunks=1 keys=,1",
+		"shift1 mri ver=1 chunks=1 keys=1,,2",
+		"shift1 mri ver=1 chunks=1 keys=4294967296",
+		"shift1 mri ver=1 chunks=1 keys=12345678901",
+		"shift1 mri ver=1 chunks=1 keys=1 2",
+		"shift1 mri ver=1 chunks=1 keys=-1",
+		"shift1 mri ver=1 chunks=1",
+		"shift1 mri ver=18446744073709551616 chunks=1 keys=",
+		"shift1 mr rkey=1",
+	};
+	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++)
+		assert_int_equal(shift_exchange_mri_decode(bad[i], strlen(bad[i]), &r), -EINVAL);
+	/* one key more than a chunk holds */
+	char many[SHIFT_MRI_VALUE_MAX + 32];
+	int m = snprintf(many, sizeof(many), "shift1 mri ver=1 chunks=1 keys=0");
+
+	for (unsigned i = 1; i <= SHIFT_MRI_CHUNK_KEYS; i++)
+		m += snprintf(many + m, sizeof(many) - (size_t)m, ",%u", i);
+	assert_int_equal(shift_exchange_mri_decode(many, (size_t)m, &r), -EINVAL);
 }
 
 static void test_mr(void **state)
@@ -233,6 +329,8 @@ int main(void)
 		cmocka_unit_test(test_qp_roundtrip),
 		cmocka_unit_test(test_qp_decode_rejects),
 		cmocka_unit_test(test_mr),
+		cmocka_unit_test(test_qp_mri),
+		cmocka_unit_test(test_mri),
 		cmocka_unit_test(test_backup_pick),
 		cmocka_unit_test(test_ep),
 	};

@@ -5,7 +5,8 @@
  * it, and goes out once the background pass has read it; a key that cannot
  * be read within SHIFT_KV_WAIT_MS, or that the peer never published, fails
  * its WR as the default path would have: never a wait without bound.
- * Keys the QP used before its failure are read ahead; one of those is used
+ * Keys the QP used before its failure are read ahead, and so is every MR
+ * the peer published (its MR index, shadow/mrindex.c); one of those is used
  * when the store cannot give it at the failover (gone, emptied, garbled).
  */
 #include <setjmp.h>
@@ -28,6 +29,7 @@ static struct sim_ep a, b;
 static struct sim_pair pair;
 static char kvname[32];
 static int run;
+static unsigned long mrs_read0; /* peer MR records read ahead before the pair */
 
 static uint64_t now_ms(void)
 {
@@ -39,6 +41,10 @@ static uint64_t now_ms(void)
 
 static void open_pair(void)
 {
+	struct shift_shadow_stats st;
+
+	shift_shadow_stats_get(&st);
+	mrs_read0 = st.peer_mrs_read;
 	/* (sim_pair_open names the store "mem://rk<n>", n counting its calls) */
 	sim_pair_open(&pair, &a, &b, "rk", 0);
 	snprintf(kvname, sizeof(kvname), "rk%d", run++);
@@ -84,6 +90,18 @@ static void write_after_failure(uint32_t rkey, uint8_t pattern)
 	assert_int_equal(ibv_post_send(a.qp, &wr, &bad), 0);
 }
 
+/* A second MR of B's over its whole buffer, registered now: the key of
+ * memory A has never addressed. */
+static struct ibv_mr *b_mr2(void)
+{
+	struct ibv_mr *mr = b.v->reg_mr(b.pd, b.buf, b.len,
+				       IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE |
+					       IBV_ACCESS_REMOTE_READ);
+
+	assert_non_null(mr);
+	return mr;
+}
+
 static void assert_written(uint8_t pattern)
 {
 	for (int i = 0; i < 512; i++)
@@ -91,9 +109,10 @@ static void assert_written(uint8_t pattern)
 }
 
 /* The store is down while A fails over: the failover runs (its handshake
- * needs nothing from the store), the write waits for its key, no error
- * reaches the application; once the store is back, the background pass
- * reads the key and the write completes. */
+ * needs nothing from the store), the write waits for its key (of an MR B
+ * registered while the store was down: in no index), no error reaches the
+ * application; once the store is back, B publishes the MR, the background
+ * pass reads the key and the write completes. */
 static void test_write_waits_for_its_key(void **state)
 {
 	struct ibv_wc wc[4];
@@ -102,15 +121,21 @@ static void test_write_waits_for_its_key(void **state)
 
 	open_pair();
 	assert_int_equal(shift_kv_mem_set_down(kvname, true), 0);
-	write_after_failure(b.mr->rkey, 0x5a);
+	struct ibv_mr *mr2 = b_mr2();
+
+	write_after_failure(mr2->rkey, 0x5a);
 	assert_int_equal(drive(wc, 4, 50, 2000), 0);
 	assert_true(shift_stats.rkeys_waited > waited);
 	assert_int_equal(b.buf[4096], 0); /* (not sent: held) */
 	assert_int_equal(shift_kv_mem_set_down(kvname, false), 0);
+	/* (B publishes its MR before A's pass reads it: else absent, and a
+	 * key the peer never published fails at once) */
+	shift_rnic_pass(shift_rnic_of(b.ctx));
 	assert_int_equal(drive(wc, 4, 50, 5000), 1);
 	assert_int_equal(wc[0].wr_id, 91);
 	assert_int_equal(wc[0].status, IBV_WC_SUCCESS);
 	assert_written(0x5a);
+	assert_int_equal(b.v->dereg_mr(mr2), 0);
 	sim_pair_close(&pair);
 }
 
@@ -125,10 +150,11 @@ static void test_key_unreadable_fails_in_bounded_time(void **state)
 	open_pair();
 	shift_config.kv_wait_ms = 200;
 	assert_int_equal(shift_kv_mem_set_down(kvname, true), 0);
+	struct ibv_mr *mr2 = b_mr2(); /* (in no index) */
 	/* (SHIFT's clock: the simulator's, which its steps advance) */
 	uint64_t t0 = shift_clock_ms();
 
-	write_after_failure(b.mr->rkey, 0x33);
+	write_after_failure(mr2->rkey, 0x33);
 	sim_pair_expect_errors(1);
 	assert_int_equal(drive(wc, 1, 1000000, 10000), 1);
 	uint64_t took = shift_clock_ms() - t0;
@@ -141,6 +167,7 @@ static void test_key_unreadable_fails_in_bounded_time(void **state)
 	assert_int_equal(b.buf[4096], 0);
 	shift_config.kv_wait_ms = saved;
 	assert_int_equal(shift_kv_mem_set_down(kvname, false), 0);
+	assert_int_equal(b.v->dereg_mr(mr2), 0);
 	sim_pair_close(&pair);
 }
 
@@ -228,6 +255,107 @@ static void test_read_ahead_key_used_store_emptied(void **state)
 	earlier_key_used(false);
 }
 
+/* Run the passes until the pair has read ahead n peer MR records through
+ * the other's MR index since it was opened (at most 5 s). */
+static void index_read_ahead(unsigned long n)
+{
+	struct shift_shadow_stats st;
+	uint64_t end = now_ms() + 5000;
+	unsigned long want = mrs_read0 + n;
+
+	shift_shadow_stats_get(&st);
+
+	while (st.peer_mrs_read < want && now_ms() < end) {
+		sim_world_step(pair.world);
+		shift_rnic_pass_all();
+		shift_shadow_stats_get(&st);
+	}
+	assert_true(st.peer_mrs_read >= want);
+}
+
+/* A never addressed B's second MR before its failure, and the store goes
+ * (down: how) before A's NIC dies: the key B's MR index led A to read
+ * ahead is used, the write completes with its data. */
+static void index_key_used(bool down)
+{
+	struct ibv_wc wc[4];
+	unsigned long earlier = shift_stats.rkeys_earlier;
+
+	open_pair();
+	struct ibv_mr *mr2 = b_mr2();
+
+	/* (A: both of B's MRs, the first and the new one; B: A's) */
+	index_read_ahead(3);
+	if (down)
+		assert_int_equal(shift_kv_mem_set_down(kvname, true), 0);
+	else
+		assert_int_equal(shift_kv_mem_clear(kvname), 0);
+	write_after_failure(mr2->rkey, 0x3c);
+	assert_int_equal(drive(wc, 1, 1000000, 10000), 1);
+	assert_int_equal(wc[0].wr_id, 91);
+	assert_int_equal(wc[0].status, IBV_WC_SUCCESS);
+	assert_written(0x3c);
+	assert_true(shift_stats.rkeys_earlier > earlier);
+	if (down)
+		assert_int_equal(shift_kv_mem_set_down(kvname, false), 0);
+	assert_int_equal(b.v->dereg_mr(mr2), 0);
+	sim_pair_close(&pair);
+}
+
+static void test_index_key_used_store_down(void **state)
+{
+	(void)state;
+	index_key_used(true);
+}
+
+static void test_index_key_used_store_emptied(void **state)
+{
+	(void)state;
+	index_key_used(false);
+}
+
+/* B's MR index garbled after A read it (a forger, a torn write): A's next
+ * read of it is refused with one log line and keeps what it had, so the
+ * key of B's MR is still there when the store goes down. */
+static void test_index_garbled_keeps_what_was_read(void **state)
+{
+	struct ibv_wc wc[4];
+	shift_kv *h;
+	union ibv_gid gid;
+	char key[SHIFT_EXCHANGE_KEY_MAX];
+	struct shift_qp_info qi;
+	struct shift_shadow_stats st;
+	const char *bad = "shift1 mri ver=99 chunks=1 keys=1,,2";
+	(void)state;
+
+	open_pair();
+	index_read_ahead(2); /* (each side the other's MR) */
+	assert_int_equal(shift_kv_open_from_env(NULL, &h), 0);
+	assert_int_equal(shift_lower->query_gid(b.ctx, 1, 1, &gid), 0);
+	assert_int_equal(shift_shadow_qp_info(b.qp, &qi), 0);
+	assert_true(qi.mri_id != 0);
+	assert_true(shift_exchange_mri_key(&gid, qi.mri_id, 0, key, sizeof(key)) > 0);
+	assert_int_equal(shift_kv_put(h, key, bad, strlen(bad), 0), 0);
+	shift_kv_close(h);
+	shift_shadow_stats_get(&st);
+	unsigned long bad0 = st.peer_mri_bad;
+	uint64_t end = now_ms() + 10000;
+
+	while (st.peer_mri_bad == bad0 && now_ms() < end) {
+		sim_world_step(pair.world);
+		shift_rnic_pass_all();
+		shift_shadow_stats_get(&st);
+	}
+	assert_true(st.peer_mri_bad > bad0);
+	assert_int_equal(shift_kv_mem_set_down(kvname, true), 0);
+	write_after_failure(b.mr->rkey, 0x2d);
+	assert_int_equal(drive(wc, 1, 1000000, 10000), 1);
+	assert_int_equal(wc[0].status, IBV_WC_SUCCESS);
+	assert_written(0x2d);
+	assert_int_equal(shift_kv_mem_set_down(kvname, false), 0);
+	sim_pair_close(&pair);
+}
+
 /* B's record for its MR (the range told: the whole MR), rewritten to tell
  * only its first 4 KiB. */
 static void narrow_record(void)
@@ -286,6 +414,9 @@ int main(void)
 		cmocka_unit_test(test_read_ahead_key_used_store_down),
 		cmocka_unit_test(test_read_ahead_key_used_store_emptied),
 		cmocka_unit_test(test_write_outside_the_peer_mr_refused),
+		cmocka_unit_test(test_index_key_used_store_down),
+		cmocka_unit_test(test_index_key_used_store_emptied),
+		cmocka_unit_test(test_index_garbled_keeps_what_was_read),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);
