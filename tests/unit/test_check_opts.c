@@ -40,6 +40,7 @@ static void defaults(void **state)
 	assert_int_equal(o.inject, NC_INJ_NONE);
 	assert_int_equal(o.inject_at, 10);
 	assert_false(o.bidir);
+	assert_true(o.mr2_at == 0);
 }
 
 static void full_client_line(void **state)
@@ -51,7 +52,7 @@ static void full_client_line(void **state)
 	               "-q", "4", "-s", "1M", "-c", "64K", "-S", "16", "-D", "2.5",
 	               "--bidir", "--json", "/tmp/x.json", "--watchdog", "20",
 	               "--inject", "corrupt-byte", "--mtu", "4096", "--quiet",
-	               "10.0.0.1");
+	               "--mr2-at", "7.5", "10.0.0.1");
 	assert_int_equal(rc, 0);
 	assert_string_equal(o.dev, "rxe0");
 	assert_int_equal(o.gid_idx, 1);
@@ -68,6 +69,7 @@ static void full_client_line(void **state)
 	assert_int_equal(o.inject, NC_INJ_CORRUPT);
 	assert_int_equal(o.mtu, 4096);
 	assert_true(o.quiet);
+	assert_true(o.mr2_at > 7.49 && o.mr2_at < 7.51);
 	assert_string_equal(o.server, "10.0.0.1");
 }
 
@@ -115,6 +117,8 @@ static void rejected_lines(void **state)
 	assert_int_equal(PARSE(o, err, "-s", "1M", "-c", "16"), -1); /* > 4096 chunks */
 	assert_int_equal(PARSE(o, err, "--inject", "everything"), -1);
 	assert_int_equal(PARSE(o, err, "--bogus"), -1);
+	assert_int_equal(PARSE(o, err, "--mr2-at", "0"), -1);
+	assert_int_equal(PARSE(o, err, "--mr2-at", "-3"), -1);
 	assert_int_equal(PARSE(o, err, "host1", "host2"), -1);
 	assert_int_equal(PARSE(o, err, "-s"), -1);
 	assert_non_null(strstr(err, "needs a value"));

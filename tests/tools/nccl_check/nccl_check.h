@@ -27,6 +27,7 @@
 /* What the peer needs to reach one of our channels. */
 struct nc_remote {
 	uint32_t qpn, psn, lid, rkey;
+	uint32_t rkey2;   /* its second MR over the same buffer (--mr2-at) */
 	uint8_t gid[16];
 	uint64_t tx_ring; /* its transmit ring (read mode: what we READ) */
 	uint64_t rx_ring; /* its receive ring (write mode: where we WRITE) */
@@ -50,6 +51,7 @@ struct nc_chan {
 	unsigned idx;
 	struct ibv_qp *qp;
 	struct ibv_mr *mr;
+	struct ibv_mr *mr2; /* the same buffer again (--mr2-at), or NULL */
 	uint8_t *buf;          /* [tx ring][rx ring][ctrl] */
 	size_t buflen;
 	uint8_t *tx_ring, *rx_ring;
@@ -175,7 +177,7 @@ void nc_rdma_close(struct nc_ctx *c);
 void nc_rdma_free_channels(struct nc_ctx *c);
 void nc_remote_pack(const struct nc_ctx *c, const struct nc_chan *ch, uint64_t *w);
 void nc_remote_unpack(struct nc_remote *r, const uint64_t *w);
-#define NC_REMOTE_WORDS 10
+#define NC_REMOTE_WORDS 11
 
 /* traffic.c */
 void nc_roles_setup(struct nc_ctx *c);

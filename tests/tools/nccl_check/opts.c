@@ -25,6 +25,9 @@ const char nc_usage[] =
 	"      --bidir           traffic in both directions at once\n"
 	"      --json FILE       write the JSON report to FILE (default stdout)\n"
 	"      --watchdog SECS   fail after SECS without progress (60)\n"
+	"      --mr2-at SECS     each QP's buffer is registered twice; from SECS into\n"
+	"                        the run on, RDMA goes to the peer's second MR (memory\n"
+	"                        the connection never addressed before)\n"
 	"      --mtu BYTES       path MTU 256..4096 (1024)\n"
 	"      --timeout N       QP ack timeout exponent (14)\n"
 	"      --inject KIND     corrupt-byte | dup-notify (self-test)\n"
@@ -126,7 +129,7 @@ int nc_opts_parse(struct nc_opts *o, int argc, char **argv, char *err,
                   size_t errlen)
 {
 	enum { O_MODE = 256, O_BIDIR, O_JSON, O_WATCHDOG, O_MTU, O_TIMEOUT,
-	       O_INJECT, O_INJECT_AT, O_QUIET };
+	       O_INJECT, O_INJECT_AT, O_QUIET, O_MR2_AT };
 	static const struct option lopts[] = {
 		{"dev", required_argument, NULL, 'd'},
 		{"ib-port", required_argument, NULL, 'i'},
@@ -148,6 +151,7 @@ int nc_opts_parse(struct nc_opts *o, int argc, char **argv, char *err,
 		{"inject", required_argument, NULL, O_INJECT},
 		{"inject-at", required_argument, NULL, O_INJECT_AT},
 		{"quiet", no_argument, NULL, O_QUIET},
+		{"mr2-at", required_argument, NULL, O_MR2_AT},
 		{NULL, 0, NULL, 0},
 	};
 	*o = (struct nc_opts){
@@ -193,6 +197,7 @@ int nc_opts_parse(struct nc_opts *o, int argc, char **argv, char *err,
 			o->mtu = (unsigned)v;
 			break;
 		case O_TIMEOUT: bad = parse_uint(optarg, 31, &v); o->timeout = (unsigned)v; break;
+		case O_MR2_AT: bad = parse_secs(optarg, &o->mr2_at) || o->mr2_at <= 0; break;
 		case O_INJECT:
 			if (!strcmp(optarg, "corrupt-byte")) o->inject = NC_INJ_CORRUPT;
 			else if (!strcmp(optarg, "dup-notify")) o->inject = NC_INJ_DUP;

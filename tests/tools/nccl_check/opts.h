@@ -36,6 +36,7 @@ struct nc_opts {
 	enum nc_inject inject; /* --inject */
 	uint64_t inject_at;    /* --inject-at: message seq to tamper with */
 	int quiet;             /* --quiet: no per-second lines */
+	double mr2_at;         /* --mr2-at: from SECS on, the peer's second MR (0: never) */
 };
 
 /* Parse argv into o (defaults first). Returns 0 to run, 1 if help was asked

@@ -122,6 +122,13 @@ static int open_chan(struct nc_ctx *c, struct nc_chan *ch)
 		verb_fail(c, (int)ch->idx, "ibv_reg_mr", errno);
 		return -1;
 	}
+	if (c->o->mr2_at > 0 &&
+	    !(ch->mr2 = ibv_reg_mr(c->pd, ch->buf, ch->buflen,
+	                           IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE |
+	                           IBV_ACCESS_REMOTE_READ))) {
+		verb_fail(c, (int)ch->idx, "ibv_reg_mr", errno);
+		return -1;
+	}
 	struct ibv_qp_init_attr qa = {
 		.send_cq = c->cq, .recv_cq = c->cq, .qp_type = IBV_QPT_RC,
 		.sq_sig_all = 0,
@@ -203,6 +210,7 @@ void nc_remote_pack(const struct nc_ctx *c, const struct nc_chan *ch, uint64_t *
 	w[7] = (uintptr_t)ch->rx_ring;
 	w[8] = (uintptr_t)&ch->ctrl->credit;
 	w[9] = (uintptr_t)&ch->ctrl->ready;
+	w[10] = ch->mr2 ? ch->mr2->rkey : ch->mr->rkey;
 }
 
 void nc_remote_unpack(struct nc_remote *r, const uint64_t *w)
@@ -217,6 +225,7 @@ void nc_remote_unpack(struct nc_remote *r, const uint64_t *w)
 	r->rx_ring = w[7];
 	r->credit = w[8];
 	r->ready = w[9];
+	r->rkey2 = (uint32_t)w[10];
 }
 
 static int qp_to_rts(struct nc_ctx *c, struct nc_chan *ch)
@@ -287,6 +296,8 @@ void nc_rdma_close(struct nc_ctx *c)
 			if (ch->qp && ibv_destroy_qp(ch->qp))
 				nc_log("qp %u: ibv_destroy_qp failed", i);
 			if (ch->mr && ibv_dereg_mr(ch->mr))
+				nc_log("qp %u: ibv_dereg_mr failed", i);
+			if (ch->mr2 && ibv_dereg_mr(ch->mr2))
 				nc_log("qp %u: ibv_dereg_mr failed", i);
 			free(ch->sig_fifo);
 			free(ch->buf);

@@ -140,6 +140,21 @@ static void sq_complete(struct nc_ctx *c, struct nc_chan *ch)
 	ch->sig_count--;
 }
 
+/* The peer's key for RDMA now: its second MR from --mr2-at on. */
+static uint32_t rkey_now(struct nc_ctx *c, struct nc_chan *ch)
+{
+	static int said;
+
+	if (c->o->mr2_at <= 0 || nc_now() < c->t0 + c->o->mr2_at)
+		return ch->rem.rkey;
+	if (!said) {
+		said = 1;
+		nc_log("from %.1f s on: RDMA to the peer's second MR (rkey %u)", c->o->mr2_at,
+		       ch->rem.rkey2);
+	}
+	return ch->rem.rkey2;
+}
+
 /* An 8-byte inline RDMA WRITE of an encoded counter into the peer's memory. */
 static int post_ctrl(struct nc_ctx *c, struct nc_chan *ch, uint64_t raddr,
                      uint64_t count)
@@ -152,7 +167,7 @@ static int post_ctrl(struct nc_ctx *c, struct nc_chan *ch, uint64_t raddr,
 		.wr_id = wrid(K_CTRL, ch->idx, count), .sg_list = &sge, .num_sge = 1,
 		.opcode = IBV_WR_RDMA_WRITE,
 		.send_flags = IBV_SEND_INLINE | (sig ? IBV_SEND_SIGNALED : 0),
-		.wr.rdma = {.remote_addr = raddr, .rkey = ch->rem.rkey},
+		.wr.rdma = {.remote_addr = raddr, .rkey = rkey_now(c, ch)},
 	};
 	return sq_post(c, ch, &wr, 1, sig);
 }
@@ -232,7 +247,7 @@ static unsigned build_chain(struct nc_ctx *c, struct nc_chan *ch, uint8_t *local
 			.wr_id = wrid(K_CHUNK, ch->idx, seq),
 			.next = i + 1 < n ? &c->wrs[i + 1] : NULL,
 			.sg_list = &c->sges[i], .num_sge = 1, .opcode = op,
-			.wr.rdma = {.remote_addr = raddr + off, .rkey = ch->rem.rkey},
+			.wr.rdma = {.remote_addr = raddr + off, .rkey = rkey_now(c, ch)},
 		};
 	}
 	struct ibv_send_wr *last = &c->wrs[n - 1];
