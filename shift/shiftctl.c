@@ -33,6 +33,7 @@ struct status_row {
 	int pid;
 	char dev[64], st[16], sh[16], bk[64], bks[16], ss[16], rs[16], when[16], wq[16];
 	unsigned qpn, bkqpn, peer, gen;
+	int mrs; /* peer MR keys read ahead (-1: an older writer's line) */
 	unsigned long fo, fb, retx;
 	const char *note;
 };
@@ -87,10 +88,15 @@ static const char *plain(char *s)
 static void row_print(struct status_out *o, struct status_row *r)
 {
 	if (!o->json) {
+		char mrs[16] = "-";
+
+		if (r->mrs >= 0)
+			snprintf(mrs, sizeof(mrs), "%d", r->mrs);
 		printf("%-7d %-8s %-8u %-6s %-11s %-8s %-8u %-6s %-8u %-9s %-8s %4lu %4lu %6lu %4u "
-		       "%-8s %-6s %s\n", r->pid, plain(r->dev), r->qpn, plain(r->st), plain(r->sh),
+		       "%-8s %-6s %8s %s\n", r->pid, plain(r->dev), r->qpn, plain(r->st), plain(r->sh),
 		       plain(r->bk), r->bkqpn, plain(r->bks), r->peer, plain(r->ss), plain(r->rs),
-		       r->fo, r->fb, r->retx, r->gen, r->when, plain(r->wq), plain((char *)r->note));
+		       r->fo, r->fb, r->retx, r->gen, r->when, plain(r->wq), mrs,
+		       plain((char *)r->note));
 		return;
 	}
 	printf("%s\n  {\"pid\": %d, \"dev\": ", o->rows ? "," : "", r->pid);
@@ -112,6 +118,8 @@ static void row_print(struct status_out *o, struct status_row *r)
 	json_str(r->when);
 	printf(", \"wq\": ");
 	json_str(r->wq);
+	if (r->mrs >= 0)
+		printf(", \"peer_mrs\": %d", r->mrs);
 	printf(", \"note\": ");
 	json_str(r->note);
 	putchar('}');
@@ -119,7 +127,7 @@ static void row_print(struct status_out *o, struct status_row *r)
 
 static void line_parse(struct status_out *o, char *line)
 {
-	struct status_row r = { .when = "-" };
+	struct status_row r = { .when = "-", .mrs = -1 };
 	unsigned long long last;
 	int off = 0;
 
@@ -137,6 +145,12 @@ static void line_parse(struct status_out *o, char *line)
 		if (localtime_r(&t, &tm))
 			strftime(r.when, sizeof(r.when), "%H:%M:%S", &tm);
 	}
+	int moff = 0;
+
+	if (off && sscanf(line + off, "mrs=%d %n", &r.mrs, &moff) == 1 && moff)
+		off += moff;
+	else
+		r.mrs = -1;
 	r.note = off ? line + off : "";
 	row_print(o, &r);
 	o->rows++;
@@ -246,9 +260,9 @@ static int status(int argc, char **argv)
 	}
 	if (!o.json)
 		printf("%-7s %-8s %-8s %-6s %-11s %-8s %-8s %-6s %-8s %-9s %-8s %4s %4s %6s %4s "
-		       "%-8s %-6s %s\n", "PID", "DEV", "QPN", "STATE", "SHADOW", "BACKUP", "BK_QPN",
+		       "%-8s %-6s %8s %s\n", "PID", "DEV", "QPN", "STATE", "SHADOW", "BACKUP", "BK_QPN",
 		       "BK_ST", "PEER_BK", "SEND", "RECV", "FO", "FB", "RETX", "GEN", "SWITCHED",
-		       "WQ", "NOTE");
+		       "WQ", "PEER_MRS", "NOTE");
 	else
 		printf("[");
 	if (dir) {

@@ -457,6 +457,15 @@ void shift_mri_free(struct shift_rnic *r)
 	r->npeers = 0;
 }
 
+unsigned shift_mri_peer_keys(struct shift_qp *q)
+{
+	pthread_mutex_lock(&pm_lock);
+	unsigned n = q->pm ? q->pm->n : 0;
+
+	pthread_mutex_unlock(&pm_lock);
+	return n;
+}
+
 bool shift_shadow_peer_mr(struct shift_qp *q, uint32_t app_rkey, struct shift_mr_value *out)
 {
 	bool found = false;

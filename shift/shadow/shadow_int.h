@@ -63,5 +63,7 @@ void shift_replay_qp(struct shift_rnic *r, struct shift_qp *q);
 void shift_mri_write(struct shift_rnic *r);
 void shift_mri_read(struct shift_rnic *r);
 void shift_mri_free(struct shift_rnic *r);
+/* The peer MR records q's peer's index led to read ahead (status.c). */
+unsigned shift_mri_peer_keys(struct shift_qp *q);
 
 #endif /* SHIFT_SHADOW_INT_H */

@@ -16,6 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 #include <cmocka.h>
 
 #include "sim_pair.h"
@@ -273,6 +274,26 @@ static void index_read_ahead(unsigned long n)
 	assert_true(st.peer_mrs_read >= want);
 }
 
+/* A's status line (shiftctl's) tells the peer MR keys read ahead. */
+static void assert_status_mrs(unsigned want)
+{
+	char dir[] = "/tmp/shift-rkeys-XXXXXX", path[512], line[1024], tag[32];
+	FILE *f;
+
+	assert_non_null(mkdtemp(dir));
+	snprintf(shift_config.status_dir, sizeof(shift_config.status_dir), "%s", dir);
+	shift_status_write(shift_rnic_of(a.ctx));
+	snprintf(path, sizeof(path), "%s/shift-%d-sim0_0.status", dir, (int)getpid());
+	assert_non_null(f = fopen(path, "r"));
+	assert_non_null(fgets(line, sizeof(line), f));
+	fclose(f);
+	snprintf(tag, sizeof(tag), " mrs=%u ", want);
+	assert_non_null(strstr(line, tag));
+	shift_status_remove(shift_rnic_of(a.ctx));
+	shift_config.status_dir[0] = '\0';
+	assert_int_equal(rmdir(dir), 0);
+}
+
 /* A never addressed B's second MR before its failure, and the store goes
  * (down: how) before A's NIC dies: the key B's MR index led A to read
  * ahead is used, the write completes with its data. */
@@ -286,6 +307,7 @@ static void index_key_used(bool down)
 
 	/* (A: both of B's MRs, the first and the new one; B: A's) */
 	index_read_ahead(3);
+	assert_status_mrs(2);
 	if (down)
 		assert_int_equal(shift_kv_mem_set_down(kvname, true), 0);
 	else
