@@ -124,6 +124,9 @@ struct shift_ctx {
 	} poke[SHIFT_POKE_GIDS];
 	int npoke;
 	uint64_t poke_at;
+	/* (background thread only, fo/kvq.c) the KV store's last failure seen
+	 * by a failover's reads and writes (ms, 0 = none) */
+	uint64_t kv_err_ms;
 };
 
 /* The contexts SHIFT manages, for the data path's lookup (dp/ctx.c): the

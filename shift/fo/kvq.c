@@ -16,9 +16,11 @@
  * (fo_held_release()). A key read after the failover started is used; one
  * read before it is stale (the peer may have registered its memory anew)
  * and read again. A key still unread SHIFT_KV_WAIT_MS after it was first
- * wanted (the store gone, slow or empty) counts as absent: the WR fails as
- * a key the peer never published fails on the default path, no wait
- * without bound.
+ * wanted (the store gone, slow or empty; or the key absent while the store
+ * failed within SHIFT_KV_WAIT_MS, as the peer may not have written its
+ * records again yet) counts as absent: the WR fails as a key the peer
+ * never published fails on the default path, no wait without bound. A
+ * key absent from a store that kept answering fails at once.
  *
  * The read-ahead: once a second the background pass notes the peer keys of
  * the newest send WRs in each Default-state QP's mirror and reads them, so
@@ -443,7 +445,18 @@ static void io(shift_kv *kv, struct kvq *q)
 	mget(kv, q->rk, q->nrk, rc);
 }
 
-static void apply_rk(struct shift_dqp *d, struct kvq_item *it)
+static bool kv_down; /* (relaxed atomic) */
+
+/* Did s's store fail within SHIFT_KV_WAIT_MS before at? Then a key it
+ * reads absent may be one a peer has not written again yet. */
+static bool kv_failed_lately(const struct shift_ctx *s, uint64_t at)
+{
+	uint64_t e = s->kv_err_ms;
+
+	return e && (e >= at || at - e < shift_config.kv_wait_ms);
+}
+
+static void apply_rk(struct shift_ctx *s, struct shift_dqp *d, struct kvq_item *it)
 {
 	struct shift_mr_value mv;
 	bool known = it->v && !shift_exchange_mr_decode(it->v, it->vlen, &mv), say = false;
@@ -467,12 +480,15 @@ static void apply_rk(struct shift_dqp *d, struct kvq_item *it)
 				e->st = SHIFT_RK_ABSENT;
 				e->at_ms = it->at;
 			}
-		} else if (!it->rc || e->has_prev) {
+		} else if (e->has_prev || (!it->rc && !kv_failed_lately(s, it->at))) {
 			/* (absent or unreadable now, or the store cannot answer:
-			 * the key read before, if any) */
+			 * the key read before, if any; none: absent, refused) */
 			e_known = rk_earlier(d, e, it->at, &say);
 		} else {
-			d->rk_want = true; /* (again at the next pass) */
+			/* (again at the next pass, until SHIFT_KV_WAIT_MS: the
+			 * store cannot answer, or it failed lately and the peer
+			 * may not have written its records again yet) */
+			d->rk_want = true;
 		}
 	}
 	pthread_mutex_unlock(&d->rk_lock);
@@ -483,11 +499,12 @@ static void apply_rk(struct shift_dqp *d, struct kvq_item *it)
 	__atomic_fetch_add(&shift_stats.rkeys_read, 1, __ATOMIC_RELAXED);
 }
 
-static bool kv_down; /* (relaxed atomic) */
-
 static void apply(struct shift_ctx *s, struct kvq *q)
 {
+	int rc = q->npub ? q->pub[q->npub - 1].rc : q->nep ? q->ep[0].rc : q->nrk ? q->rk[0].rc : 0;
 
+	if (rc)
+		s->kv_err_ms = shift_clock_ms();
 	for (size_t k = 0; k < q->npub; k++) {
 		struct kvq_item *it = &q->pub[k];
 		struct shift_dqp *d = fo_dqp_again(s, it->d, it->qpn, it->serial);
@@ -507,7 +524,7 @@ static void apply(struct shift_ctx *s, struct kvq *q)
 		struct shift_dqp *d = fo_dqp_again(s, it->d, it->qpn, it->serial);
 
 		if (d)
-			apply_rk(d, it);
+			apply_rk(s, d, it);
 		free(it->v);
 	}
 	if (q->nep) {
@@ -530,7 +547,6 @@ static void apply(struct shift_ctx *s, struct kvq *q)
 		}
 		free(it->v);
 	}
-	int rc = q->npub ? q->pub[q->npub - 1].rc : q->nep ? q->ep[0].rc : q->nrk ? q->rk[0].rc : 0;
 	const char *dev = s->ibctx->device ? s->ibctx->device->name : "?";
 
 	/* once per outage, and once when it ends */

@@ -124,7 +124,8 @@ static bool write_index(struct shift_rnic *r, int i, uint64_t ver)
 		c.n = n - ch * SHIFT_MRI_CHUNK_KEYS;
 		if (c.n > SHIFT_MRI_CHUNK_KEYS)
 			c.n = SHIFT_MRI_CHUNK_KEYS;
-		memcpy(c.keys, k + ch * SHIFT_MRI_CHUNK_KEYS, c.n * sizeof(*k));
+		if (c.n) /* (k is NULL when there are none) */
+			memcpy(c.keys, k + ch * SHIFT_MRI_CHUNK_KEYS, c.n * sizeof(*k));
 		int kl = shift_exchange_mri_key(&r->gids[i], r->mri_id, ch, key, sizeof(key));
 		int vl = shift_exchange_mri_encode(&c, val, sizeof(val));
 
