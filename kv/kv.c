@@ -277,8 +277,8 @@ int shift_kv_put(shift_kv *h, const char *key, const void *val, size_t len,
 	}
 	pthread_mutex_lock(&h->lock);
 	h->commands++;
-	rc = h->be->put(h, fk, (size_t)klen, val ? val : "", len, ttl_ms,
-			kv_op_deadline(h));
+	rc = kv_note(h, h->be->put(h, fk, (size_t)klen, val ? val : "", len, ttl_ms,
+				    kv_op_deadline(h)));
 	if (rc == 0)
 		rc = kv_own_remember(h, fk, (size_t)klen, val, len, ttl_ms);
 	pthread_mutex_unlock(&h->lock);
@@ -300,7 +300,7 @@ int shift_kv_get(shift_kv *h, const char *key, void **val, size_t *len)
 	*len = 0;
 	pthread_mutex_lock(&h->lock);
 	h->commands++;
-	rc = h->be->get(h, fk, (size_t)klen, val, len, kv_op_deadline(h));
+	rc = kv_note(h, h->be->get(h, fk, (size_t)klen, val, len, kv_op_deadline(h)));
 	pthread_mutex_unlock(&h->lock);
 	return rc ? rc : kv_auth_open(h, fk, (size_t)klen, val, len);
 }
@@ -339,7 +339,7 @@ int shift_kv_mget(shift_kv *h, const char *const *keys, size_t n, void **vals,
 	}
 	pthread_mutex_lock(&h->lock);
 	h->commands++;
-	rc = h->be->mget(h, k, kl, n, vals, lens, kv_op_deadline(h));
+	rc = kv_note(h, h->be->mget(h, k, kl, n, vals, lens, kv_op_deadline(h)));
 	pthread_mutex_unlock(&h->lock);
 	/* a value that does not open reads as absent */
 	for (size_t i = 0; !rc && i < n; i++)
@@ -352,6 +352,18 @@ int shift_kv_mget(shift_kv *h, const char *const *keys, size_t n, void **vals,
 			lens[i] = 0;
 		}
 	return rc;
+}
+
+uint64_t shift_kv_recoveries(shift_kv *h)
+{
+	uint64_t n;
+
+	if (!h)
+		return 0;
+	pthread_mutex_lock(&h->lock);
+	n = h->recoveries;
+	pthread_mutex_unlock(&h->lock);
+	return n;
 }
 
 uint64_t shift_kv_commands(shift_kv *h)
@@ -423,7 +435,7 @@ int shift_kv_delete(shift_kv *h, const char *key)
 		return klen;
 	pthread_mutex_lock(&h->lock);
 	h->commands++;
-	rc = h->be->del(h, fk, (size_t)klen, kv_op_deadline(h));
+	rc = kv_note(h, h->be->del(h, fk, (size_t)klen, kv_op_deadline(h)));
 	if (rc == 0 || rc == -ENOENT)
 		kv_map_remove(&h->own, fk, (size_t)klen);
 	pthread_mutex_unlock(&h->lock);
@@ -450,7 +462,7 @@ static int kv_poll_wait(shift_kv *h, const char *fk, size_t klen, void **val,
 			d = deadline;
 		pthread_mutex_lock(&h->lock);
 		h->commands++;
-		rc = h->be->get(h, fk, klen, val, len, d);
+		rc = kv_note(h, h->be->get(h, fk, klen, val, len, d));
 		pthread_mutex_unlock(&h->lock);
 		if (!rc)
 			rc = kv_auth_open(h, fk, klen, val, len);

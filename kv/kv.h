@@ -96,6 +96,12 @@ int shift_kv_get(shift_kv *h, const char *key, void **val, size_t *len);
 int shift_kv_mget(shift_kv *h, const char *const *keys, size_t n, void **vals,
 		  size_t *lens);
 
+/* How often the store answered this handle again after failing it (an
+ * outage: unreachable, too slow, the connection closed). A store that
+ * restarted may have lost every record: the caller writes its own again
+ * (shift_kv_refresh_own). */
+uint64_t shift_kv_recoveries(shift_kv *h);
+
 /* Backend commands (round trips) this handle has issued: put, get, del,
  * mget, and each poll of a wait.  For tests and statistics. */
 uint64_t shift_kv_commands(shift_kv *h);

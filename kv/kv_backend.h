@@ -14,6 +14,7 @@
 #ifndef SHIFT_KV_BACKEND_H
 #define SHIFT_KV_BACKEND_H
 
+#include <errno.h>
 #include <pthread.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -66,6 +67,10 @@ struct shift_kv {
 	void *priv;        /* backend state */
 	uint64_t commands; /* backend commands issued; guarded by lock */
 	uint64_t oversize; /* replies refused over max_reply; guarded by lock */
+	/* the store failing (a command's outage error) since its last answer,
+	 * and how often it answered again after that; guarded by lock */
+	bool failing;
+	uint64_t recoveries;
 	/* authenticated records (kv_auth.c): the per-job secret, 0 bytes =
 	 * none; values that failed to open (relaxed atomic) */
 	unsigned char secret[KV_SECRET_MAX];
@@ -75,6 +80,19 @@ struct shift_kv {
 
 /* Deadline for one command: everything it takes, a reconnect included. */
 uint64_t kv_op_deadline(const shift_kv *h);
+/* A backend command's rc noted (h->lock held): an outage (the store
+ * unreachable, slow, closing on us) sets failing, an answer after one
+ * counts a recovery. Returns rc. */
+static inline int kv_note(shift_kv *h, int rc)
+{
+	if (rc < 0 && rc != -ENOENT && rc != -EINVAL && rc != -EMSGSIZE && rc != -ENOMEM) {
+		h->failing = true;
+	} else if (h->failing) {
+		h->failing = false;
+		h->recoveries++;
+	}
+	return rc;
+}
 /* A key the store accepted from a put (kv_own.c; h->lock held). */
 int kv_own_remember(shift_kv *h, const char *fk, size_t klen, const void *val, size_t len,
 		    uint64_t ttl_ms);

@@ -54,8 +54,8 @@ static int kv_refresh_one(void *arg, struct kv_entry *e)
 	if (!e->ttl_ms)
 		return 0;
 	c->h->commands++;
-	int rc = c->h->be->put(c->h, e->key, e->klen, e->val ? e->val : "", e->vlen, e->ttl_ms,
-			       kv_op_deadline(c->h));
+	int rc = kv_note(c->h, c->h->be->put(c->h, e->key, e->klen, e->val ? e->val : "",
+					     e->vlen, e->ttl_ms, kv_op_deadline(c->h)));
 
 	if (rc) {
 		c->err = rc;

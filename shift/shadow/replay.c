@@ -353,12 +353,25 @@ static int pending(struct shift_rnic *r)
 	     (void)var##_unlocked, var; var = var->next)
 
 /* Every key of the RNIC's once per a third of their TTL, a few per pass:
- * their TTL starts anew, and a store restarted empty has them back. */
+ * their TTL starts anew, and a store restarted empty has them back. A new
+ * round at once when the store answers again after failing (it may have
+ * restarted empty: the peers' failovers need these records). */
 static void refresh_keys(struct shift_rnic *r)
 {
 	uint64_t now = shift_clock_ms();
 
-	if (!r->kv || now < r->refresh_at)
+	if (!r->kv)
+		return;
+	uint64_t rec = shift_kv_recoveries(r->kv);
+
+	if (rec != r->kv_recoveries) {
+		r->kv_recoveries = rec;
+		r->refresh_round = 0;
+		r->refresh_at = now;
+		shift_debug("%s: the KV store answers again: my %zu records written again", r->name,
+			    shift_kv_own_count(r->kv));
+	}
+	if (now < r->refresh_at)
 		return;
 	size_t n = shift_kv_own_count(r->kv);
 	int rc = shift_kv_refresh_own(r->kv, SHIFT_KV_REFRESH_PER_PASS);

@@ -160,6 +160,7 @@ struct shift_rnic {
 	bool idle;                /* (L) the thread waits for a kick */
 	bool woken;               /* (L) the layer above has work: a pass now */
 	uint64_t refresh_at;      /* (thread) next round of KV key refreshes */
+	uint64_t kv_recoveries;   /* (thread) the store's recoveries seen (replay.c) */
 	int kick_fd;              /* eventfd the thread waits on (-1: r->kick) */
 	struct ibv_context *ev_ctx; /* (thread) its own context: port events */
 	bool port_err[5];         /* (relaxed atomic) port left ACTIVE (event) */

@@ -469,10 +469,19 @@ static void test_mem_refresh_own(void **state)
 	assert_memory_equal(v, "vb", 2);
 	free(v);
 	assert_int_equal(shift_kv_get(h, "c", &v, &n), -ENOENT);
-	/* store down: the error, nothing lost; then no refresh: they expire */
+	/* store down: the error, nothing lost; then no refresh: they expire.
+	 * An absent key is an answer; the first answer after the outage is
+	 * the handle's recovery (the caller writes its records again) */
+	assert_int_equal(shift_kv_recoveries(h), 0);
 	assert_int_equal(shift_kv_mem_set_down("refresh", true), 0);
 	assert_int_equal(shift_kv_refresh_own(h, 5), -ENOTCONN);
+	assert_int_equal(shift_kv_get(h, "b", &v, &n), -ENOTCONN);
+	assert_int_equal(shift_kv_recoveries(h), 0);
 	assert_int_equal(shift_kv_mem_set_down("refresh", false), 0);
+	assert_int_equal(shift_kv_get(h, "c", &v, &n), -ENOENT);
+	assert_int_equal(shift_kv_recoveries(h), 1);
+	assert_int_equal(shift_kv_get(h, "c", &v, &n), -ENOENT);
+	assert_int_equal(shift_kv_recoveries(h), 1);
 	sleep_ms(120);
 	assert_int_equal(shift_kv_get(h, "a", &v, &n), -ENOENT);
 	shift_kv_close(h);

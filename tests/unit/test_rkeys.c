@@ -379,6 +379,51 @@ static void test_index_garbled_keeps_what_was_read(void **state)
 	sim_pair_close(&pair);
 }
 
+/* The store restarts empty while both sides are idle (down, then back
+ * with nothing): B's records (its QP's, its MR's, its MR index) are
+ * written again as soon as it answers, not at the next refresh round
+ * hours later, so a later failover of A's finds them. */
+static void test_store_restarted_empty_records_back(void **state)
+{
+	shift_kv *h;
+	union ibv_gid gid;
+	char key[SHIFT_EXCHANGE_KEY_MAX];
+	void *v = NULL;
+	size_t len;
+	(void)state;
+
+	open_pair();
+	assert_int_equal(shift_kv_open_from_env(NULL, &h), 0);
+	assert_int_equal(shift_lower->query_gid(b.ctx, 1, 1, &gid), 0);
+	shift_exchange_mr_key(&gid, b.mr->rkey, key, sizeof(key));
+	assert_int_equal(shift_kv_get(h, key, &v, &len), 0);
+	free(v);
+	assert_int_equal(shift_kv_mem_set_down(kvname, true), 0);
+	for (int i = 0; i < 200; i++) { /* (the threads' reads fail meanwhile) */
+		sim_world_step(pair.world);
+		shift_rnic_pass_all();
+	}
+	assert_int_equal(shift_kv_mem_clear(kvname), 0);
+	assert_int_equal(shift_kv_mem_set_down(kvname, false), 0);
+	assert_int_equal(shift_kv_get(h, key, &v, &len), -ENOENT);
+	int rc = -ENOENT;
+	/* (SHIFT's clock: a refresh round would come SHIFT_KV_TTL_S / 3,
+	 * 200 s, after the last one) */
+	uint64_t t0 = shift_clock_ms(), end = now_ms() + 5000;
+
+	while (rc == -ENOENT && shift_clock_ms() - t0 < 2000 && now_ms() < end) {
+		sim_world_step(pair.world);
+		shift_rnic_pass_all();
+		rc = shift_kv_get(h, key, &v, &len);
+	}
+	print_message("B's MR record back %llu ms after the store\n",
+		      (unsigned long long)(shift_clock_ms() - t0));
+	assert_int_equal(rc, 0);
+	free(v);
+	shift_kv_close(h);
+	sim_pair_close(&pair);
+}
+
 /* B's record for its MR (the range told: the whole MR), rewritten to tell
  * only its first 4 KiB. */
 static void narrow_record(void)
@@ -440,6 +485,7 @@ int main(void)
 		cmocka_unit_test(test_index_key_used_store_down),
 		cmocka_unit_test(test_index_key_used_store_emptied),
 		cmocka_unit_test(test_index_garbled_keeps_what_was_read),
+		cmocka_unit_test(test_store_restarted_empty_records_back),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);
