@@ -368,8 +368,8 @@ static void refresh_keys(struct shift_rnic *r)
 		r->kv_recoveries = rec;
 		r->refresh_round = 0;
 		r->refresh_at = now;
-		shift_debug("%s: the KV store answers again: my %zu records written again", r->name,
-			    shift_kv_own_count(r->kv));
+		shift_info("%s: the KV store answers again after failing: my %zu records written "
+			   "again (it may have restarted empty)", r->name, shift_kv_own_count(r->kv));
 	}
 	if (now < r->refresh_at)
 		return;
