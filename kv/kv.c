@@ -354,28 +354,24 @@ int shift_kv_mget(shift_kv *h, const char *const *keys, size_t n, void **vals,
 	return rc;
 }
 
-uint64_t shift_kv_recoveries(shift_kv *h)
+/* One of h's counters, read under its lock. */
+static uint64_t counter(shift_kv *h, const uint64_t *c)
 {
-	uint64_t n;
-
-	if (!h)
-		return 0;
 	pthread_mutex_lock(&h->lock);
-	n = h->recoveries;
+	uint64_t n = *c;
+
 	pthread_mutex_unlock(&h->lock);
 	return n;
 }
 
+uint64_t shift_kv_recoveries(shift_kv *h)
+{
+	return h ? counter(h, &h->recoveries) : 0;
+}
+
 uint64_t shift_kv_commands(shift_kv *h)
 {
-	uint64_t n;
-
-	if (!h)
-		return 0;
-	pthread_mutex_lock(&h->lock);
-	n = h->commands;
-	pthread_mutex_unlock(&h->lock);
-	return n;
+	return h ? counter(h, &h->commands) : 0;
 }
 
 bool shift_kv_authenticated(const shift_kv *h)
@@ -390,14 +386,7 @@ uint64_t shift_kv_auth_failures(const shift_kv *h)
 
 uint64_t shift_kv_oversize_replies(shift_kv *h)
 {
-	uint64_t n;
-
-	if (!h)
-		return 0;
-	pthread_mutex_lock(&h->lock);
-	n = h->oversize;
-	pthread_mutex_unlock(&h->lock);
-	return n;
+	return h ? counter(h, &h->oversize) : 0;
 }
 
 int shift_kv_get_buf(shift_kv *h, const char *key, void *buf, size_t cap,
