@@ -469,25 +469,13 @@ unsigned shift_mri_peer_keys(struct shift_qp *q)
 
 bool shift_shadow_peer_mr(struct shift_qp *q, uint32_t app_rkey, struct shift_mr_value *out)
 {
-	bool found = false;
+	const struct shift_peer_mr key = { .app = app_rkey }, *e = NULL;
 
 	pthread_mutex_lock(&pm_lock);
-	struct shift_peer_mrs *p = q->pm;
-	unsigned lo = 0, hi = p ? p->n : 0;
-
-	while (lo < hi) {
-		unsigned mid = lo + (hi - lo) / 2;
-
-		if (p->e[mid].app < app_rkey) {
-			lo = mid + 1;
-		} else {
-			hi = mid;
-		}
-	}
-	if (p && lo < p->n && p->e[lo].app == app_rkey) {
-		*out = p->e[lo].v;
-		found = true;
-	}
+	if (q->pm && q->pm->n)
+		e = bsearch(&key, q->pm->e, q->pm->n, sizeof(*e), cmp_entry);
+	if (e)
+		*out = e->v;
 	pthread_mutex_unlock(&pm_lock);
-	return found;
+	return e != NULL;
 }
