@@ -397,17 +397,20 @@ struct ibv_qp *shift_ibv_create_qp(struct ibv_pd *pd,
 	return qp;
 }
 
-/* A QP SHIFT protects (an unprotected one is passed through untouched). */
-static struct shift_dqp *protected_dqp(struct ibv_qp *qp)
+/* A QP SHIFT protects (an unprotected one is passed through untouched);
+ * r is its context's RNIC. */
+static struct shift_dqp *protected_dqp(struct shift_rnic *r, struct ibv_qp *qp)
 {
-	struct shift_dqp *d = qp && rnic_of(qp->context) ? shift_dqp_of_qp(qp) : NULL;
+	struct shift_dqp *d = r ? shift_dqp_of_qp(qp) : NULL;
 
 	if (!d || __atomic_load_n(&d->send_state, __ATOMIC_ACQUIRE) == SHIFT_SEND_UNPROTECTED)
 		return NULL;
 	/* (its shadow gave up: no backup NIC, no backup QP; the state alone,
 	 * which the RNIC's thread publishes under the lock: the rest of the
-	 * shadow is that thread's while it runs) */
-	if (shift_shadow_qp_state(qp) == SHIFT_SHADOW_UNPROTECTED)
+	 * shadow is that thread's while it runs; from the record linked to
+	 * d, as the post path finds it, without the RNIC's lock) */
+	if ((d->shadow ? shift_shadow_state_of(d->shadow) : shift_shadow_qp_state(qp)) ==
+	    SHIFT_SHADOW_UNPROTECTED)
 		return NULL;
 	return d;
 }
@@ -415,19 +418,22 @@ static struct shift_dqp *protected_dqp(struct ibv_qp *qp)
 int shift_ibv_modify_qp(struct ibv_qp *qp, struct ibv_qp_attr *attr,
 			int attr_mask)
 {
+	struct shift_rnic *r = qp ? rnic_of(qp->context) : NULL;
 	/* (only a retry count needs it: connecting costs no lookup else) */
-	struct shift_dqp *d = attr_mask & IBV_QP_RETRY_CNT ? protected_dqp(qp) : NULL;
+	struct shift_dqp *d = attr_mask & IBV_QP_RETRY_CNT ? protected_dqp(r, qp) : NULL;
 	struct ibv_qp_attr fixed;
 	int rc;
 
-	if (shift_srq_refuse_modify(qp, attr, attr_mask))
+	if (qp && qp->srq && shift_srq_refuse_modify(qp, attr, attr_mask))
 		return EINVAL;
 	/* a retry count the provider would turn into "forever" (rxe's 7), on
 	 * a QP SHIFT protects: it must see the path fail */
-	if (d && attr && (attr_mask & IBV_QP_RETRY_CNT) && attr->retry_cnt >= 7 &&
-	    shift_provider_retry_cnt(qp->context, attr->retry_cnt) != attr->retry_cnt) {
+	uint8_t retry = d && attr && attr->retry_cnt >= 7 ?
+			shift_provider_retry_cnt(qp->context, attr->retry_cnt) : 0;
+
+	if (d && attr && attr->retry_cnt >= 7 && retry != attr->retry_cnt) {
 		fixed = *attr;
-		fixed.retry_cnt = shift_provider_retry_cnt(qp->context, attr->retry_cnt);
+		fixed.retry_cnt = retry;
 		rc = L->modify_qp(qp, &fixed, attr_mask);
 		if (!rc) {
 			d->app_retry_cnt = attr->retry_cnt;
@@ -438,9 +444,9 @@ int shift_ibv_modify_qp(struct ibv_qp *qp, struct ibv_qp_attr *attr,
 		if (!rc && d && (attr_mask & IBV_QP_RETRY_CNT))
 			d->retry_cnt_changed = false;
 	}
-	struct shift_rnic *r = !rc && qp ? rnic_of(qp->context) : NULL;
-
-	if (!rc && r && (attr_mask & IBV_QP_STATE) &&
+	if (rc)
+		r = NULL;
+	if (r && (attr_mask & IBV_QP_STATE) &&
 	    (attr->qp_state == IBV_QPS_ERR || attr->qp_state == IBV_QPS_RESET)) {
 		/* the application ends the connection itself (a disconnect):
 		 * what follows is not a failure to hide, in any state */

@@ -372,7 +372,8 @@ static void replay_qp_rts(struct shift_rnic *r, struct shift_qp *q,
 	}
 	q->ctrl_posted = true;
 	pthread_mutex_lock(&r->lock);
-	q->state = SHIFT_SHADOW_READY;
+	/* (atomically: shift_shadow_state_of reads it unlocked) */
+	__atomic_store_n(&q->state, SHIFT_SHADOW_READY, __ATOMIC_RELEASE);
 	pthread_mutex_unlock(&r->lock);
 	stat_add(&shift_shadow_counters.qps_ready, 1);
 	shift_info("%s: QP %u shadowed by %s QP %u (RTS; peer backup QP %u)", r->name,

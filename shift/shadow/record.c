@@ -207,7 +207,8 @@ static struct shift_qp *find_qp(struct shift_rnic *r, struct ibv_qp *qp)
 void shift_qp_unprotected_locked(struct shift_qp *q, const char *why)
 {
 	if (q->state != SHIFT_SHADOW_UNPROTECTED) {
-		q->state = SHIFT_SHADOW_UNPROTECTED;
+		/* (stored atomically: shift_shadow_state_of reads it unlocked) */
+		__atomic_store_n(&q->state, SHIFT_SHADOW_UNPROTECTED, __ATOMIC_RELEASE);
 		q->why = why;
 		stat_add(&shift_shadow_counters.qps_unprotected, 1);
 	}
@@ -354,6 +355,11 @@ int shift_shadow_qp_state(struct ibv_qp *qp)
 		st = (int)q->state;
 	pthread_mutex_unlock(&r->lock);
 	return st;
+}
+
+int shift_shadow_state_of(const struct shift_qp *q)
+{
+	return (int)__atomic_load_n(&q->state, __ATOMIC_ACQUIRE);
 }
 
 struct shift_cq *shift_shadow_cq_of(struct shift_rnic *r, struct ibv_cq *cq)

@@ -152,6 +152,10 @@ int shift_shadow_qp_info(struct ibv_qp *qp, struct shift_qp_info *out);
 /* Only the shadow state of an application QP (enum shift_shadow_state),
  * or -ENOENT: safe while the RNIC's thread runs. */
 int shift_shadow_qp_state(struct ibv_qp *qp);
+/* The same from the record itself (the one shift_shadow_qp() returned,
+ * alive while its QP is), without the lock or a lookup: its writers
+ * store the state atomically under the lock. */
+int shift_shadow_state_of(const struct shift_qp *q);
 struct ibv_mr *shift_shadow_mr_backup(struct ibv_mr *mr);
 struct shift_rnic *shift_rnic_of(struct ibv_context *ctx);
 /* The record of the peer's MR of rkey app_rkey, as q's peer's MR index led

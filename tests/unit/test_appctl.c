@@ -379,6 +379,9 @@ static void test_retry_cnt_only_on_protected_qps(void **state)
 	sim_ep_info(&x, 3, &ix);
 	sim_ep_info(&y, 4, &iy);
 	assert_int_equal(sim_ep_connect(&x, &ix, &iy, NULL), 0);
+	/* (an RNIC without a backup: the shadow record gave up, the QP has
+	 * its data-path state: found unprotected from the record) */
+	assert_int_equal(shift_shadow_qp_state(x.qp), SHIFT_SHADOW_UNPROTECTED);
 	assert_int_equal(dev_retry_cnt(x.qp), 7);
 	assert_int_equal(app_retry_cnt(x.qp), 7);
 	sim_ep_close(&x);
