@@ -273,7 +273,7 @@ static int run_schedule(const struct opts *o, uint64_t seed,
 			campaign_front_progress(true, true);
 			ev = (app = wl_step(wl)) || world_step(w);
 		}
-		if (campaign_front_at_rest(o->shift, ev, app))
+		if (campaign_front_at_rest(o->shift, ev, app, wl_done(wl)))
 			break;
 	}
 	wl_finish(wl, rep);

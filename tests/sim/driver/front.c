@@ -142,7 +142,16 @@ void campaign_front_settle(bool shift, unsigned nqps)
 	fprintf(stderr, "shift-campaign: %lu of %u QPs shadowed after 5 s\n", st.qps_ready, nqps);
 }
 
-bool campaign_front_at_rest(bool shift, bool moved, bool app)
+/* Threads mode: how long the real clock may pass with nothing moving
+ * before a schedule is at rest. An unfinished workload gets longer: under
+ * TSan every thread runs 5-15x slower, and with two such tests on two
+ * CPUs a background pass can come 300 ms after the last one: seed 2 of
+ * the nccl campaign with backup faults was then called stalled in 4 runs
+ * of 12 (three at once), and finished in 24 of 24 given 1.5 s. */
+#define REST_DONE_MS 300u
+#define REST_UNFINISHED_MS 1500u
+
+bool campaign_front_at_rest(bool shift, bool moved, bool app, bool done)
 {
 	if (!threads || !shift) {
 		rest.idle = moved ? 0 : rest.idle + 1;
@@ -156,7 +165,9 @@ bool campaign_front_at_rest(bool shift, bool moved, bool app)
 		rest.app = now;
 	if (shift_failover_waiting())
 		rest.wait = now;
-	return (now - rest.app >= 300 && now - rest.wait >= 300) || now - rest.start >= 60000;
+	uint64_t quiet = done ? REST_DONE_MS : REST_UNFINISHED_MS;
+
+	return (now - rest.app >= quiet && now - rest.wait >= quiet) || now - rest.start >= 60000;
 }
 
 unsigned long campaign_front_illegal_transitions(bool shift)

@@ -31,8 +31,9 @@ void campaign_front_settle(bool shift, unsigned nqps);
  * moved, more while SHIFT waits for a peer's part of a failover (a KV
  * record, a handshake message). Threads mode: the workload still for
  * 300 ms of real time with no failover waiting in them (the network may
- * still carry SHIFT's probes of a dead path), or 60 s in all. */
-bool campaign_front_at_rest(bool shift, bool moved, bool app);
+ * still carry SHIFT's probes of a dead path), 1.5 s while the workload
+ * is not done (wl_done(): done), or 60 s in all. */
+bool campaign_front_at_rest(bool shift, bool moved, bool app, bool done);
 
 /* The app verbs of host h, or NULL with *why set. */
 const struct shift_lower *campaign_front(struct sim_host *h, bool shift,
