@@ -4,8 +4,10 @@
  * transition. Run it with the plain library and through SHIFT
  * (tests/bench/modify_qp.sh alternates both and prints the ratio).
  * Usage: shift-bench-modify-qp DEVICE [GID_INDEX [NQP]]
- * Prints: "rtr_us=<mean> rts_us=<mean> rtr_cpu_us=<mean> rts_cpu_us=<mean>"
- * and the same four as medians ("rtr_med_us=" ...): wall clock, and the
+ * Prints: "setup_us=<mean> setup_cpu_us=<mean>" (a QP created, taken to
+ * INIT, RTR and RTS: the sum of the steps' means), "rtr_us=<mean>
+ * rts_us=<mean> rtr_cpu_us=<mean> rts_cpu_us=<mean>" and those four as
+ * medians ("rtr_med_us=" ...): wall clock, and the
  * CPU time of the calling thread alone (SHIFT's
  * background thread replays each transition on the backup QP; on a
  * one-CPU guest it runs inside the wall-clock interval, preempting the
@@ -16,6 +18,7 @@
  * plain, so its mean pays more of that than a native CPU would).
  */
 #include <infiniband/verbs.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -88,12 +91,14 @@ int main(int argc, char **argv)
 	struct ibv_cq *cq = ibv_create_cq(ctx, 64, NULL, NULL, 0);
 	struct ibv_qp **qp = calloc((size_t)n, sizeof(*qp));
 	union ibv_gid gid;
-	/* per call: RTR wall, RTS wall, RTR CPU, RTS CPU */
-	double *v[4];
+	/* per QP: RTR wall, RTS wall, RTR CPU, RTS CPU, create + INIT wall,
+	 * create + INIT CPU */
+	double *v[6];
+	bool nomem = false;
 
-	for (int k = 0; k < 4; k++)
-		v[k] = calloc((size_t)n, sizeof(double));
-	if (!pd || !cq || !qp || !v[0] || !v[1] || !v[2] || !v[3] || n < 1 || ibv_query_gid(ctx, 1, gidx, &gid))
+	for (int k = 0; k < 6; k++)
+		nomem |= !(v[k] = calloc((size_t)n, sizeof(double)));
+	if (!pd || !cq || !qp || nomem || n < 1 || ibv_query_gid(ctx, 1, gidx, &gid))
 		return 1;
 	for (int i = 0; i < n; i++) {
 		struct ibv_qp_init_attr ia = { .send_cq = cq, .recv_cq = cq, .qp_type = IBV_QPT_RC,
@@ -101,10 +106,13 @@ int main(int argc, char **argv)
 		struct ibv_qp_attr a = { .qp_state = IBV_QPS_INIT, .port_num = 1,
 			.qp_access_flags = IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ };
 
+		struct span t = span_start();
+
 		qp[i] = ibv_create_qp(pd, &ia);
 		if (!qp[i] || ibv_modify_qp(qp[i], &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX |
 					    IBV_QP_PORT | IBV_QP_ACCESS_FLAGS))
 			return 1;
+		span_end(t, v[4], v[5], i);
 	}
 	for (int i = 0; i < n; i++) {
 		struct ibv_qp_attr a = { .qp_state = IBV_QPS_RTR, .path_mtu = IBV_MTU_1024,
@@ -130,11 +138,14 @@ int main(int argc, char **argv)
 			return 1;
 		span_end(t, v[1], v[3], i);
 	}
+	/* created and connected: the four steps' means, per QP */
+	printf("setup_us=%.2f setup_cpu_us=%.2f ", mean(v[4], n) + mean(v[0], n) + mean(v[1], n),
+	       mean(v[5], n) + mean(v[2], n) + mean(v[3], n));
 	printf("rtr_us=%.2f rts_us=%.2f rtr_cpu_us=%.2f rts_cpu_us=%.2f", mean(v[0], n),
 	       mean(v[1], n), mean(v[2], n), mean(v[3], n));
 	printf(" rtr_med_us=%.2f rts_med_us=%.2f rtr_cpu_med_us=%.2f rts_cpu_med_us=%.2f\n",
 	       median(v[0], n), median(v[1], n), median(v[2], n), median(v[3], n));
-	for (int k = 0; k < 4; k++)
+	for (int k = 0; k < 6; k++)
 		free(v[k]);
 	for (int i = 0; i < n; i++)
 		ibv_destroy_qp(qp[i]);

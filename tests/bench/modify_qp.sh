@@ -16,8 +16,8 @@ function median(a, n,   i, j, t) { for (i = 1; i <= n; i++) for (j = i + 1; j <=
 	return n % 2 ? a[(n + 1) / 2] : (a[n / 2] + a[n / 2 + 1]) / 2 }
 { m = $1; k = ++cnt[m]; for (f = 2; f <= NF; f++) { split($f, kv, "="); v[m, kv[1], k] = kv[2] } }
 function med(m, key,   a, i) { for (i = 1; i <= cnt[m]; i++) a[i] = v[m, key, i]; return median(a, cnt[m]) }
-END { split("rtr_us rts_us rtr_cpu_us rts_cpu_us rtr_med_us rts_med_us rtr_cpu_med_us rts_cpu_med_us", keys, " ")
-	split("RTR RTS RTR RTS RTR RTS RTR RTS", names, " ")
-	for (i = 1; i <= 8; i++) { a = med("plain", keys[i]); b = med("shift", keys[i])
-		printf "%s %s, %s per call: plain %.1f us, SHIFT %.1f us, ratio %.2f\n", names[i], (i % 4 > 2 || i % 4 == 0 ? "thread CPU" : "wall"), (i > 4 ? "median" : "mean"), a, b, b / a } }' "$out"
+END { n = split("rtr_us rts_us rtr_cpu_us rts_cpu_us rtr_med_us rts_med_us rtr_cpu_med_us rts_cpu_med_us setup_us setup_cpu_us", keys, " ")
+	split("RTR wall, mean per call|RTS wall, mean per call|RTR thread CPU, mean per call|RTS thread CPU, mean per call|RTR wall, median per call|RTS wall, median per call|RTR thread CPU, median per call|RTS thread CPU, median per call|created and connected, wall, mean per QP|created and connected, thread CPU, mean per QP", names, "|")
+	for (i = 1; i <= n; i++) { a = med("plain", keys[i]); b = med("shift", keys[i])
+		printf "%s: plain %.1f us, SHIFT %.1f us, ratio %.2f\n", names[i], a, b, b / a }}' "$out"
 rm -f "$out"
