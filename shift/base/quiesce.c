@@ -5,6 +5,7 @@
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/syscall.h>
@@ -52,58 +53,180 @@ static bool is_own(int tid)
 	return false;
 }
 
-/* The state letter of thread tid (/proc/self/task/TID/stat: the field
- * after the command, which is in parentheses and may hold anything), or
- * 0 if it cannot be read (a thread that exited meanwhile: '\0' too). */
-static char thread_state(int dir_fd, const char *tid)
+/* The fields of a stat file (/proc/self/stat, /proc/self/task/TID/stat)
+ * after the command, which is in parentheses and may hold anything, read
+ * afresh from its open fd into buf; NULL if it cannot be read (a thread
+ * that exited: its file reads nothing, or an error). */
+static const char *stat_fields(int fd, char *buf, size_t size)
 {
-	char path[64], buf[512];
-	int fd;
-	ssize_t n;
+	ssize_t n = pread(fd, buf, size - 1, 0);
 
-	if (strlen(tid) > 20)
-		return 0;
-	strcpy(path, tid);
-	strcat(path, "/stat");
-	fd = openat(dir_fd, path, O_RDONLY | O_CLOEXEC);
-	if (fd < 0)
-		return 0;
-	n = read(fd, buf, sizeof(buf) - 1);
-	close(fd);
 	if (n <= 0)
-		return 0;
+		return NULL;
 	buf[n] = '\0';
 	char *p = strrchr(buf, ')');
 
-	return p && p[1] == ' ' ? p[2] : 0;
+	return p && p[1] == ' ' ? p + 2 : NULL;
 }
 
-bool shift_quiesce_others_asleep(void)
+/* The state letter in a thread's stat file, 0 if unreadable. */
+static char fd_state(int fd)
+{
+	char buf[512];
+	const char *f = stat_fields(fd, buf, sizeof(buf));
+
+	return f ? f[0] : 0;
+}
+
+/* The process's thread count (/proc/self/stat: num_threads, the 18th
+ * field after the command), or -1. */
+static long fd_threads(int fd)
+{
+	char buf[1024];
+	const char *f = stat_fields(fd, buf, sizeof(buf));
+
+	for (int i = 1; f && i < 18; i++) {
+		f = strchr(f, ' ');
+		f = f ? f + 1 : NULL;
+	}
+	return f ? strtol(f, NULL, 10) : -1;
+}
+
+/*
+ * The stat files of a process of few threads, kept open: while its thread
+ * count is the one they were opened at and each of them still reads, they
+ * are all its threads, and a check is one pread of the count and one per
+ * thread. On the passive end of a failover the check is on the answer's
+ * path: the scan of /proc/self/task opened the directory, listed it and
+ * opened, read and closed each file (9 system calls for one application
+ * thread, each costly under emulation), the cache makes it 2. A count
+ * that changed, a file that no longer reads (its thread exited, maybe
+ * replaced by another) or an unregistered thread the cache skipped: a
+ * scan again. A process of more than QUIESCE_CACHE threads (each an open
+ * fd of the application's process) is scanned every time. The child of a
+ * fork starts without it (the fds name the parent).
+ */
+#define QUIESCE_CACHE 8
+static pthread_mutex_t cache_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct {
+	bool valid;
+	int self_fd;                 /* /proc/self/stat */
+	long nthreads;               /* the count when filled */
+	int n;
+	int tid[QUIESCE_CACHE];
+	int fd[QUIESCE_CACHE];       /* -1: a thread of SHIFT's own, not read */
+} cache = { .self_fd = -1 };
+
+static void cache_drop(void)
+{
+	for (int i = 0; i < cache.n; i++)
+		if (cache.fd[i] >= 0)
+			close(cache.fd[i]);
+	if (cache.self_fd >= 0)
+		close(cache.self_fd);
+	cache.self_fd = -1;
+	cache.n = 0;
+	cache.valid = false;
+}
+
+void shift_quiesce_fork_child(void)
+{
+	/* (only SHIFT's threads check, held outside their passes by the
+	 * fork: the lock is free; the fds name the parent's threads) */
+	pthread_mutex_init(&cache_lock, NULL);
+	cache_drop();
+}
+
+/* The cached answer: 1 asleep, 0 not, -1 the cache does not hold. */
+static int cached_asleep(int me)
+{
+	if (!cache.valid || fd_threads(cache.self_fd) != cache.nthreads)
+		return -1;
+	for (int i = 0; i < cache.n; i++) {
+		if (cache.tid[i] == me || is_own(cache.tid[i]))
+			continue;
+		if (cache.fd[i] < 0)
+			return -1;
+		char st = fd_state(cache.fd[i]);
+
+		if (!st)
+			return -1; /* (exited: the count may hide a new thread) */
+		if (st != 'S')
+			return 0; /* (alive, and not asleep) */
+	}
+	return 1;
+}
+
+/* A thread seen by the scan (its stat file opened, fd, or -1 for SHIFT's
+ * own), kept for the cache if it has room. */
+static void cache_keep(int tid, int fd)
+{
+	if (cache.n < QUIESCE_CACHE) {
+		cache.tid[cache.n] = tid;
+		cache.fd[cache.n++] = fd;
+	} else if (fd >= 0) {
+		close(fd);
+	}
+}
+
+static bool scan_asleep(int me)
 {
 	DIR *dir = opendir("/proc/self/task");
-	int me = my_tid(), seen = 0;
+	int seen = 0;
 	bool asleep = dir != NULL;
 	struct dirent *e;
 
-	while (asleep && (e = readdir(dir))) {
+	cache_drop();
+	cache.self_fd = open("/proc/self/stat", O_RDONLY | O_CLOEXEC);
+	/* (the count before the listing: a thread created meanwhile makes
+	 * them differ, and the next check scans again) */
+	cache.nthreads = cache.self_fd >= 0 ? fd_threads(cache.self_fd) : -1;
+	/* (all of them while the cache may hold them, else up to the first
+	 * thread awake) */
+	while (dir && (asleep || seen < QUIESCE_CACHE) && (e = readdir(dir))) {
 		char *end;
 		long tid = strtol(e->d_name, &end, 10);
+		char path[64];
 
-		if (e->d_name[0] == '.' || *end || tid <= 0)
+		if (e->d_name[0] == '.' || *end || tid <= 0 || strlen(e->d_name) > 20)
 			continue;
 		if (++seen > SHIFT_QUIESCE_MAX_THREADS) {
 			asleep = false;
 			break;
 		}
-		if (tid == me || is_own((int)tid))
+		if (is_own((int)tid) && tid != me) {
+			cache_keep((int)tid, -1);
 			continue;
-		char st = thread_state(dirfd(dir), e->d_name);
+		}
+		strcpy(path, e->d_name);
+		strcat(path, "/stat");
+		int fd = openat(dirfd(dir), path, O_RDONLY | O_CLOEXEC);
+		char st = fd >= 0 ? fd_state(fd) : 0;
 
+		cache_keep((int)tid, fd);
+		if (tid == me)
+			continue;
 		/* (a thread gone since readdir: nothing of it runs) */
 		if (st != 'S' && !(st == 0 && faccessat(dirfd(dir), e->d_name, F_OK, 0)))
 			asleep = false;
 	}
 	if (dir)
 		closedir(dir);
+	cache.valid = dir && seen <= QUIESCE_CACHE && seen == cache.nthreads &&
+		      cache.self_fd >= 0;
+	if (!cache.valid)
+		cache_drop();
+	return asleep;
+}
+
+bool shift_quiesce_others_asleep(void)
+{
+	int me = my_tid();
+
+	pthread_mutex_lock(&cache_lock);
+	int c = cached_asleep(me);
+	bool asleep = c >= 0 ? c == 1 : scan_asleep(me);
+
+	pthread_mutex_unlock(&cache_lock);
 	return asleep;
 }

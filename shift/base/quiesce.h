@@ -35,5 +35,8 @@ void shift_quiesce_unregister(void);
  * SHIFT_QUIESCE_MAX_THREADS of them). */
 #define SHIFT_QUIESCE_MAX_THREADS 512
 bool shift_quiesce_others_asleep(void);
+/* In the child of a fork (shift/fork.c): what the parent's checks kept
+ * open names the parent's threads. */
+void shift_quiesce_fork_child(void);
 
 #endif

@@ -99,12 +99,59 @@ static void test_own_spinning_thread_is_ignored(void **state)
 	pthread_join(t, NULL);
 }
 
+/* The threads' stat files are kept open between checks (quiesce.c): a
+ * thread that exits and another that starts keep the process's thread
+ * count, so the cache must notice the old one's file no longer reads and
+ * find the new one, which spins. */
+static void test_thread_replaced_under_cache(void **state)
+{
+	pthread_t a, b;
+	(void)state;
+
+	assert_int_equal(pipe(pipe_fd), 0);
+	assert_int_equal(pthread_create(&a, NULL, blocked, NULL), 0);
+	assert_true(becomes_asleep());
+	assert_true(shift_quiesce_others_asleep()); /* (from the cache) */
+	assert_int_equal(write(pipe_fd[1], "x", 1), 1);
+	pthread_join(a, NULL);
+	__atomic_store_n(&stop_spin, false, __ATOMIC_RELEASE);
+	assert_int_equal(pthread_create(&b, NULL, spinning, NULL), 0);
+	usleep(50 * 1000);
+	for (int i = 0; i < 20; i++)
+		assert_false(shift_quiesce_others_asleep());
+	__atomic_store_n(&stop_spin, true, __ATOMIC_RELEASE);
+	pthread_join(b, NULL);
+	assert_true(becomes_asleep());
+	close(pipe_fd[0]);
+	close(pipe_fd[1]);
+}
+
+/* A thread started after the cache was filled changes the count: seen. */
+static void test_new_thread_after_cache(void **state)
+{
+	pthread_t t;
+	(void)state;
+
+	assert_true(becomes_asleep());
+	assert_true(shift_quiesce_others_asleep());
+	__atomic_store_n(&stop_spin, false, __ATOMIC_RELEASE);
+	assert_int_equal(pthread_create(&t, NULL, spinning, NULL), 0);
+	usleep(50 * 1000);
+	for (int i = 0; i < 20; i++)
+		assert_false(shift_quiesce_others_asleep());
+	__atomic_store_n(&stop_spin, true, __ATOMIC_RELEASE);
+	pthread_join(t, NULL);
+	assert_true(becomes_asleep());
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_blocked_thread_is_asleep),
 		cmocka_unit_test(test_spinning_thread_is_not),
 		cmocka_unit_test(test_own_spinning_thread_is_ignored),
+		cmocka_unit_test(test_thread_replaced_under_cache),
+		cmocka_unit_test(test_new_thread_after_cache),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);
