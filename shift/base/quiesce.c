@@ -32,19 +32,6 @@ void shift_quiesce_register(void)
 	}
 }
 
-void shift_quiesce_unregister(void)
-{
-	int tid = my_tid();
-
-	for (int i = 0; i < SHIFT_QUIESCE_OWN; i++) {
-		int mine = tid;
-
-		if (__atomic_compare_exchange_n(&own[i], &mine, 0, false, __ATOMIC_ACQ_REL,
-						__ATOMIC_RELAXED))
-			return;
-	}
-}
-
 static bool is_own(int tid)
 {
 	for (int i = 0; i < SHIFT_QUIESCE_OWN; i++)
@@ -127,6 +114,29 @@ static void cache_drop(void)
 	cache.self_fd = -1;
 	cache.n = 0;
 	cache.valid = false;
+}
+
+void shift_quiesce_unregister(void)
+{
+	int tid = my_tid();
+	bool any = false;
+
+	for (int i = 0; i < SHIFT_QUIESCE_OWN; i++) {
+		int mine = tid;
+
+		if (__atomic_compare_exchange_n(&own[i], &mine, 0, false, __ATOMIC_ACQ_REL,
+						__ATOMIC_RELAXED))
+			break;
+	}
+	for (int i = 0; i < SHIFT_QUIESCE_OWN && !any; i++)
+		any = __atomic_load_n(&own[i], __ATOMIC_ACQUIRE) != 0;
+	if (!any) {
+		/* the last of SHIFT's threads: the application's process keeps
+		 * none of the cache's fds (below) after it */
+		pthread_mutex_lock(&cache_lock);
+		cache_drop();
+		pthread_mutex_unlock(&cache_lock);
+	}
 }
 
 void shift_quiesce_fork_child(void)

@@ -4,11 +4,14 @@
  * be inside a fast-path poll). A thread blocked in read() counts as
  * asleep; one that spins does not, unless it is one of SHIFT's own.
  */
+#include <dirent.h>
 #include <pthread.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
+#include <string.h>
 #include <stdbool.h>
 #include <time.h>
 #include <unistd.h>
@@ -84,6 +87,31 @@ static void test_spinning_thread_is_not(void **state)
 	assert_true(becomes_asleep()); /* (nothing else runs) */
 }
 
+/* open fds of the process on a stat file of /proc (the cache's) */
+static int stat_fds(void)
+{
+	DIR *d = opendir("/proc/self/fd");
+	struct dirent *e;
+	int n = 0;
+
+	assert_non_null(d);
+	while ((e = readdir(d))) {
+		char path[300], to[256];
+		ssize_t len;
+
+		snprintf(path, sizeof(path), "/proc/self/fd/%s", e->d_name);
+		len = readlink(path, to, sizeof(to) - 1);
+		if (len <= 0)
+			continue;
+		to[len] = '\0';
+		n += !strncmp(to, "/proc/", 6) && len > 5 && !strcmp(to + len - 5, "/stat");
+	}
+	closedir(d);
+	return n;
+}
+
+/* ... and once the last of SHIFT's threads leaves, the cache's fds are
+ * closed: the application's process keeps none of them. */
 static void test_own_spinning_thread_is_ignored(void **state)
 {
 	pthread_t t;
@@ -95,8 +123,10 @@ static void test_own_spinning_thread_is_ignored(void **state)
 	while (!__atomic_load_n(&registered, __ATOMIC_ACQUIRE))
 		usleep(1000);
 	assert_true(becomes_asleep());
+	assert_true(stat_fds() > 0); /* (the cache's) */
 	__atomic_store_n(&stop_spin, true, __ATOMIC_RELEASE);
 	pthread_join(t, NULL);
+	assert_int_equal(stat_fds(), 0);
 }
 
 /* The threads' stat files are kept open between checks (quiesce.c): a
