@@ -72,10 +72,11 @@ static void test_blocked_thread_is_asleep(void **state)
 	close(pipe_fd[1]);
 }
 
-static void test_spinning_thread_is_not(void **state)
+/* A thread of the application's that spins is seen awake at every
+ * check; once it ends, the others are asleep again (nothing else runs). */
+static void spinner_seen(void)
 {
 	pthread_t t;
-	(void)state;
 
 	__atomic_store_n(&stop_spin, false, __ATOMIC_RELEASE);
 	assert_int_equal(pthread_create(&t, NULL, spinning, NULL), 0);
@@ -84,7 +85,13 @@ static void test_spinning_thread_is_not(void **state)
 		assert_false(shift_quiesce_others_asleep());
 	__atomic_store_n(&stop_spin, true, __ATOMIC_RELEASE);
 	pthread_join(t, NULL);
-	assert_true(becomes_asleep()); /* (nothing else runs) */
+	assert_true(becomes_asleep());
+}
+
+static void test_spinning_thread_is_not(void **state)
+{
+	(void)state;
+	spinner_seen();
 }
 
 /* open fds of the process on a stat file of /proc (the cache's) */
@@ -135,7 +142,7 @@ static void test_own_spinning_thread_is_ignored(void **state)
  * find the new one, which spins. */
 static void test_thread_replaced_under_cache(void **state)
 {
-	pthread_t a, b;
+	pthread_t a;
 	(void)state;
 
 	assert_int_equal(pipe(pipe_fd), 0);
@@ -144,14 +151,7 @@ static void test_thread_replaced_under_cache(void **state)
 	assert_true(shift_quiesce_others_asleep()); /* (from the cache) */
 	assert_int_equal(write(pipe_fd[1], "x", 1), 1);
 	pthread_join(a, NULL);
-	__atomic_store_n(&stop_spin, false, __ATOMIC_RELEASE);
-	assert_int_equal(pthread_create(&b, NULL, spinning, NULL), 0);
-	usleep(50 * 1000);
-	for (int i = 0; i < 20; i++)
-		assert_false(shift_quiesce_others_asleep());
-	__atomic_store_n(&stop_spin, true, __ATOMIC_RELEASE);
-	pthread_join(b, NULL);
-	assert_true(becomes_asleep());
+	spinner_seen();
 	close(pipe_fd[0]);
 	close(pipe_fd[1]);
 }
@@ -159,19 +159,11 @@ static void test_thread_replaced_under_cache(void **state)
 /* A thread started after the cache was filled changes the count: seen. */
 static void test_new_thread_after_cache(void **state)
 {
-	pthread_t t;
 	(void)state;
 
 	assert_true(becomes_asleep());
 	assert_true(shift_quiesce_others_asleep());
-	__atomic_store_n(&stop_spin, false, __ATOMIC_RELEASE);
-	assert_int_equal(pthread_create(&t, NULL, spinning, NULL), 0);
-	usleep(50 * 1000);
-	for (int i = 0; i < 20; i++)
-		assert_false(shift_quiesce_others_asleep());
-	__atomic_store_n(&stop_spin, true, __ATOMIC_RELEASE);
-	pthread_join(t, NULL);
-	assert_true(becomes_asleep());
+	spinner_seen();
 }
 
 int main(void)
