@@ -408,9 +408,9 @@ static struct shift_dqp *protected_dqp(struct shift_rnic *r, struct ibv_qp *qp)
 	/* (its shadow gave up: no backup NIC, no backup QP; the state alone,
 	 * which the RNIC's thread publishes under the lock: the rest of the
 	 * shadow is that thread's while it runs; from the record linked to
-	 * d, as the post path finds it, without the RNIC's lock) */
-	if ((d->shadow ? shift_shadow_state_of(d->shadow) : shift_shadow_qp_state(qp)) ==
-	    SHIFT_SHADOW_UNPROTECTED)
+	 * d, as the post path finds it, without the RNIC's lock; a QP with
+	 * no record has no shadow state to say so) */
+	if (d->shadow && shift_shadow_state_of(d->shadow) == SHIFT_SHADOW_UNPROTECTED)
 		return NULL;
 	return d;
 }
@@ -428,10 +428,10 @@ int shift_ibv_modify_qp(struct ibv_qp *qp, struct ibv_qp_attr *attr,
 		return EINVAL;
 	/* a retry count the provider would turn into "forever" (rxe's 7), on
 	 * a QP SHIFT protects: it must see the path fail */
-	uint8_t retry = d && attr && attr->retry_cnt >= 7 ?
-			shift_provider_retry_cnt(qp->context, attr->retry_cnt) : 0;
+	bool forever = d && attr && attr->retry_cnt >= 7;
+	uint8_t retry = forever ? shift_provider_retry_cnt(qp->context, attr->retry_cnt) : 0;
 
-	if (d && attr && attr->retry_cnt >= 7 && retry != attr->retry_cnt) {
+	if (forever && retry != attr->retry_cnt) {
 		fixed = *attr;
 		fixed.retry_cnt = retry;
 		rc = L->modify_qp(qp, &fixed, attr_mask);

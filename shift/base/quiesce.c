@@ -96,8 +96,7 @@ static long fd_threads(int fd)
 #define QUIESCE_CACHE 8
 static pthread_mutex_t cache_lock = PTHREAD_MUTEX_INITIALIZER;
 static struct {
-	bool valid;
-	int self_fd;                 /* /proc/self/stat */
+	int self_fd;                 /* /proc/self/stat; -1: no cache */
 	long nthreads;               /* the count when filled */
 	int n;
 	int tid[QUIESCE_CACHE];
@@ -113,7 +112,6 @@ static void cache_drop(void)
 		close(cache.self_fd);
 	cache.self_fd = -1;
 	cache.n = 0;
-	cache.valid = false;
 }
 
 void shift_quiesce_unregister(void)
@@ -150,7 +148,7 @@ void shift_quiesce_fork_child(void)
 /* The cached answer: 1 asleep, 0 not, -1 the cache does not hold. */
 static int cached_asleep(int me)
 {
-	if (!cache.valid || fd_threads(cache.self_fd) != cache.nthreads)
+	if (cache.self_fd < 0 || fd_threads(cache.self_fd) != cache.nthreads)
 		return -1;
 	for (int i = 0; i < cache.n; i++) {
 		if (cache.tid[i] == me || is_own(cache.tid[i]))
@@ -222,9 +220,7 @@ static bool scan_asleep(int me)
 	}
 	if (dir)
 		closedir(dir);
-	cache.valid = dir && seen <= QUIESCE_CACHE && seen == cache.nthreads &&
-		      cache.self_fd >= 0;
-	if (!cache.valid)
+	if (!dir || seen > QUIESCE_CACHE || seen != cache.nthreads)
 		cache_drop();
 	return asleep;
 }
