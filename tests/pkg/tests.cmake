@@ -14,4 +14,5 @@ set_tests_properties(pkg_rpm PROPERTIES LABELS pkg TIMEOUT 900)
 # (about 4 minutes, 10 on a slow host: dpkg in a guest).
 add_test(NAME pkg_testbed
   COMMAND ${CMAKE_SOURCE_DIR}/tests/pkg/testbed_install.sh ${CMAKE_SOURCE_DIR} ${CMAKE_BINARY_DIR})
-set_tests_properties(pkg_testbed PROPERTIES LABELS "pkg;e2e" TIMEOUT 1200)
+set_tests_properties(pkg_testbed PROPERTIES LABELS "pkg;e2e" TIMEOUT 1200
+  RESOURCE_LOCK testbed RUN_SERIAL TRUE)
