@@ -14,9 +14,18 @@
 /* SHIFT's own threads' ids (0: free slot) */
 static int own[SHIFT_QUIESCE_OWN];
 
+static __thread int tid_kept;
+
 static int my_tid(void)
 {
 	return (int)syscall(SYS_gettid);
+}
+
+int shift_quiesce_tid(void)
+{
+	if (__builtin_expect(!tid_kept, 0))
+		tid_kept = my_tid();
+	return tid_kept;
 }
 
 void shift_quiesce_register(void)
@@ -143,15 +152,27 @@ void shift_quiesce_fork_child(void)
 	 * fork: the lock is free; the fds name the parent's threads) */
 	pthread_mutex_init(&cache_lock, NULL);
 	cache_drop();
+	tid_kept = 0; /* (the parent's thread's: the child is another) */
+}
+
+/* Is tid the caller's, one of SHIFT's own or one of the n in out? */
+static bool skipped(int tid, int me, const int *out, unsigned n)
+{
+	if (tid == me || is_own(tid))
+		return true;
+	for (unsigned i = 0; i < n; i++)
+		if (out[i] == tid)
+			return true;
+	return false;
 }
 
 /* The cached answer: 1 asleep, 0 not, -1 the cache does not hold. */
-static int cached_asleep(int me)
+static int cached_asleep(int me, const int *out, unsigned n)
 {
 	if (cache.self_fd < 0 || fd_threads(cache.self_fd) != cache.nthreads)
 		return -1;
 	for (int i = 0; i < cache.n; i++) {
-		if (cache.tid[i] == me || is_own(cache.tid[i]))
+		if (skipped(cache.tid[i], me, out, n))
 			continue;
 		if (cache.fd[i] < 0)
 			return -1;
@@ -177,7 +198,7 @@ static void cache_keep(int tid, int fd)
 	}
 }
 
-static bool scan_asleep(int me)
+static bool scan_asleep(int me, const int *out, unsigned n)
 {
 	DIR *dir = opendir("/proc/self/task");
 	int seen = 0;
@@ -212,7 +233,7 @@ static bool scan_asleep(int me)
 		char st = fd >= 0 ? fd_state(fd) : 0;
 
 		cache_keep((int)tid, fd);
-		if (tid == me)
+		if (skipped((int)tid, me, out, n))
 			continue;
 		/* (a thread gone since readdir: nothing of it runs) */
 		if (st != 'S' && !(st == 0 && faccessat(dirfd(dir), e->d_name, F_OK, 0)))
@@ -225,13 +246,13 @@ static bool scan_asleep(int me)
 	return asleep;
 }
 
-bool shift_quiesce_others_asleep(void)
+bool shift_quiesce_others_asleep(const int *out, unsigned n)
 {
-	int me = my_tid();
+	int me = shift_quiesce_tid();
 
 	pthread_mutex_lock(&cache_lock);
-	int c = cached_asleep(me);
-	bool asleep = c >= 0 ? c == 1 : scan_asleep(me);
+	int c = cached_asleep(me, out, n);
+	bool asleep = c >= 0 ? c == 1 : scan_asleep(me, out, n);
 
 	pthread_mutex_unlock(&cache_lock);
 	return asleep;

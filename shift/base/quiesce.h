@@ -15,7 +15,10 @@
  * waits there for slow_lock sleeps too: it is the slow path's, as when
  * the grace runs out under it. The premise is a provider whose poll_cq
  * makes no system call that sleeps, as every userspace-queue provider:
- * mlx5, rxe, siw, efa, hns.)
+ * mlx5, rxe, siw, efa, hns.) A thread that spins on its CQ (NCCL's proxy
+ * thread, perftest) is never asleep; once it has left a slow poll of the
+ * context after the switch it is not inside the fast path either, and the
+ * caller names it in out (dp/ctx.h, slow_polled).
  */
 #ifndef SHIFT_BASE_QUIESCE_H
 #define SHIFT_BASE_QUIESCE_H
@@ -30,11 +33,15 @@
 void shift_quiesce_register(void);
 void shift_quiesce_unregister(void);
 
-/* Is every thread of the process, but the caller and SHIFT's own, asleep
- * in the kernel (state S) now? Reads /proc/self/task (at most
+/* Is every thread of the process, but the caller, SHIFT's own and the n
+ * in out (known to be outside the fast path: dp/ctx.h, slow_polled),
+ * asleep in the kernel (state S) now? Reads /proc/self/task (at most
  * SHIFT_QUIESCE_MAX_THREADS of them). */
 #define SHIFT_QUIESCE_MAX_THREADS 512
-bool shift_quiesce_others_asleep(void);
+bool shift_quiesce_others_asleep(const int *out, unsigned n);
+/* The calling thread's id (gettid), kept per thread after the first call
+ * (shift_quiesce_fork_child forgets the forking thread's). */
+int shift_quiesce_tid(void);
 /* In the child of a fork (shift/fork.c): what the parent's checks kept
  * open names the parent's threads. */
 void shift_quiesce_fork_child(void);

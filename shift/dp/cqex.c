@@ -410,6 +410,7 @@ int shift_cqx_attach(struct shift_ctx *s, struct ibv_cq_ex *cq, uint64_t app_fla
 		return -1;
 	x->cq = cq;
 	x->s = s;
+	__atomic_store_n(&s->has_cqx, true, __ATOMIC_SEQ_CST);
 	x->wrapped = true;
 	x->quick = true;
 	x->app_flags = app_flags;

@@ -14,18 +14,30 @@ static void background(struct shift_ctx *s);
  * the fast path before its context went slow finish? It has at once when
  * every thread of the application was seen asleep in the kernel after the
  * switch (base/quiesce.h: none can be inside the fast path; looked at once
- * per pass, after this pass's own switches). Synchronous replay has no
- * such poll, and its logical clock keeps the grace. If not, the thread
- * comes back when it has passed.
+ * per pass, after this pass's own switches), but those that have left a
+ * slow poll of the context since its switch (dp/ctx.h, slow_polled: an
+ * application spinning on its CQ, as NCCL's proxy thread and perftest
+ * do). Synchronous replay has no such poll, and its logical clock keeps
+ * the grace. If not, the thread comes back when it has passed.
  */
 static bool grace_passed(struct shift_ctx *s, uint64_t since, uint64_t now)
 {
 	if (since <= now && now - since >= shift_config.bg_grace_ms)
 		return true;
-	if (!s->bg_asleep)
-		s->bg_asleep = !shift_config.inline_passes &&
-				       __atomic_load_n(&s->slow, __ATOMIC_ACQUIRE) &&
-				       shift_quiesce_others_asleep() ? 1 : 2;
+	if (!s->bg_asleep) {
+		int out[SHIFT_SLOW_POLLERS];
+		/* (the context stays slow meanwhile: only this thread makes
+		 * it fast again) */
+		bool slow = !shift_config.inline_passes && __atomic_load_n(&s->slow, __ATOMIC_ACQUIRE);
+
+		/* (set before the marks are read: a thread marked after it
+		 * wakes this one, dp/ctx.h) */
+		__atomic_store_n(&s->grace_wait, slow, __ATOMIC_SEQ_CST);
+		s->bg_asleep = slow && shift_quiesce_others_asleep(out, shift_ctx_slow_pollers(s, out))
+				       ? 1 : 2;
+		if (s->bg_asleep == 1)
+			__atomic_store_n(&s->grace_wait, false, __ATOMIC_RELAXED);
+	}
 	if (s->bg_asleep == 1)
 		return true;
 	shift_rnic_due(s->rnic, since + shift_config.bg_grace_ms);

@@ -343,8 +343,8 @@ int fo_poll_default(struct shift_ctx *s, struct shift_cq *c, int max, struct ibv
  * holds (else it would retransmit WRs these completed, or pass the
  * provider's flushes of a connection it failed on to the application).
  */
-int shift_poll_slow(struct shift_ctx *s, struct ibv_cq *cq, int num_entries,
-		    struct ibv_wc *wc, int done, int have)
+static int slow_poll(struct shift_ctx *s, struct ibv_cq *cq, int num_entries,
+		     struct ibv_wc *wc, int done, int have)
 {
 	struct ibv_wc held[TMP_WC], tmp[TMP_WC];
 	struct shift_early mine = { .next = NULL, .cq = cq, .wc = held, .n = 0, .taken = 0 };
@@ -401,4 +401,16 @@ int shift_poll_slow(struct shift_ctx *s, struct ibv_cq *cq, int num_entries,
 	pthread_mutex_unlock(&c->dp_lock);
 	pthread_mutex_unlock(&s->slow_lock);
 	return o.n;
+}
+
+int shift_poll_slow(struct shift_ctx *s, struct ibv_cq *cq, int num_entries,
+		    struct ibv_wc *wc, int done, int have)
+{
+	int n = slow_poll(s, cq, num_entries, wc, done, have);
+
+	/* (this thread is out of the fast path, its batch handed over: the
+	 * grace need not wait for it; dp/ctx.h, slow_polled) */
+	if (shift_unlikely(shift_ctx_slow_polled(s)))
+		shift_rnic_wake(s->rnic);
+	return n;
 }

@@ -21,6 +21,7 @@
 
 static int pipe_fd[2];
 static bool stop_spin, registered; /* (atomic) */
+static int spinner_tid; /* (atomic) */
 
 static void *blocked(void *arg)
 {
@@ -40,6 +41,7 @@ static void *spinning(void *arg)
 		shift_quiesce_register();
 		__atomic_store_n(&registered, true, __ATOMIC_RELEASE);
 	}
+	__atomic_store_n(&spinner_tid, shift_quiesce_tid(), __ATOMIC_RELEASE);
 	while (!__atomic_load_n(&stop_spin, __ATOMIC_ACQUIRE))
 		;
 	if (own)
@@ -51,7 +53,7 @@ static void *spinning(void *arg)
 static bool becomes_asleep(void)
 {
 	for (int i = 0; i < 200; i++) {
-		if (shift_quiesce_others_asleep())
+		if (shift_quiesce_others_asleep(NULL, 0))
 			return true;
 		usleep(10 * 1000);
 	}
@@ -82,7 +84,7 @@ static void spinner_seen(void)
 	assert_int_equal(pthread_create(&t, NULL, spinning, NULL), 0);
 	usleep(50 * 1000);
 	for (int i = 0; i < 20; i++)
-		assert_false(shift_quiesce_others_asleep());
+		assert_false(shift_quiesce_others_asleep(NULL, 0));
 	__atomic_store_n(&stop_spin, true, __ATOMIC_RELEASE);
 	pthread_join(t, NULL);
 	assert_true(becomes_asleep());
@@ -148,7 +150,7 @@ static void test_thread_replaced_under_cache(void **state)
 	assert_int_equal(pipe(pipe_fd), 0);
 	assert_int_equal(pthread_create(&a, NULL, blocked, NULL), 0);
 	assert_true(becomes_asleep());
-	assert_true(shift_quiesce_others_asleep()); /* (from the cache) */
+	assert_true(shift_quiesce_others_asleep(NULL, 0)); /* (from the cache) */
 	assert_int_equal(write(pipe_fd[1], "x", 1), 1);
 	pthread_join(a, NULL);
 	spinner_seen();
@@ -162,8 +164,41 @@ static void test_new_thread_after_cache(void **state)
 	(void)state;
 
 	assert_true(becomes_asleep());
-	assert_true(shift_quiesce_others_asleep());
+	assert_true(shift_quiesce_others_asleep(NULL, 0));
 	spinner_seen();
+}
+
+/* A spinning thread the caller names (one known outside the fast path:
+ * it left a slow poll since the switch) counts as asleep, from the scan
+ * and from the cache; a second one, not named, keeps the answer no. */
+static void test_named_spinner_counts_asleep(void **state)
+{
+	pthread_t t, u;
+	int tid;
+	(void)state;
+
+	__atomic_store_n(&stop_spin, false, __ATOMIC_RELEASE);
+	__atomic_store_n(&spinner_tid, 0, __ATOMIC_RELEASE);
+	assert_int_equal(pthread_create(&t, NULL, spinning, NULL), 0);
+	while (!(tid = __atomic_load_n(&spinner_tid, __ATOMIC_ACQUIRE)))
+		usleep(1000);
+	assert_int_not_equal(tid, shift_quiesce_tid());
+	usleep(50 * 1000);
+	for (int i = 0; i < 20; i++) {
+		assert_false(shift_quiesce_others_asleep(NULL, 0));
+		assert_true(shift_quiesce_others_asleep(&tid, 1));
+	}
+	__atomic_store_n(&spinner_tid, 0, __ATOMIC_RELEASE);
+	assert_int_equal(pthread_create(&u, NULL, spinning, NULL), 0);
+	while (!__atomic_load_n(&spinner_tid, __ATOMIC_ACQUIRE))
+		usleep(1000);
+	usleep(50 * 1000);
+	for (int i = 0; i < 20; i++)
+		assert_false(shift_quiesce_others_asleep(&tid, 1));
+	__atomic_store_n(&stop_spin, true, __ATOMIC_RELEASE);
+	pthread_join(t, NULL);
+	pthread_join(u, NULL);
+	assert_true(becomes_asleep());
 }
 
 int main(void)
@@ -174,6 +209,7 @@ int main(void)
 		cmocka_unit_test(test_own_spinning_thread_is_ignored),
 		cmocka_unit_test(test_thread_replaced_under_cache),
 		cmocka_unit_test(test_new_thread_after_cache),
+		cmocka_unit_test(test_named_spinner_counts_asleep),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);
