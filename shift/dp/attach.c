@@ -73,7 +73,7 @@ bool shift_ctx_slow_polled(struct shift_ctx *s)
 {
 	uint64_t tid = (uint32_t)shift_quiesce_tid();
 	uint32_t gen = __atomic_load_n(&s->slow_gen, __ATOMIC_ACQUIRE);
-	uint64_t mark = tid << 32 | gen;
+	uint64_t mark = tid << 32 | gen, was = 0;
 	int spare = -1;
 
 	for (int i = 0; i < SHIFT_SLOW_POLLERS; i++) {
@@ -81,26 +81,23 @@ bool shift_ctx_slow_polled(struct shift_ctx *s)
 
 		if (v == mark)
 			return false;
-		if (v >> 32 == tid) {
-			spare = i; /* (its own, of an earlier switch) */
-			break;
-		}
-		if ((!v || (uint32_t)v != gen) && spare < 0)
+		/* its own slot of an earlier switch, else the first free or
+		 * stale one */
+		if (v >> 32 == tid || ((!v || (uint32_t)v != gen) && spare < 0)) {
 			spare = i;
+			was = v;
+			if (v >> 32 == tid)
+				break;
+		}
 	}
-	if (spare >= 0) {
-		uint64_t v = __atomic_load_n(&s->slow_polled[spare], __ATOMIC_ACQUIRE);
-
-		/* (lost to another thread: unmarked, it keeps the grace; a
-		 * pass that sets grace_wait before it reads the marks sees this
-		 * one, or this thread sees grace_wait: both sequentially
-		 * consistent) */
-		if ((v >> 32 == tid || !v || (uint32_t)v != gen) &&
-		    __atomic_compare_exchange_n(&s->slow_polled[spare], &v, mark, false,
-						__ATOMIC_SEQ_CST, __ATOMIC_RELAXED))
-			return __atomic_load_n(&s->grace_wait, __ATOMIC_SEQ_CST) &&
-			       __atomic_exchange_n(&s->grace_wait, false, __ATOMIC_SEQ_CST);
-	}
+	/* (the slot as judged, or lost to another thread: unmarked, this one
+	 * keeps the grace; a pass that sets grace_wait before it reads the
+	 * marks sees this one, or this thread sees grace_wait: both
+	 * sequentially consistent) */
+	if (spare >= 0 && __atomic_compare_exchange_n(&s->slow_polled[spare], &was, mark, false,
+						      __ATOMIC_SEQ_CST, __ATOMIC_RELAXED))
+		return __atomic_load_n(&s->grace_wait, __ATOMIC_SEQ_CST) &&
+		       __atomic_exchange_n(&s->grace_wait, false, __ATOMIC_SEQ_CST);
 	return false;
 }
 
