@@ -266,6 +266,12 @@ static const struct config_row rows[] = {
 	  "where its provider lets SHIFT (mlx5), so that a post copies nothing; 0 = mirror "
 	  "every posted work request on every device",
 	  parse_bool, FIELD(native_wq) },
+	{ "SHIFT_KEY_MAILBOX", "1",
+	  "give each protected QP whose backup grants remote writes a small mailbox on the "
+	  "backup NIC, through which a failed-over connection asks the peer itself for an "
+	  "MR's backup key the KV store cannot give (memory registered while the store was "
+	  "gone); 0 = none: such a WR fails after SHIFT_KV_WAIT_MS",
+	  parse_bool, FIELD(key_mailbox) },
 	{ "SHIFT_STATUS_DIR", NULL,
 	  "where each process writes its per-QP status for shiftctl ('' = none; default "
 	  "$XDG_RUNTIME_DIR/shift, else /run/shift/UID, else /tmp/shift-UID; must be owned "

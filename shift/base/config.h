@@ -36,6 +36,7 @@ struct shift_config {
 	unsigned poke_ms;         /* SHIFT_POKE_MS */
 	unsigned idle_ms;         /* SHIFT_IDLE_MS */
 	bool native_wq;           /* SHIFT_NATIVE_WQ */
+	bool key_mailbox;         /* SHIFT_KEY_MAILBOX */
 	char status_dir[256];     /* SHIFT_STATUS_DIR */
 
 	/* Not environment knobs: the timing of the background work, in

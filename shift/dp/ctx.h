@@ -320,6 +320,9 @@ struct shift_stats {
 	/* peers' backup rkeys read by the background thread, and lookups
 	 * on the failover paths that found theirs not read yet (fo/kvq.c) */
 	unsigned long rkeys_read, rkeys_waited, rkeys_earlier, rkeys_outside;
+	/* the key mailbox (fo/mbox.c): requests I sent, answers I took, the
+	 * peers' requests I answered */
+	unsigned long mbox_asked, mbox_taken, mbox_answered;
 	/* native work-queue access (dp/nwq.h): WRs read back from the
 	 * provider's queues, and those whose WQE did not check out */
 	unsigned long wqes_read_back, wqes_unreadable;

@@ -100,6 +100,7 @@ struct shift_rkey {
 	uint8_t st;        /* SHIFT_RK_* */
 	bool has_prev;     /* prev: the fallback when the store cannot tell */
 	bool ahead;        /* wanted by the read-ahead, not by a failover */
+	bool ask;          /* the store cannot give it: asked of the peer (fo/mbox.c) */
 	struct shift_rkey_val v;    /* SHIFT_RK_KNOWN: the one in use */
 	struct shift_rkey_val prev; /* the one an earlier read gave (has_prev) */
 	uint64_t at_ms;    /* when its read was issued (known, absent) */
@@ -182,9 +183,7 @@ struct shift_dqp {
 	uint32_t sq_size;     /* power of two >= 2 x the QP's max_send_wr */
 	uint64_t sq_tail;     /* retired, as of the last sync */
 	uint64_t sig_synced;  /* sig_tail as of the last sync */
-	uint32_t max_send_sge;
-	uint32_t max_inline;
-	uint32_t max_recv_sge;
+	uint32_t max_send_sge, max_inline, max_recv_sge;
 
 	struct shift_nwq *nwq;        /* native access (dp/nwq.h), NULL: mirror */
 

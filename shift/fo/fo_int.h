@@ -115,6 +115,22 @@ void fo_rk_failover(struct shift_dqp *d);
 void fo_kvq_publish(struct shift_ctx *s, struct shift_dqp *d, const char *key,
 		    const char *val, unsigned len);
 void fo_kvq_run(struct shift_ctx *s, bool reads);
+/* d's entry for the peer's app rkey, or NULL (rk_lock held) */
+static inline struct shift_rkey *fo_rk_find(struct shift_dqp *d, uint32_t app)
+{
+	for (unsigned i = 0; i < d->rk_n; i++)
+		if (d->rk[i].app == app)
+			return &d->rk[i];
+	return NULL;
+}
+/* what the key mailbox (fo/mbox.c) settles of the keys fo/kvq.c wants */
+void fo_rk_told(struct shift_dqp *d, uint32_t app, bool known, const struct shift_rkey_val *v,
+		uint64_t now);
+bool fo_rk_to_ask(struct shift_dqp *d, uint32_t prefer, uint32_t *app);
+/* the key mailbox (fo/mbox.c): usable by d (both ends have one); the
+ * pass's work (slow_lock held) */
+bool fo_mbox_possible(const struct shift_dqp *d);
+void fo_mbox_run(struct shift_ctx *s);
 /* The QP of s numbered qpn, if it is still d (the same serial): what a
  * pass that dropped slow_lock collected (slow_lock held). */
 static inline struct shift_dqp *fo_dqp_again(struct shift_ctx *s, const struct shift_dqp *d,

@@ -20,7 +20,9 @@
  * failed within SHIFT_KV_WAIT_MS, as the peer may not have written its
  * records again yet) counts as absent: the WR fails as a key the peer
  * never published fails on the default path, no wait without bound. A
- * key absent from a store that kept answering fails at once.
+ * key absent from a store that kept answering fails at once. One the
+ * store cannot give, with none read before, is also asked of the peer
+ * itself over the backup path (the key mailbox, fo/mbox.c).
  *
  * The read-ahead: once a second the background pass notes the peer keys of
  * the newest send WRs in each Default-state QP's mirror and reads them, so
@@ -45,14 +47,6 @@ static bool remote_op(unsigned opcode)
 {
 	return opcode == IBV_WR_RDMA_WRITE || opcode == IBV_WR_RDMA_WRITE_WITH_IMM ||
 	       opcode == IBV_WR_RDMA_READ || shift_wr_is_atomic(opcode);
-}
-
-static struct shift_rkey *rk_find(struct shift_dqp *d, uint32_t app)
-{
-	for (unsigned i = 0; i < d->rk_n; i++)
-		if (d->rk[i].app == app)
-			return &d->rk[i];
-	return NULL;
 }
 
 static struct shift_rkey_val rk_val(const struct shift_mr_value *mv)
@@ -134,7 +128,7 @@ int fo_rk_lookup(struct shift_dqp *d, uint32_t app, uint64_t addr, uint64_t len,
 	/* (read under the lock: an entry another thread made is never newer) */
 	uint64_t now = shift_clock_ms();
 
-	e = rk_find(d, app);
+	e = fo_rk_find(d, app);
 	if (e && e->st != SHIFT_RK_WANT && e->at_ms >= d->rk_since_ms) {
 		rc = e->st == SHIFT_RK_KNOWN ? 0 : -1;
 		*bk = e->v.bk;
@@ -145,6 +139,7 @@ int fo_rk_lookup(struct shift_dqp *d, uint32_t app, uint64_t addr, uint64_t len,
 			e->st = SHIFT_RK_WANT;
 			e->want_ms = now;
 			e->ahead = false;
+			e->ask = false;
 		}
 		rc = now >= e->want_ms && now - e->want_ms >= shift_config.kv_wait_ms ? -1 : 1;
 		if (rc > 0) {
@@ -300,7 +295,7 @@ static void rk_read_ahead(struct shift_dqp *d, uint64_t now)
 			continue;
 		last = w->rkey;
 		any = true;
-		if (rk_find(d, w->rkey))
+		if (fo_rk_find(d, w->rkey))
 			continue;
 		if (!(e = rk_add(d, w->rkey)))
 			break;
@@ -463,7 +458,7 @@ static void apply_rk(struct shift_ctx *s, struct shift_dqp *d, struct kvq_item *
 	bool e_known = false;
 
 	pthread_mutex_lock(&d->rk_lock);
-	struct shift_rkey *e = rk_find(d, it->app);
+	struct shift_rkey *e = fo_rk_find(d, it->app);
 
 	if (e && e->st == SHIFT_RK_WANT) {
 		if (known) {
@@ -480,10 +475,19 @@ static void apply_rk(struct shift_ctx *s, struct shift_dqp *d, struct kvq_item *
 				e->st = SHIFT_RK_ABSENT;
 				e->at_ms = it->at;
 			}
-		} else if (e->has_prev || (!it->rc && !kv_failed_lately(s, it->at))) {
+		} else if (e->has_prev) {
 			/* (absent or unreadable now, or the store cannot answer:
-			 * the key read before, if any; none: absent, refused) */
+			 * the key read before) */
 			e_known = rk_earlier(d, e, it->at, &say);
+		} else if (!it->rc && !kv_failed_lately(s, it->at)) {
+			/* (absent from a store that kept answering: refused) */
+			e_known = rk_earlier(d, e, it->at, &say);
+		} else if (fo_mbox_possible(d)) {
+			/* (the store cannot answer, none read before: the peer
+			 * itself is asked over the backup path, fo/mbox.c, and
+			 * the store again, until SHIFT_KV_WAIT_MS) */
+			e->ask = true;
+			d->rk_want = true;
 		} else {
 			/* (again at the next pass, until SHIFT_KV_WAIT_MS: the
 			 * store cannot answer, or it failed lately and the peer
@@ -584,6 +588,7 @@ void fo_kvq_run(struct shift_ctx *s, bool reads)
 	}
 	if (q->more)
 		shift_rnic_wake(r);
+	fo_mbox_run(s);
 	for (int i = 0; i < s->nfo; i++) {
 		struct shift_dqp *d = s->fo[i];
 

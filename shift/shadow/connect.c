@@ -171,15 +171,18 @@ static bool replay_qp_create(struct shift_rnic *r, struct shift_qp *q)
 		.sq_sig_all = q->sq_sig_all,
 	};
 	init.cap.max_recv_wr += 1; /* SHIFT's control receive */
-	/* SHIFT's handshake message and the empty READ that may precede it
+	/* SHIFT's handshake message and the empty READ that may precede it,
+	 * a key mailbox's request and answer (shadow/mbox.h),
 	 * share the send queue with every WR the application has outstanding
 	 * (a queue of one WR, ibv_rc_pingpong's, would refuse the retransmit);
 	 * a device at its limit gets the application's size alone */
-	init.cap.max_send_wr += 2;
+	uint32_t room = shift_config.key_mailbox ? 4 : 2;
+
+	init.cap.max_send_wr += room;
 	errno = 0;
 	q->bk = shift_lower->create_qp(q->pd->bk, &init);
 	if (!q->bk) {
-		init.cap.max_send_wr -= 2;
+		init.cap.max_send_wr -= room;
 		errno = 0;
 		q->bk = shift_lower->create_qp(q->pd->bk, &init);
 	}
@@ -246,6 +249,11 @@ static bool replay_qp_describe(struct shift_rnic *r, struct shift_qp *q,
 	q->my_bk.peer = q->peer_key;
 	q->my_bk.has_mri = true; /* (where the peer finds my MRs ahead) */
 	q->my_bk.mri = r->mri_id;
+	/* (where the peer asks me for a key the store cannot give: only on a
+	 * backup that grants remote writes, as the application's QP does) */
+	if (shift_config.key_mailbox && (app_mask & IBV_QP_ACCESS_FLAGS) &&
+	    (app->qp_access_flags & IBV_ACCESS_REMOTE_WRITE))
+		shift_mbox_attach(q);
 	return true;
 }
 

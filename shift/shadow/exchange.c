@@ -71,7 +71,7 @@ int shift_exchange_mri_key(const union ibv_gid *gid, uint64_t id, unsigned chunk
 
 int shift_exchange_qp_encode(const struct shift_qp_value *v, char *buf, size_t cap)
 {
-	char g[33], pg[33], peer[64] = "", mri[24] = "";
+	char g[33], pg[33], peer[64] = "", mri[24] = "", mb[48] = "";
 
 	shift_gid_hex(&v->gid, g);
 	if (v->has_peer) {
@@ -80,8 +80,11 @@ int shift_exchange_qp_encode(const struct shift_qp_value *v, char *buf, size_t c
 	}
 	if (v->has_mri)
 		snprintf(mri, sizeof(mri), " mri=%016llx", (unsigned long long)v->mri);
-	return fit(snprintf(buf, cap, SHIFT_EXCHANGE_VERSION " qp gid=%s qpn=%u psn=%u mtu=%u%s%s",
-			    g, v->qpn, v->psn, v->mtu, peer, mri), cap);
+	if (v->has_mb)
+		snprintf(mb, sizeof(mb), " mba=%016llx mbk=%u", (unsigned long long)v->mb_addr,
+			 v->mb_rkey);
+	return fit(snprintf(buf, cap, SHIFT_EXCHANGE_VERSION " qp gid=%s qpn=%u psn=%u mtu=%u%s%s%s",
+			    g, v->qpn, v->psn, v->mtu, peer, mri, mb), cap);
 }
 
 int shift_exchange_mr_encode(const struct shift_mr_value *v, char *buf, size_t cap)
@@ -187,10 +190,16 @@ int shift_exchange_qp_decode(const char *s, size_t len, struct shift_qp_value *v
 			return -EINVAL;
 		out.has_peer = true;
 	}
-	if (p != end) {
-		if (prefix(&p, end, "mri=") || field_hex64(&p, end, &out.mri) || !out.mri)
+	if (p != end && !prefix(&p, end, "mri=")) {
+		if (field_hex64(&p, end, &out.mri) || !out.mri)
 			return -EINVAL;
 		out.has_mri = true;
+	}
+	if (p != end) {
+		if (prefix(&p, end, "mba=") || field_hex64(&p, end, &out.mb_addr) ||
+		    field_u32(&p, end, "mbk", 0xffffffffu, &out.mb_rkey) || !out.mb_addr)
+			return -EINVAL;
+		out.has_mb = true;
 	}
 	if (p != end)
 		return -EINVAL;

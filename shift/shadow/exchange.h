@@ -24,7 +24,7 @@
 
 #define SHIFT_EXCHANGE_VERSION "shift1"
 #define SHIFT_EXCHANGE_KEY_MAX 80
-#define SHIFT_EXCHANGE_VALUE_MAX 192
+#define SHIFT_EXCHANGE_VALUE_MAX 256
 
 struct shift_qp_key {
 	union ibv_gid gid;
@@ -45,6 +45,12 @@ struct shift_qp_value {
 	 * without it (an older writer) is read too */
 	bool has_mri;
 	uint64_t mri;
+	/* the writer's key mailbox for this connection (shadow/mbox.h): its
+	 * address and rkey on the backup NIC; a record without it (an older
+	 * writer, or a backup QP without remote writes) is read too */
+	bool has_mb;
+	uint64_t mb_addr;
+	uint32_t mb_rkey;
 };
 
 int shift_exchange_qp_key(const struct shift_qp_key *k, char *buf, size_t cap);

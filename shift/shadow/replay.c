@@ -173,6 +173,16 @@ void shift_cq_fit_backup(struct shift_rnic *r, struct shift_cq *c)
 	pthread_mutex_unlock(&c->dp_lock);
 }
 
+void shift_mr_value_of(const struct shift_mr *m, struct shift_mr_value *mv)
+{
+	/* (the range the application's remote peers address it by) */
+	*mv = (struct shift_mr_value){
+		.bk_rkey = m->bk->rkey, .len = m->length,
+		.has_range = !(m->access & IBV_ACCESS_ZERO_BASED),
+		.addr = m->kind == SHIFT_MR_PLAIN ? (uint64_t)(uintptr_t)m->addr : m->iova,
+	};
+}
+
 static void publish_mr(struct shift_rnic *r, struct shift_mr *m)
 {
 	char key[SHIFT_EXCHANGE_KEY_MAX], val[SHIFT_EXCHANGE_VALUE_MAX];
@@ -181,12 +191,9 @@ static void publish_mr(struct shift_rnic *r, struct shift_mr *m)
 		if (m->published & (1u << i))
 			continue;
 		int kl = shift_exchange_mr_key(&r->gids[i], m->app_rkey, key, sizeof(key));
-		/* (the range the application's remote peers address it by) */
-		struct shift_mr_value mv = {
-			.bk_rkey = m->bk->rkey, .len = m->length,
-			.has_range = !(m->access & IBV_ACCESS_ZERO_BASED),
-			.addr = m->kind == SHIFT_MR_PLAIN ? (uint64_t)(uintptr_t)m->addr : m->iova,
-		};
+		struct shift_mr_value mv;
+
+		shift_mr_value_of(m, &mv);
 		int vl = shift_exchange_mr_encode(&mv, val, sizeof(val));
 
 		if (kl < 0 || vl < 0)
@@ -289,6 +296,7 @@ void shift_rnic_reap(struct shift_rnic *r)
 			kv_del(r, key);
 		if (o->bk)
 			shift_lower->destroy_qp(o->bk);
+		shift_mbox_detach(o);
 		if (o->state == SHIFT_SHADOW_READY)
 			stat_add(&shift_shadow_counters.qps_ready, -1);
 	});
@@ -319,6 +327,7 @@ void shift_rnic_reap(struct shift_rnic *r)
 		pthread_mutex_destroy(&o->dp_lock);
 	});
 	REAP(pds, pd_of, struct shift_pd, (void)0, {
+		shift_mbox_free_pd(o);
 		if (o->bk)
 			shift_lower->dealloc_pd(o->bk);
 	});

@@ -66,4 +66,15 @@ void shift_mri_free(struct shift_rnic *r);
 /* The peer MR records q's peer's index led to read ahead (status.c). */
 unsigned shift_mri_peer_keys(struct shift_qp *q);
 
+/* replay.c: m's record (m->bk set): its backup rkey and the range the
+ * application's peers address it by */
+void shift_mr_value_of(const struct shift_mr *m, struct shift_mr_value *mv);
+
+/* mbox.c, on the RNIC's thread: a key mailbox slot for q on its backup
+ * PD (q->mb, q->my_bk.mb_*; false: none, the QP runs without), given back
+ * at q's reap; a PD's pages freed before its backup PD. */
+bool shift_mbox_attach(struct shift_qp *q);
+void shift_mbox_detach(struct shift_qp *q);
+void shift_mbox_free_pd(struct shift_pd *p);
+
 #endif /* SHIFT_SHADOW_INT_H */

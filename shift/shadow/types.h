@@ -28,6 +28,8 @@
 struct shift_ctx;
 struct shift_kv;
 struct shift_peer_mrs;
+struct shift_mbox_page;
+struct shift_mbox_slot;
 
 /* The application destroyed o (rnic->lock held) / has it? (any thread) */
 #define SHIFT_SHADOW_KILL(o) __atomic_store_n(&(o)->dead, true, __ATOMIC_RELEASE)
@@ -46,6 +48,7 @@ struct shift_pd {
 	struct ibv_pd *bk;           /* thread-owned */
 	enum shift_shadow_state state; /* (L) */
 	bool dead;                   /* (L) the app deallocated it */
+	struct shift_mbox_page *mbox; /* thread-owned: key mailboxes (mbox.c) */
 };
 
 enum shift_mr_kind { SHIFT_MR_PLAIN, SHIFT_MR_IOVA, SHIFT_MR_DMABUF };
@@ -133,6 +136,15 @@ struct shift_qp {
 	/* its peer's MR index, read ahead (mrindex.c); written by the thread
 	 * under the index lock, read under it by a failover */
 	struct shift_peer_mrs *pm;
+	/* its key mailbox (mbox.h), if its backup grants remote writes:
+	 * set by the thread before the QP is READY, read by fo/mbox.c */
+	struct shift_mbox_slot *mb;
+	struct shift_mbox_page *mb_page;
+	uint32_t mb_lkey;
+	/* (thread, fo/mbox.c) my request in flight: its nonce (0: none), the
+	 * rkey asked, since when; the peer's last request answered */
+	uint64_t mb_nonce, mb_at, mb_answered;
+	uint32_t mb_rkey;
 };
 
 #define SHIFT_RNIC_MAX_GIDS 4

@@ -119,6 +119,12 @@ static void rejected_lines(void **state)
 	assert_int_equal(PARSE(o, err, "--bogus"), -1);
 	assert_int_equal(PARSE(o, err, "--mr2-at", "0"), -1);
 	assert_int_equal(PARSE(o, err, "--mr2-at", "-3"), -1);
+	assert_int_equal(PARSE(o, err, "--mr2-reg-at", "3"), -1); /* (no --mr2-at) */
+	assert_int_equal(PARSE(o, err, "--mr2-reg-at", "3", "--mr2-at", "3"), -1);
+	assert_non_null(strstr(err, "later --mr2-at"));
+	assert_int_equal(PARSE(o, err, "--mr2-reg-at", "0", "--mr2-at", "3"), -1);
+	assert_int_equal(PARSE(o, err, "--mr2-reg-at", "2.5", "--mr2-at", "3"), 0);
+	assert_true(o.mr2_reg_at > 2.49 && o.mr2_reg_at < 2.51);
 	assert_int_equal(PARSE(o, err, "host1", "host2"), -1);
 	assert_int_equal(PARSE(o, err, "-s"), -1);
 	assert_non_null(strstr(err, "needs a value"));

@@ -122,6 +122,50 @@ static void test_qp_mri(void **state)
 		assert_int_equal(shift_exchange_qp_decode(bad[i], strlen(bad[i]), &w), -EINVAL);
 }
 
+/* The writer's key mailbox in its QP record (shadow/mbox.h): after the
+ * MR index, address in 16 hex digits (never 0) and rkey; the longest
+ * record with it fits; anything else after the index is refused. */
+static void test_qp_mailbox(void **state)
+{
+	struct shift_qp_value v = { .qpn = 0xffffff, .psn = 0xffffff, .mtu = IBV_MTU_4096,
+				    .has_peer = true, .has_mri = true, .mri = UINT64_MAX,
+				    .has_mb = true, .mb_addr = UINT64_MAX, .mb_rkey = UINT32_MAX },
+			      w;
+	char buf[SHIFT_EXCHANGE_VALUE_MAX];
+	(void)state;
+
+	memset(&v.gid, 0xff, sizeof(v.gid));
+	memset(&v.peer.gid, 0xee, sizeof(v.peer.gid));
+	v.peer.qpn = 0xffffff;
+	int n = shift_exchange_qp_encode(&v, buf, sizeof(buf));
+	assert_true(n > 0);
+	assert_int_equal(shift_exchange_qp_decode(buf, (size_t)n, &w), 0);
+	assert_true(w.has_mb && w.mb_addr == UINT64_MAX && w.mb_rkey == UINT32_MAX && w.has_mri);
+	v.has_mri = v.has_peer = false; /* (a mailbox alone) */
+	v.mb_addr = 0x1000;
+	v.mb_rkey = 0;
+	n = shift_exchange_qp_encode(&v, buf, sizeof(buf));
+	assert_int_equal(shift_exchange_qp_decode(buf, (size_t)n, &w), 0);
+	assert_true(w.has_mb && !w.has_mri && !w.has_peer && w.mb_addr == 0x1000 && !w.mb_rkey);
+	v.has_mb = false; /* (none: an older writer's record) */
+	n = shift_exchange_qp_encode(&v, buf, sizeof(buf));
+	assert_int_equal(shift_exchange_qp_decode(buf, (size_t)n, &w), 0);
+	assert_false(w.has_mb);
+#define QP_MRI "shift1 qp gid=00112233445566778899aabbccddeeff qpn=1 psn=2 mtu=3 mri=0000000000000001"
+	static const char *const bad[] = {
+		QP_MRI " mba=0000000000000000 mbk=5",
+		QP_MRI " mba=0000000000001000",
+		QP_MRI " mba=0000000000001000 mbk=",
+		QP_MRI " mba=0000000000001000 mbk=4294967296",
+		QP_MRI " mba=000000000000100 mbk=5",
+		QP_MRI " mba=0000000000001000 mbk=5 x",
+		QP_MRI " mbk=5 mba=0000000000001000",
+	};
+#undef QP_MRI
+	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++)
+		assert_int_equal(shift_exchange_qp_decode(bad[i], strlen(bad[i]), &w), -EINVAL);
+}
+
 /* MR index chunks: the spelling, the bounds, and what is refused. */
 static void test_mri(void **state)
 {
@@ -330,6 +374,7 @@ int main(void)
 		cmocka_unit_test(test_qp_decode_rejects),
 		cmocka_unit_test(test_mr),
 		cmocka_unit_test(test_qp_mri),
+		cmocka_unit_test(test_qp_mailbox),
 		cmocka_unit_test(test_mri),
 		cmocka_unit_test(test_backup_pick),
 		cmocka_unit_test(test_ep),

@@ -8,6 +8,8 @@
  * Keys the QP used before its failure are read ahead, and so is every MR
  * the peer published (its MR index, shadow/mrindex.c); one of those is used
  * when the store cannot give it at the failover (gone, emptied, garbled).
+ * A key in no record at all (memory the peer registered while the store
+ * was gone) is asked of the peer over the backup path (its key mailbox).
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -38,6 +40,16 @@ static uint64_t now_ms(void)
 
 	clock_gettime(CLOCK_MONOTONIC, &ts);
 	return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+}
+
+static void open_pair(void);
+
+/* ... without key mailboxes (SHIFT_KEY_MAILBOX=0): what the KV store alone
+ * gives a failover */
+static void open_pair_kv_only(void)
+{
+	test_setenv("SHIFT_KEY_MAILBOX", "0");
+	open_pair();
 }
 
 static void open_pair(void)
@@ -121,7 +133,7 @@ static void test_write_waits_for_its_key(void **state)
 	unsigned long waited = shift_stats.rkeys_waited;
 	(void)state;
 
-	open_pair();
+	open_pair_kv_only();
 	assert_int_equal(shift_kv_mem_set_down(kvname, true), 0);
 	struct ibv_mr *mr2 = b_mr2();
 
@@ -148,7 +160,7 @@ static void test_key_unreadable_fails_in_bounded_time(void **state)
 	unsigned saved = shift_config.kv_wait_ms;
 	(void)state;
 
-	open_pair();
+	open_pair_kv_only();
 	shift_config.kv_wait_ms = 200;
 	assert_int_equal(shift_kv_mem_set_down(kvname, true), 0);
 	struct ibv_mr *mr2 = b_mr2(); /* (in no index) */
@@ -182,7 +194,7 @@ static void test_key_never_published_refused_at_once(void **state)
 	unsigned saved = shift_config.kv_wait_ms;
 	(void)state;
 
-	open_pair();
+	open_pair_kv_only();
 	shift_config.kv_wait_ms = 60000;
 	uint64_t t0 = shift_clock_ms();
 
@@ -194,6 +206,67 @@ static void test_key_never_published_refused_at_once(void **state)
 	assert_int_not_equal(wc[0].status, IBV_WC_SUCCESS);
 	assert_int_equal(b.buf[4096], 0);
 	shift_config.kv_wait_ms = saved;
+	sim_pair_close(&pair);
+}
+
+/* The store is down while A fails over and writes into an MR B registered
+ * while it was down (in no record, in no index): A's background thread
+ * asks B's over the backup path (the key mailbox, fo/mbox.c), B's answers
+ * with its backup key, and the write completes, every byte in place, well
+ * within SHIFT_KV_WAIT_MS; the store stays down throughout. */
+static void test_key_from_the_peer_store_down(void **state)
+{
+	struct ibv_wc wc[4];
+	unsigned long asked = shift_stats.mbox_asked, taken = shift_stats.mbox_taken;
+	unsigned long answered = shift_stats.mbox_answered;
+	(void)state;
+
+	open_pair();
+	assert_int_equal(shift_kv_mem_set_down(kvname, true), 0);
+	struct ibv_mr *mr2 = b_mr2();
+	uint64_t t0 = shift_clock_ms();
+
+	write_after_failure(mr2->rkey, 0x6c);
+	assert_int_equal(drive(wc, 1, 1000000, 10000), 1);
+	print_message("the write completed %llu ms after the failure (SHIFT_KV_WAIT_MS %u)\n",
+		      (unsigned long long)(shift_clock_ms() - t0), shift_config.kv_wait_ms);
+	assert_true(shift_clock_ms() - t0 < shift_config.kv_wait_ms);
+	assert_int_equal(wc[0].wr_id, 91);
+	assert_int_equal(wc[0].status, IBV_WC_SUCCESS);
+	assert_written(0x6c);
+	assert_true(shift_stats.mbox_asked > asked);
+	assert_true(shift_stats.mbox_answered > answered);
+	assert_true(shift_stats.mbox_taken > taken);
+	assert_int_equal(shift_kv_mem_set_down(kvname, false), 0);
+	assert_int_equal(b.v->dereg_mr(mr2), 0);
+	sim_pair_close(&pair);
+}
+
+/* The same with a key B does not have: B answers so, and the write fails
+ * as B's NIC would refuse it on the default path, long before
+ * SHIFT_KV_WAIT_MS (a minute here). */
+static void test_key_the_peer_lacks_refused(void **state)
+{
+	struct ibv_wc wc[4];
+	unsigned saved = shift_config.kv_wait_ms;
+	unsigned long taken = shift_stats.mbox_taken;
+	(void)state;
+
+	open_pair();
+	shift_config.kv_wait_ms = 60000;
+	assert_int_equal(shift_kv_mem_set_down(kvname, true), 0);
+	uint64_t t0 = shift_clock_ms();
+
+	write_after_failure(b.mr->rkey + 4242, 0x19);
+	sim_pair_expect_errors(1);
+	assert_int_equal(drive(wc, 1, 1000000, 10000), 1);
+	assert_true(shift_clock_ms() - t0 < 5000);
+	assert_int_equal(wc[0].wr_id, 91);
+	assert_int_not_equal(wc[0].status, IBV_WC_SUCCESS);
+	assert_int_equal(b.buf[4096], 0);
+	assert_true(shift_stats.mbox_taken > taken);
+	shift_config.kv_wait_ms = saved;
+	assert_int_equal(shift_kv_mem_set_down(kvname, false), 0);
 	sim_pair_close(&pair);
 }
 
@@ -479,6 +552,8 @@ int main(void)
 		cmocka_unit_test(test_write_waits_for_its_key),
 		cmocka_unit_test(test_key_unreadable_fails_in_bounded_time),
 		cmocka_unit_test(test_key_never_published_refused_at_once),
+		cmocka_unit_test(test_key_from_the_peer_store_down),
+		cmocka_unit_test(test_key_the_peer_lacks_refused),
 		cmocka_unit_test(test_read_ahead_key_used_store_down),
 		cmocka_unit_test(test_read_ahead_key_used_store_emptied),
 		cmocka_unit_test(test_write_outside_the_peer_mr_refused),

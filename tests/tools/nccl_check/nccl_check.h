@@ -28,6 +28,7 @@
 struct nc_remote {
 	uint32_t qpn, psn, lid, rkey;
 	uint32_t rkey2;   /* its second MR over the same buffer (--mr2-at) */
+	int rkey2_known;  /* rkey2 told (at setup; with --mr2-reg-at, later over TCP) */
 	uint8_t gid[16];
 	uint64_t tx_ring; /* its transmit ring (read mode: what we READ) */
 	uint64_t rx_ring; /* its receive ring (write mode: where we WRITE) */
@@ -138,6 +139,7 @@ struct nc_ctx {
 	uint8_t rxb[8 * (2 + NC_MAX_QPS)]; /* partial TCP message */
 	size_t rxb_have;
 	int peer_txdone, peer_fin;
+	int mr2_sent;     /* --mr2-reg-at: my second MRs registered, keys sent */
 	struct nc_peer_summary peer;
 
 	/* Results. */
@@ -175,6 +177,8 @@ int nc_rdma_open(struct nc_ctx *c);
 int nc_rdma_connect(struct nc_ctx *c);
 void nc_rdma_close(struct nc_ctx *c);
 void nc_rdma_free_channels(struct nc_ctx *c);
+/* --mr2-at: the second registration of ch's buffer (0, or -1 logged) */
+int nc_reg_mr2(struct nc_ctx *c, struct nc_chan *ch);
 void nc_remote_pack(const struct nc_ctx *c, const struct nc_chan *ch, uint64_t *w);
 void nc_remote_unpack(struct nc_remote *r, const uint64_t *w);
 #define NC_REMOTE_WORDS 11

@@ -28,6 +28,9 @@ const char nc_usage[] =
 	"      --mr2-at SECS     each QP's buffer is registered twice; from SECS into\n"
 	"                        the run on, RDMA goes to the peer's second MR (memory\n"
 	"                        the connection never addressed before)\n"
+	"      --mr2-reg-at SECS the second MR is registered SECS into the run (not at\n"
+	"                        setup) and its key sent to the peer over TCP then;\n"
+	"                        needs --mr2-at later than SECS\n"
 	"      --mtu BYTES       path MTU 256..4096 (1024)\n"
 	"      --timeout N       QP ack timeout exponent (14)\n"
 	"      --inject KIND     corrupt-byte | dup-notify (self-test)\n"
@@ -122,6 +125,8 @@ int nc_opts_validate(const struct nc_opts *o, char *err, size_t errlen)
 		return snprintf(err, errlen, "--watchdog must be >= 1 s"), -1;
 	if (o->timeout > 31)
 		return snprintf(err, errlen, "--timeout must be 0..31"), -1;
+	if (o->mr2_reg_at > 0 && !(o->mr2_at > o->mr2_reg_at))
+		return snprintf(err, errlen, "--mr2-reg-at needs a later --mr2-at"), -1;
 	return 0;
 }
 
@@ -129,7 +134,7 @@ int nc_opts_parse(struct nc_opts *o, int argc, char **argv, char *err,
                   size_t errlen)
 {
 	enum { O_MODE = 256, O_BIDIR, O_JSON, O_WATCHDOG, O_MTU, O_TIMEOUT,
-	       O_INJECT, O_INJECT_AT, O_QUIET, O_MR2_AT };
+	       O_INJECT, O_INJECT_AT, O_QUIET, O_MR2_AT, O_MR2_REG_AT };
 	static const struct option lopts[] = {
 		{"dev", required_argument, NULL, 'd'},
 		{"ib-port", required_argument, NULL, 'i'},
@@ -152,6 +157,7 @@ int nc_opts_parse(struct nc_opts *o, int argc, char **argv, char *err,
 		{"inject-at", required_argument, NULL, O_INJECT_AT},
 		{"quiet", no_argument, NULL, O_QUIET},
 		{"mr2-at", required_argument, NULL, O_MR2_AT},
+		{"mr2-reg-at", required_argument, NULL, O_MR2_REG_AT},
 		{NULL, 0, NULL, 0},
 	};
 	*o = (struct nc_opts){
@@ -198,6 +204,9 @@ int nc_opts_parse(struct nc_opts *o, int argc, char **argv, char *err,
 			break;
 		case O_TIMEOUT: bad = parse_uint(optarg, 31, &v); o->timeout = (unsigned)v; break;
 		case O_MR2_AT: bad = parse_secs(optarg, &o->mr2_at) || o->mr2_at <= 0; break;
+		case O_MR2_REG_AT:
+			bad = parse_secs(optarg, &o->mr2_reg_at) || o->mr2_reg_at <= 0;
+			break;
 		case O_INJECT:
 			if (!strcmp(optarg, "corrupt-byte")) o->inject = NC_INJ_CORRUPT;
 			else if (!strcmp(optarg, "dup-notify")) o->inject = NC_INJ_DUP;

@@ -37,6 +37,8 @@ struct nc_opts {
 	uint64_t inject_at;    /* --inject-at: message seq to tamper with */
 	int quiet;             /* --quiet: no per-second lines */
 	double mr2_at;         /* --mr2-at: from SECS on, the peer's second MR (0: never) */
+	double mr2_reg_at;     /* --mr2-reg-at: the second MR registered then, its key
+	                        * sent over TCP (0: at setup, with the rest) */
 };
 
 /* Parse argv into o (defaults first). Returns 0 to run, 1 if help was asked

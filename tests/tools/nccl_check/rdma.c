@@ -122,13 +122,8 @@ static int open_chan(struct nc_ctx *c, struct nc_chan *ch)
 		verb_fail(c, (int)ch->idx, "ibv_reg_mr", errno);
 		return -1;
 	}
-	if (c->o->mr2_at > 0 &&
-	    !(ch->mr2 = ibv_reg_mr(c->pd, ch->buf, ch->buflen,
-	                           IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE |
-	                           IBV_ACCESS_REMOTE_READ))) {
-		verb_fail(c, (int)ch->idx, "ibv_reg_mr", errno);
+	if (c->o->mr2_at > 0 && c->o->mr2_reg_at <= 0 && nc_reg_mr2(c, ch))
 		return -1;
-	}
 	struct ibv_qp_init_attr qa = {
 		.send_cq = c->cq, .recv_cq = c->cq, .qp_type = IBV_QPT_RC,
 		.sq_sig_all = 0,
@@ -196,6 +191,18 @@ int nc_rdma_open(struct nc_ctx *c)
 	return 0;
 }
 
+int nc_reg_mr2(struct nc_ctx *c, struct nc_chan *ch)
+{
+	ch->mr2 = ibv_reg_mr(c->pd, ch->buf, ch->buflen,
+	                     IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE |
+	                     IBV_ACCESS_REMOTE_READ);
+	if (!ch->mr2) {
+		verb_fail(c, (int)ch->idx, "ibv_reg_mr", errno);
+		return -1;
+	}
+	return 0;
+}
+
 void nc_remote_pack(const struct nc_ctx *c, const struct nc_chan *ch, uint64_t *w)
 {
 	uint64_t g[2];
@@ -226,6 +233,7 @@ void nc_remote_unpack(struct nc_remote *r, const uint64_t *w)
 	r->credit = w[8];
 	r->ready = w[9];
 	r->rkey2 = (uint32_t)w[10];
+	r->rkey2_known = w[10] != w[5]; /* (else registered later: --mr2-reg-at) */
 }
 
 static int qp_to_rts(struct nc_ctx *c, struct nc_chan *ch)

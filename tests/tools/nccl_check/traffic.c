@@ -35,6 +35,7 @@
 enum { K_CHUNK = 1, K_DATA, K_CTRL, K_READ, K_RECV };
 #define TAG_TXDONE 0x5458444f4e45ull /* "TXDONE" */
 #define TAG_FIN 0x46494eull           /* "FIN" */
+#define TAG_MR2 0x4d5232ull           /* "MR2": the keys of --mr2-reg-at */
 
 static inline uint64_t wrid(unsigned kind, unsigned ch, uint64_t payload)
 {
@@ -147,6 +148,8 @@ static uint32_t rkey_now(struct nc_ctx *c, struct nc_chan *ch)
 
 	if (c->o->mr2_at <= 0 || nc_now() < c->t0 + c->o->mr2_at)
 		return ch->rem.rkey;
+	if (c->o->mr2_reg_at > 0 && !ch->rem.rkey2_known)
+		return ch->rem.rkey; /* (its key not here yet) */
 	if (!said) {
 		said = 1;
 		nc_log("from %.1f s on: RDMA to the peer's second MR (rkey %u)", c->o->mr2_at,
@@ -539,6 +542,39 @@ static void send_txdone(struct nc_ctx *c)
 		nc_error(c, -1, "tcp", "cannot send TXDONE to the peer", errno, 0);
 }
 
+/* --mr2-reg-at: register the second MRs now, and tell the peer their keys
+ * (memory registered while the run goes on: a KV store killed before it
+ * holds no record of them) */
+static void send_mr2(struct nc_ctx *c)
+{
+	uint64_t w[2 + NC_MAX_QPS];
+
+	c->mr2_sent = 1;
+	w[0] = TAG_MR2;
+	w[1] = c->o->qps;
+	for (unsigned i = 0; i < c->o->qps; i++) {
+		if (nc_reg_mr2(c, &c->ch[i]))
+			return;
+		w[2 + i] = c->ch[i].mr2->rkey;
+	}
+	nc_log("second MRs registered %.1f s into the run (rkey %u first)",
+	       nc_now() - c->t0, c->ch[0].mr2->rkey);
+	if (nc_tcp_send_u64(c->sock, w, 2 + c->o->qps))
+		nc_error(c, -1, "tcp", "cannot send MR2 to the peer", errno, 0);
+}
+
+static void got_mr2(struct nc_ctx *c, const uint64_t *w)
+{
+	if (w[1] != c->o->qps) {
+		nc_error(c, -1, "tcp", "malformed MR2 from the peer", EPROTO, 0);
+		return;
+	}
+	for (unsigned i = 0; i < c->o->qps; i++) {
+		c->ch[i].rem.rkey2 = (uint32_t)w[2 + i];
+		c->ch[i].rem.rkey2_known = 1;
+	}
+}
+
 static void got_txdone(struct nc_ctx *c, const uint64_t *w)
 {
 	c->peer_txdone = 1;
@@ -576,7 +612,9 @@ static int poll_peer(struct nc_ctx *c, double deadline)
 		int r = 0;
 		if (!c->peer_txdone) {
 			r = nc_tcp_poll_u64(c, w, 2 + c->o->qps);
-			if (r == 1)
+			if (r == 1 && w[0] == TAG_MR2)
+				got_mr2(c, w);
+			else if (r == 1)
 				got_txdone(c, w);
 		} else if (!c->peer_fin) {
 			r = nc_tcp_poll_u64(c, w, FIN_WORDS);
@@ -628,6 +666,8 @@ void nc_traffic_run(struct nc_ctx *c)
 		if (o->duration > 0 && now >= c->t0 + o->duration)
 			stop_tx = 1;
 		uint64_t limit = stop_tx ? 0 : (o->iters ? o->iters : UINT64_MAX);
+		if (o->mr2_reg_at > 0 && !c->mr2_sent && now >= c->t0 + o->mr2_reg_at)
+			send_mr2(c);
 
 		int n = ibv_poll_cq(c->cq, 32, wc);
 		if (n < 0) {
