@@ -119,7 +119,8 @@ static uint64_t nonce(void)
 	uint64_t v = 0;
 
 	if (getrandom(&v, sizeof(v), GRND_NONBLOCK) != (ssize_t)sizeof(v))
-		v = (shift_clock_us() ^ ++n * 0x9e3779b97f4a7c15ull) * 0xbf58476d1ce4e5b9ull;
+		v = (shift_clock_us() ^ __atomic_add_fetch(&n, 1, __ATOMIC_RELAXED) *
+					 0x9e3779b97f4a7c15ull) * 0xbf58476d1ce4e5b9ull;
 	return v ? v : 1;
 }
 

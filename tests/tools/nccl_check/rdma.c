@@ -94,6 +94,20 @@ static int size_queues(struct nc_ctx *c)
 	return 0;
 }
 
+/* ch's buffer registered (for the peer's writes and reads) into *mr: 0, or
+ * -1 (logged) */
+static int reg_buf(struct nc_ctx *c, struct nc_chan *ch, struct ibv_mr **mr)
+{
+	*mr = ibv_reg_mr(c->pd, ch->buf, ch->buflen,
+	                 IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE |
+	                 IBV_ACCESS_REMOTE_READ);
+	if (!*mr) {
+		verb_fail(c, (int)ch->idx, "ibv_reg_mr", errno);
+		return -1;
+	}
+	return 0;
+}
+
 static int open_chan(struct nc_ctx *c, struct nc_chan *ch)
 {
 	const struct nc_opts *o = c->o;
@@ -115,14 +129,8 @@ static int open_chan(struct nc_ctx *c, struct nc_chan *ch)
 		verb_fail(c, (int)ch->idx, "calloc", ENOMEM);
 		return -1;
 	}
-	ch->mr = ibv_reg_mr(c->pd, ch->buf, ch->buflen,
-	                    IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE |
-	                    IBV_ACCESS_REMOTE_READ);
-	if (!ch->mr) {
-		verb_fail(c, (int)ch->idx, "ibv_reg_mr", errno);
-		return -1;
-	}
-	if (c->o->mr2_at > 0 && c->o->mr2_reg_at <= 0 && nc_reg_mr2(c, ch))
+	if (reg_buf(c, ch, &ch->mr) ||
+	    (c->o->mr2_at > 0 && c->o->mr2_reg_at <= 0 && nc_reg_mr2(c, ch)))
 		return -1;
 	struct ibv_qp_init_attr qa = {
 		.send_cq = c->cq, .recv_cq = c->cq, .qp_type = IBV_QPT_RC,
@@ -193,14 +201,7 @@ int nc_rdma_open(struct nc_ctx *c)
 
 int nc_reg_mr2(struct nc_ctx *c, struct nc_chan *ch)
 {
-	ch->mr2 = ibv_reg_mr(c->pd, ch->buf, ch->buflen,
-	                     IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE |
-	                     IBV_ACCESS_REMOTE_READ);
-	if (!ch->mr2) {
-		verb_fail(c, (int)ch->idx, "ibv_reg_mr", errno);
-		return -1;
-	}
-	return 0;
+	return reg_buf(c, ch, &ch->mr2);
 }
 
 void nc_remote_pack(const struct nc_ctx *c, const struct nc_chan *ch, uint64_t *w)
