@@ -34,6 +34,7 @@ struct status_row {
 	char dev[64], st[16], sh[16], bk[64], bks[16], ss[16], rs[16], when[16], wq[16];
 	unsigned qpn, bkqpn, peer, gen;
 	int mrs; /* peer MR keys read ahead (-1: an older writer's line) */
+	char mbox[16]; /* key mailboxes: both, mine, peer, none ("": an older writer's) */
 	unsigned long fo, fb, retx;
 	const char *note;
 };
@@ -93,10 +94,10 @@ static void row_print(struct status_out *o, struct status_row *r)
 		if (r->mrs >= 0)
 			snprintf(mrs, sizeof(mrs), "%d", r->mrs);
 		printf("%-7d %-8s %-8u %-6s %-11s %-8s %-8u %-6s %-8u %-9s %-8s %4lu %4lu %6lu %4u "
-		       "%-8s %-6s %8s %s\n", r->pid, plain(r->dev), r->qpn, plain(r->st), plain(r->sh),
-		       plain(r->bk), r->bkqpn, plain(r->bks), r->peer, plain(r->ss), plain(r->rs),
-		       r->fo, r->fb, r->retx, r->gen, r->when, plain(r->wq), mrs,
-		       plain((char *)r->note));
+		       "%-8s %-6s %8s %-5s %s\n", r->pid, plain(r->dev), r->qpn, plain(r->st),
+		       plain(r->sh), plain(r->bk), r->bkqpn, plain(r->bks), r->peer, plain(r->ss),
+		       plain(r->rs), r->fo, r->fb, r->retx, r->gen, r->when, plain(r->wq), mrs,
+		       r->mbox[0] ? plain(r->mbox) : "-", plain((char *)r->note));
 		return;
 	}
 	printf("%s\n  {\"pid\": %d, \"dev\": ", o->rows ? "," : "", r->pid);
@@ -120,6 +121,10 @@ static void row_print(struct status_out *o, struct status_row *r)
 	json_str(r->wq);
 	if (r->mrs >= 0)
 		printf(", \"peer_mrs\": %d", r->mrs);
+	if (r->mbox[0]) {
+		printf(", \"key_mailbox\": ");
+		json_str(r->mbox);
+	}
 	printf(", \"note\": ");
 	json_str(r->note);
 	putchar('}');
@@ -151,6 +156,11 @@ static void line_parse(struct status_out *o, char *line)
 		off += moff;
 	else
 		r.mrs = -1;
+	moff = 0;
+	if (off && sscanf(line + off, "mbox=%15s %n", r.mbox, &moff) == 1 && moff)
+		off += moff;
+	else
+		r.mbox[0] = '\0';
 	r.note = off ? line + off : "";
 	row_print(o, &r);
 	o->rows++;
@@ -260,9 +270,9 @@ static int status(int argc, char **argv)
 	}
 	if (!o.json)
 		printf("%-7s %-8s %-8s %-6s %-11s %-8s %-8s %-6s %-8s %-9s %-8s %4s %4s %6s %4s "
-		       "%-8s %-6s %8s %s\n", "PID", "DEV", "QPN", "STATE", "SHADOW", "BACKUP", "BK_QPN",
-		       "BK_ST", "PEER_BK", "SEND", "RECV", "FO", "FB", "RETX", "GEN", "SWITCHED",
-		       "WQ", "PEER_MRS", "NOTE");
+		       "%-8s %-6s %8s %-5s %s\n", "PID", "DEV", "QPN", "STATE", "SHADOW", "BACKUP",
+		       "BK_QPN", "BK_ST", "PEER_BK", "SEND", "RECV", "FO", "FB", "RETX", "GEN",
+		       "SWITCHED", "WQ", "PEER_MRS", "MBOX", "NOTE");
 	else
 		printf("[");
 	if (dir) {

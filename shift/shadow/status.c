@@ -113,7 +113,7 @@ void shift_status_write(struct shift_rnic *r)
 		const struct shift_dqp *d = shift_dqp_of_qp(q->app);
 		unsigned ss = d ? (unsigned)__atomic_load_n(&d->send_state, __ATOMIC_RELAXED) : 0;
 
-		fprintf(f, "%d %s %u %s %s %s %u %s %u %s %s %lu %lu %lu %u %llu %s mrs=%u %s\n",
+		fprintf(f, "%d %s %u %s %s %s %u %s %u %s %s %lu %lu %lu %u %llu %s mrs=%u mbox=%s %s\n",
 			(int)getpid(),
 			r->name, q->app_qpn, state_name(q->app_state),
 			q->state == SHIFT_SHADOW_READY ? "ready" :
@@ -130,7 +130,12 @@ void shift_status_write(struct shift_rnic *r)
 			/* where a failover reads its WRs from (shift/dp/nwq.h) */
 			!d ? "-" : d->nwq ? "native" : "mirror",
 			/* the peer's MRs whose backup keys are read ahead */
-			shift_mri_peer_keys(q), q->why ? q->why : "-");
+			shift_mri_peer_keys(q),
+			/* key mailboxes (mbox.h): on both ends, mine or the
+			 * peer's only, none */
+			q->mb && q->peer_bk.has_mb ? "both" : q->mb ? "mine" :
+			q->peer_bk.has_mb ? "peer" : "none",
+			q->why ? q->why : "-");
 	}
 	pthread_mutex_unlock(&r->lock);
 	if (fclose(f) || renameat(dfd, tmp, dfd, path))

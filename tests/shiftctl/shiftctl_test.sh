@@ -34,14 +34,20 @@ grep -q "SHIFT_KV_URL.*too long" "$tmp/long" || fail "long URL reason"
 mkdir -m 0700 "$tmp/st"
 printf '%s sim0 7 RTS ready sim1 9 RTS 11 default default 0 0 0 0 0 native a "quoted"\\\ttab\n' $$ >"$tmp/st/shift-$$-sim0.status"
 "$ctl" status --json "$tmp/st" >"$tmp/json" 2>&1 || fail "status --json exit $?"
-python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); assert d[0]["qpn"]==7, d; assert d[0]["wq"]=="native", d; assert d[0]["note"].startswith("a \"quoted\""), d; assert "peer_mrs" not in d[0], d' \
+python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); assert d[0]["qpn"]==7, d; assert d[0]["wq"]=="native", d; assert d[0]["note"].startswith("a \"quoted\""), d; assert "peer_mrs" not in d[0] and "key_mailbox" not in d[0], d' \
 	"$tmp/json" || fail "status --json not valid JSON: $(cat "$tmp/json")"
 # (this writer's lines: the peer MR keys read ahead, then the note)
 printf '%s sim0 8 RTS ready sim1 9 RTS 11 default default 0 0 0 0 0 mirror mrs=12 -\n' $$ >"$tmp/st/shift-$$-sim1.status"
 "$ctl" status --json "$tmp/st" >"$tmp/json2" 2>&1 || fail "status --json exit $?"
 python3 -c 'import json,sys; d={r["qpn"]: r for r in json.load(open(sys.argv[1]))}; assert d[8]["peer_mrs"]==12 and d[8]["note"]=="-", d' \
 	"$tmp/json2" || fail "status --json peer_mrs: $(cat "$tmp/json2")"
-"$ctl" status "$tmp/st" | grep -Eq " mirror +12 -$" || fail "PEER_MRS column: $("$ctl" status "$tmp/st")"
+"$ctl" status "$tmp/st" | grep -Eq " mirror +12 - +-$" || fail "PEER_MRS column: $("$ctl" status "$tmp/st")"
+# (and the key mailboxes of the connection, then the note)
+printf '%s sim0 9 RTS ready sim1 9 RTS 11 default default 0 0 0 0 0 mirror mrs=3 mbox=both -\n' $$ >"$tmp/st/shift-$$-sim2.status"
+"$ctl" status --json "$tmp/st" >"$tmp/json3" 2>&1 || fail "status --json exit $?"
+python3 -c 'import json,sys; d={r["qpn"]: r for r in json.load(open(sys.argv[1]))}; assert d[9]["key_mailbox"]=="both" and d[9]["peer_mrs"]==3 and d[9]["note"]=="-", d' \
+	"$tmp/json3" || fail "status --json key_mailbox: $(cat "$tmp/json3")"
+"$ctl" status "$tmp/st" | grep -Eq " mirror +3 both +-$" || fail "MBOX column: $("$ctl" status "$tmp/st")"
 
 chmod 0777 "$tmp/st"
 "$ctl" status "$tmp/st" >"$tmp/skip" 2>&1

@@ -340,7 +340,8 @@ static void index_read_ahead(unsigned long n)
 	assert_true(st.peer_mrs_read >= want);
 }
 
-/* A's status line (shiftctl's) tells the peer MR keys read ahead. */
+/* A's status line (shiftctl's) tells the peer MR keys read ahead, and
+ * that both ends of its connection have a key mailbox. */
 static void assert_status_mrs(unsigned want)
 {
 	char dir[] = "/tmp/shift-rkeys-XXXXXX", path[512], line[1024], tag[32];
@@ -353,7 +354,7 @@ static void assert_status_mrs(unsigned want)
 	assert_non_null(f = fopen(path, "r"));
 	assert_non_null(fgets(line, sizeof(line), f));
 	fclose(f);
-	snprintf(tag, sizeof(tag), " mrs=%u ", want);
+	snprintf(tag, sizeof(tag), " mrs=%u mbox=both ", want);
 	assert_non_null(strstr(line, tag));
 	shift_status_remove(shift_rnic_of(a.ctx));
 	shift_config.status_dir[0] = '\0';
