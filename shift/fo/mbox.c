@@ -189,7 +189,7 @@ static void take(struct shift_dqp *d, uint64_t now)
 static void ask(struct shift_dqp *d, uint64_t now)
 {
 	struct shift_qp *q = d->shadow;
-	uint32_t rkey;
+	uint32_t rkey = 0;
 
 	if (q->mb_nonce && now - q->mb_at < SHIFT_MBOX_RETRY_MS)
 		return;
