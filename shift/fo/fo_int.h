@@ -123,6 +123,17 @@ static inline struct shift_rkey *fo_rk_find(struct shift_dqp *d, uint32_t app)
 			return &d->rk[i];
 	return NULL;
 }
+/* e's key read (from the store or the peer's mailbox) at `at`: known, and
+ * the fallback of later reads (rk_lock held) */
+static inline void fo_rk_known(struct shift_rkey *e, struct shift_rkey_val v, uint64_t at)
+{
+	e->st = SHIFT_RK_KNOWN;
+	e->v = v;
+	e->prev = v;
+	e->has_prev = true;
+	e->at_ms = at;
+	e->ahead = false;
+}
 /* what the key mailbox (fo/mbox.c) settles of the keys fo/kvq.c wants */
 void fo_rk_told(struct shift_dqp *d, uint32_t app, bool known, const struct shift_rkey_val *v,
 		uint64_t now);

@@ -462,12 +462,7 @@ static void apply_rk(struct shift_ctx *s, struct shift_dqp *d, struct kvq_item *
 
 	if (e && e->st == SHIFT_RK_WANT) {
 		if (known) {
-			e->st = SHIFT_RK_KNOWN;
-			e->v = rk_val(&mv);
-			e->prev = e->v;
-			e->has_prev = true;
-			e->at_ms = it->at;
-			e->ahead = false;
+			fo_rk_known(e, rk_val(&mv), it->at);
 		} else if (e->ahead) {
 			/* (read ahead: absent is absent; an error is read again
 			 * at the next read-ahead) */
@@ -475,12 +470,9 @@ static void apply_rk(struct shift_ctx *s, struct shift_dqp *d, struct kvq_item *
 				e->st = SHIFT_RK_ABSENT;
 				e->at_ms = it->at;
 			}
-		} else if (e->has_prev) {
+		} else if (e->has_prev || (!it->rc && !kv_failed_lately(s, it->at))) {
 			/* (absent or unreadable now, or the store cannot answer:
-			 * the key read before) */
-			e_known = rk_earlier(d, e, it->at, &say);
-		} else if (!it->rc && !kv_failed_lately(s, it->at)) {
-			/* (absent from a store that kept answering: refused) */
+			 * the key read before, if any; none: absent, refused) */
 			e_known = rk_earlier(d, e, it->at, &say);
 		} else if (fo_mbox_possible(d)) {
 			/* (the store cannot answer, none read before: the peer

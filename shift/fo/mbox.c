@@ -43,13 +43,12 @@ void fo_rk_told(struct shift_dqp *d, uint32_t app, bool known, const struct shif
 	struct shift_rkey *e = fo_rk_find(d, app);
 
 	if (e && e->st == SHIFT_RK_WANT && !e->ahead) {
-		e->st = known ? SHIFT_RK_KNOWN : SHIFT_RK_ABSENT;
-		e->at_ms = now;
 		e->ask = false;
 		if (known) {
-			e->v = *v;
-			e->prev = *v;
-			e->has_prev = true;
+			fo_rk_known(e, *v, now);
+		} else {
+			e->st = SHIFT_RK_ABSENT;
+			e->at_ms = now;
 		}
 	}
 	pthread_mutex_unlock(&d->rk_lock);
