@@ -261,33 +261,51 @@ static void kv_del(struct shift_rnic *r, const char *key)
 		(void)shift_kv_delete(r->kv, key);
 }
 
-/* Destroy the backup side of dead objects and unlink them. Children
- * before parents: QPs, MRs, CQs, PDs. */
+/* Move the dead objects of r->list to out (rnic->lock held) / destroy
+ * and free those of in. */
+#define UNLINK(list, map, type, unmap, out)                                    \
+	for (type **pp = &r->list; *pp;) {                                     \
+		type *o = *pp;                                                 \
+		if (!o->dead) {                                                \
+			pp = &o->next;                                         \
+			continue;                                              \
+		}                                                              \
+		*pp = o->next;                                                 \
+		shift_pmap_del(&r->map, &o->hn);                               \
+		unmap;                                                         \
+		o->next = out;                                                 \
+		out = o;                                                       \
+	}
+#define DESTROY(type, in, destroy)                                             \
+	while (in) {                                                           \
+		type *o = in;                                                  \
+		in = o->next;                                                  \
+		destroy;                                                       \
+		free(o);                                                       \
+	}
+
+/* Destroy the backup side of dead objects and unlink them. Every dead
+ * object is unlinked in one hold of the lock, so the set reaped is one
+ * the application could have left: it destroys children before their
+ * parent, each under that lock, so a PD dead here has no QP that dies
+ * later (a QP reaped on a later pass would find its PD's mailbox pages
+ * freed). Then children before parents: QPs, MRs, CQs, PDs. */
 void shift_rnic_reap(struct shift_rnic *r)
 {
 	char key[SHIFT_EXCHANGE_KEY_MAX];
+	struct shift_qp *qps = NULL;
+	struct shift_mr *mrs = NULL;
+	struct shift_cq *cqs = NULL;
+	struct shift_pd *pds = NULL;
 
-#define REAP(list, map, type, unmap, destroy)                                  \
-	do {                                                                   \
-		pthread_mutex_lock(&r->lock);                                  \
-		for (type **pp = &r->list; *pp;) {                             \
-			type *o = *pp;                                         \
-			if (!o->dead) {                                        \
-				pp = &o->next;                                 \
-				continue;                                      \
-			}                                                      \
-			*pp = o->next;                                         \
-			shift_pmap_del(&r->map, &o->hn);                       \
-			unmap;                                                 \
-			pthread_mutex_unlock(&r->lock);                        \
-			destroy;                                               \
-			free(o);                                               \
-			pthread_mutex_lock(&r->lock);                          \
-		}                                                              \
-		pthread_mutex_unlock(&r->lock);                                \
-	} while (0)
+	pthread_mutex_lock(&r->lock);
+	UNLINK(qps, qp_of, struct shift_qp, (void)0, qps);
+	UNLINK(mrs, mr_of, struct shift_mr, shift_pmap_del(&r->mr_by_lkey, &o->hl), mrs);
+	UNLINK(cqs, cq_of, struct shift_cq, (void)0, cqs);
+	UNLINK(pds, pd_of, struct shift_pd, (void)0, pds);
+	pthread_mutex_unlock(&r->lock);
 
-	REAP(qps, qp_of, struct shift_qp, (void)0, {
+	DESTROY(struct shift_qp, qps, {
 		if (o->published && shift_exchange_qp_key(&o->my_key, key, sizeof(key)) >= 0)
 			kv_del(r, key);
 		/* (and its failover record: a QP that reuses the number is a
@@ -300,7 +318,7 @@ void shift_rnic_reap(struct shift_rnic *r)
 		if (o->state == SHIFT_SHADOW_READY)
 			stat_add(&shift_shadow_counters.qps_ready, -1);
 	});
-	REAP(mrs, mr_of, struct shift_mr, shift_pmap_del(&r->mr_by_lkey, &o->hl), {
+	DESTROY(struct shift_mr, mrs, {
 		r->mri_dirty |= o->published != 0;
 		for (int i = 0; i < r->ngids; i++)
 			if ((o->published & (1u << i)) &&
@@ -313,7 +331,7 @@ void shift_rnic_reap(struct shift_rnic *r)
 		if (o->dmabuf_fd >= 0)
 			close(o->dmabuf_fd);
 	});
-	REAP(cqs, cq_of, struct shift_cq, (void)0, {
+	DESTROY(struct shift_cq, cqs, {
 		/* (its backup QPs are gone, so nothing completes on it any
 		 * more: an event of it read later would name a CQ destroyed
 		 * meanwhile; only a CQ on the thread's channel has any) */
@@ -326,13 +344,14 @@ void shift_rnic_reap(struct shift_rnic *r)
 		free(o->kept);
 		pthread_mutex_destroy(&o->dp_lock);
 	});
-	REAP(pds, pd_of, struct shift_pd, (void)0, {
+	DESTROY(struct shift_pd, pds, {
 		shift_mbox_free_pd(o);
 		if (o->bk)
 			shift_lower->dealloc_pd(o->bk);
 	});
-#undef REAP
 }
+#undef DESTROY
+#undef UNLINK
 
 /* Is anything still to do on a later pass? */
 static int pending(struct shift_rnic *r)

@@ -516,6 +516,38 @@ static void test_destroy_while_replaying(void **state)
 	sim_ep_close(&f);
 	assert_true(live_within(SIM_LK_QP, qps, 5000));
 
+	/* a protected QP (with its key mailbox), its CQ and PD destroyed while
+	 * the thread is reaping an MR that died before them: the QP is not
+	 * among what that pass took, so neither are its CQ and PD (their
+	 * backups would still be busy with its backup, its mailbox's page
+	 * freed under it) */
+	assert_int_equal(ep_open(&e, "sim0_0"), 0);
+	assert_int_equal(ep_open(&f, "sim1_0"), 0);
+	assert_int_equal(pair_connect(&e, &f), 0);
+	assert_true(ready_within(e.qp, 10000));
+	m = shift_verbs.reg_mr(e.pd, buf[3], sizeof(buf[3]), ACCESS);
+	for (uint64_t end = now_ms() + 5000; !shift_shadow_mr_backup(m) && now_ms() < end;)
+		sleep_ms(5);
+	assert_non_null(shift_shadow_mr_backup(m));
+	block_at("dereg_mr");
+	assert_int_equal(shift_verbs.dereg_mr(m), 0);
+	wait_blocked();
+	assert_int_equal(shift_verbs.destroy_qp(e.qp), 0);
+	assert_int_equal(shift_verbs.destroy_cq(e.cq), 0);
+	assert_int_equal(shift_verbs.dereg_mr(e.mr), 0);
+	assert_int_equal(shift_verbs.dealloc_pd(e.pd), 0);
+	e.mr = NULL;
+	e.qp = NULL;
+	e.cq = NULL;
+	e.pd = NULL;
+	sem_post(&go);
+	assert_true(live_within(SIM_LK_QP, qps + 2, 5000));
+	assert_true(live_within(SIM_LK_CQ, cqs + 2, 5000));
+	assert_true(live_within(SIM_LK_PD, pds + 2, 5000));
+	sim_ep_close(&e);
+	sim_ep_close(&f);
+	assert_true(live_within(SIM_LK_QP, qps, 5000));
+
 	/* everything destroyed: nothing stays at the provider */
 	sim_ep_close(&a);
 	sim_ep_close(&b);
