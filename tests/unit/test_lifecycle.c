@@ -422,6 +422,28 @@ static bool unpublished_within(struct ibv_context *ctx, uint32_t rkey, unsigned 
 	return false;
 }
 
+/* e's MR, QP, CQ and PD destroyed while the thread is held (block_at),
+ * then the thread let go: e's backups go, f's stay with f (qps, cqs, pds:
+ * the provider's counts before e and f), then both closed. */
+static void destroy_and_go(struct sim_ep *e, struct sim_ep *f, long qps, long cqs, long pds)
+{
+	assert_int_equal(shift_verbs.dereg_mr(e->mr), 0);
+	assert_int_equal(shift_verbs.destroy_qp(e->qp), 0);
+	assert_int_equal(shift_verbs.destroy_cq(e->cq), 0);
+	assert_int_equal(shift_verbs.dealloc_pd(e->pd), 0);
+	e->mr = NULL;
+	e->qp = NULL;
+	e->cq = NULL;
+	e->pd = NULL;
+	sem_post(&go);
+	assert_true(live_within(SIM_LK_QP, qps + 2, 5000));
+	assert_true(live_within(SIM_LK_CQ, cqs + 2, 5000));
+	assert_true(live_within(SIM_LK_PD, pds + 2, 5000));
+	sim_ep_close(e);
+	sim_ep_close(f);
+	assert_true(live_within(SIM_LK_QP, qps, 5000));
+}
+
 /* the page of key mailboxes (shadow/mbox.c) on each of the two backup PDs */
 #define MBOX_MRS 2
 
@@ -499,22 +521,7 @@ static void test_destroy_while_replaying(void **state)
 	assert_int_equal(ep_open(&f, "sim1_0"), 0);
 	wait_blocked(); /* (e's thread or f's) */
 	assert_int_equal(pair_connect(&e, &f), 0);
-	assert_int_equal(shift_verbs.dereg_mr(e.mr), 0);
-	assert_int_equal(shift_verbs.destroy_qp(e.qp), 0);
-	assert_int_equal(shift_verbs.destroy_cq(e.cq), 0);
-	assert_int_equal(shift_verbs.dealloc_pd(e.pd), 0);
-	e.mr = NULL;
-	e.qp = NULL;
-	e.cq = NULL;
-	e.pd = NULL;
-	sem_post(&go);
-	/* e's backups go, f's stay with f */
-	assert_true(live_within(SIM_LK_QP, qps + 2, 5000));
-	assert_true(live_within(SIM_LK_CQ, cqs + 2, 5000));
-	assert_true(live_within(SIM_LK_PD, pds + 2, 5000));
-	sim_ep_close(&e);
-	sim_ep_close(&f);
-	assert_true(live_within(SIM_LK_QP, qps, 5000));
+	destroy_and_go(&e, &f, qps, cqs, pds);
 
 	/* a protected QP (with its key mailbox), its CQ and PD destroyed while
 	 * the thread is reaping an MR that died before them: the QP is not
@@ -532,21 +539,7 @@ static void test_destroy_while_replaying(void **state)
 	block_at("dereg_mr");
 	assert_int_equal(shift_verbs.dereg_mr(m), 0);
 	wait_blocked();
-	assert_int_equal(shift_verbs.destroy_qp(e.qp), 0);
-	assert_int_equal(shift_verbs.destroy_cq(e.cq), 0);
-	assert_int_equal(shift_verbs.dereg_mr(e.mr), 0);
-	assert_int_equal(shift_verbs.dealloc_pd(e.pd), 0);
-	e.mr = NULL;
-	e.qp = NULL;
-	e.cq = NULL;
-	e.pd = NULL;
-	sem_post(&go);
-	assert_true(live_within(SIM_LK_QP, qps + 2, 5000));
-	assert_true(live_within(SIM_LK_CQ, cqs + 2, 5000));
-	assert_true(live_within(SIM_LK_PD, pds + 2, 5000));
-	sim_ep_close(&e);
-	sim_ep_close(&f);
-	assert_true(live_within(SIM_LK_QP, qps, 5000));
+	destroy_and_go(&e, &f, qps, cqs, pds);
 
 	/* everything destroyed: nothing stays at the provider */
 	sim_ep_close(&a);
