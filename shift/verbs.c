@@ -185,10 +185,11 @@ struct ibv_pd *shift_ibv_alloc_pd(struct ibv_context *context)
 int shift_ibv_dealloc_pd(struct ibv_pd *pd)
 {
 	struct shift_rnic *r = pd ? rnic_of(pd->context) : NULL;
+	struct shift_pd *p = r ? shift_shadow_pd_of(r, pd) : NULL;
 	int rc = L->dealloc_pd(pd);
 
-	if (!rc && r)
-		shift_shadow_pd_gone(r, pd);
+	if (!rc && p)
+		shift_shadow_pd_gone(r, p);
 	return rc;
 }
 
@@ -272,10 +273,11 @@ int shift_ibv_rereg_mr(struct ibv_mr *mr, int flags, struct ibv_pd *pd,
 int shift_ibv_dereg_mr(struct ibv_mr *mr)
 {
 	struct shift_rnic *r = mr ? rnic_of(mr->context) : NULL;
+	struct shift_mr *m = r ? shift_shadow_mr_of(r, mr) : NULL;
 	int rc = L->dereg_mr(mr);
 
-	if (!rc && r)
-		shift_shadow_mr_gone(r, mr);
+	if (!rc && m)
+		shift_shadow_mr_gone(r, m);
 	return rc;
 }
 
@@ -332,10 +334,11 @@ int shift_ibv_destroy_cq(struct ibv_cq *cq)
 	struct ibv_comp_channel *ch = r ? shift_chan_cq_detach(r, cq) : NULL;
 	/* an extended CQ gets its provider's poll functions back first */
 	struct shift_cqx *x = cq ? shift_cqx_forget(cq) : NULL;
+	struct shift_cq *c = r ? shift_shadow_cq_of(r, cq) : NULL;
 	int rc = L->destroy_cq(cq);
 
-	if (!rc && r)
-		shift_shadow_cq_gone(r, cq);
+	if (!rc && c)
+		shift_shadow_cq_gone(r, c);
 	else if (rc)
 		shift_chan_cq_reattach(r, cq, ch);
 	if (rc)
@@ -476,23 +479,22 @@ int shift_ibv_destroy_qp(struct ibv_qp *qp)
 {
 	struct shift_ctx *s = qp ? shift_ctx_of(qp->context) : NULL;
 	struct shift_rnic *r = s ? s->rnic : NULL;
+	bool driven = false;
 	/* forget it while qp is still valid; put it back if the verb fails */
-	struct shift_dqp *d = s ? shift_failover_forget(s, qp) : NULL;
+	struct shift_dqp *d = s ? shift_failover_forget(s, qp, &driven) : NULL;
 	/* its ibv_qp_ex gets the provider's builders back */
 	struct shift_qpx *x = d ? shift_qpx_forget(qp) : NULL;
-	int rc;
+	struct shift_qp *q = r ? shift_shadow_qp_of(r, qp) : NULL;
+	int rc = L->destroy_qp(qp);
 
-	if (r)
-		shift_shadow_qp_gone(r, qp); /* only marks it: replay reaps later */
-	rc = L->destroy_qp(qp);
 	if (rc) {
 		if (d)
-			shift_ctx_add_dqp(s, d);
+			shift_failover_unforget(s, d, driven);
 		shift_qpx_restore(x);
-		shift_warn("destroy_qp failed (%s): the QP's shadow is released anyway",
-			   strerror(rc));
 		return rc;
 	}
+	if (q)
+		shift_shadow_qp_gone(r, q); /* only marks it: replay reaps later */
 	shift_qpx_free(x);
 	shift_dqp_destroy_later(d);
 	return rc;

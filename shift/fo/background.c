@@ -175,17 +175,32 @@ static pthread_mutex_t bg_lock = PTHREAD_MUTEX_INITIALIZER;
  * poll hold while they walk the context's QPs: neither meets a QP state
  * that destroy_qp is about to free (the fast path's lock-free readers are
  * covered by freeing it late, dp/limbo.h). */
-struct shift_dqp *shift_failover_forget(struct shift_ctx *s, struct ibv_qp *qp)
+struct shift_dqp *shift_failover_forget(struct shift_ctx *s, struct ibv_qp *qp, bool *driven)
 {
 	pthread_mutex_lock(&s->slow_lock);
 	struct shift_dqp *d = shift_ctx_remove_dqp(s, qp);
 
+	*driven = false;
 	if (d) {
+		for (int i = 0; i < s->nfo && !*driven; i++)
+			*driven = s->fo[i] == d;
 		fo_remove(s, d);
 		fo_srq_forget(d);
 	}
 	pthread_mutex_unlock(&s->slow_lock);
 	return d;
+}
+
+void shift_failover_unforget(struct shift_ctx *s, struct shift_dqp *d, bool driven)
+{
+	pthread_mutex_lock(&s->slow_lock);
+	shift_ctx_add_dqp(s, d);
+	if (driven && d->dsrq)
+		shift_dqp_unprotect(d, "destroy_qp failed during a failover, and SHIFT's receive "
+				       "buffers for its SRQ are gone");
+	else if (driven && fo_add(s, d))
+		shift_dqp_unprotect(d, "destroy_qp failed, and SHIFT cannot drive its failover again");
+	pthread_mutex_unlock(&s->slow_lock);
 }
 
 static bool waiting_seen;

@@ -28,9 +28,15 @@ bool shift_failover_waiting(void);
 /*
  * Take a QP's data-path state out of s (its buckets and its failed-over
  * list) so no background pass can reach it any more; the caller frees it
- * once the provider destroyed the QP. NULL if qp has none.
+ * once the provider destroyed the QP. NULL if qp has none; *driven: d was
+ * in the failed-over list.
  */
-struct shift_dqp *shift_failover_forget(struct shift_ctx *s, struct ibv_qp *qp);
+struct shift_dqp *shift_failover_forget(struct shift_ctx *s, struct ibv_qp *qp, bool *driven);
+/* The provider refused to destroy the QP: d goes back into s, and into its
+ * failed-over list if it was there (driven, from the forget), protected as
+ * before; but SHIFT's receive buffers of a failed-over QP on an SRQ are
+ * gone: such a QP goes back unprotected. */
+void shift_failover_unforget(struct shift_ctx *s, struct shift_dqp *d, bool driven);
 /*
  * The provider refused a post on d's QP in the Default state (post_lock
  * held; the refused WRs, from sq index sq_from or rq index rq_from on, are

@@ -87,12 +87,6 @@ void shift_shadow_pd(struct shift_rnic *r, struct ibv_pd *pd)
 	PUSH(r, pds, pd_of, p);
 }
 
-void shift_shadow_pd_gone(struct shift_rnic *r, struct ibv_pd *pd)
-{
-	pthread_mutex_lock(&r->lock);
-	MARK_DEAD(r, find_pd(r, pd));
-	pthread_mutex_unlock(&r->lock);
-}
 
 void shift_shadow_mr(struct shift_rnic *r, struct ibv_mr *mr,
 		     enum shift_mr_kind kind, void *addr, size_t length,
@@ -132,12 +126,6 @@ void shift_shadow_mr(struct shift_rnic *r, struct ibv_mr *mr,
 	pthread_mutex_unlock(&r->lock);
 }
 
-void shift_shadow_mr_gone(struct shift_rnic *r, struct ibv_mr *mr)
-{
-	pthread_mutex_lock(&r->lock);
-	MARK_DEAD(r, find_mr(r, mr));
-	pthread_mutex_unlock(&r->lock);
-}
 
 void shift_shadow_mr_rereg(struct shift_rnic *r, struct ibv_mr *mr, int flags,
 			   int access)
@@ -192,12 +180,6 @@ void shift_shadow_cq_resized(struct shift_rnic *r, struct ibv_cq *cq)
 		shift_cq_fit_backup(r, c);
 }
 
-void shift_shadow_cq_gone(struct shift_rnic *r, struct ibv_cq *cq)
-{
-	pthread_mutex_lock(&r->lock);
-	MARK_DEAD(r, find_cq(r, cq));
-	pthread_mutex_unlock(&r->lock);
-}
 
 static struct shift_qp *find_qp(struct shift_rnic *r, struct ibv_qp *qp)
 {
@@ -302,12 +284,33 @@ void shift_shadow_qp_modified(struct shift_rnic *r, struct ibv_qp *qp,
 	pthread_mutex_unlock(&r->lock);
 }
 
-void shift_shadow_qp_gone(struct shift_rnic *r, struct ibv_qp *qp)
-{
-	pthread_mutex_lock(&r->lock);
-	MARK_DEAD(r, find_qp(r, qp));
-	pthread_mutex_unlock(&r->lock);
-}
+
+/* ---- destroyed by the application --------------------------------------- */
+
+/* The record of an application object about to be destroyed, found while
+ * its address is still the application's (once the provider freed it,
+ * another thread may get the same address for a new object), and marked
+ * dead once the provider's destroy succeeded (a failed destroy leaves the
+ * object, and its record, alive). */
+#define OF_AND_GONE(kind, type, app_type)                                          \
+	struct type *shift_shadow_##kind##_of(struct shift_rnic *r, struct app_type *o) \
+	{                                                                           \
+		pthread_mutex_lock(&r->lock);                                       \
+		struct type *rec = find_##kind(r, o);                               \
+		pthread_mutex_unlock(&r->lock);                                     \
+		return rec;                                                         \
+	}                                                                           \
+	void shift_shadow_##kind##_gone(struct shift_rnic *r, struct type *rec)     \
+	{                                                                           \
+		pthread_mutex_lock(&r->lock);                                       \
+		MARK_DEAD(r, rec);                                                  \
+		pthread_mutex_unlock(&r->lock);                                     \
+	}
+OF_AND_GONE(pd, shift_pd, ibv_pd)
+OF_AND_GONE(mr, shift_mr, ibv_mr)
+OF_AND_GONE(cq, shift_cq, ibv_cq)
+OF_AND_GONE(qp, shift_qp, ibv_qp)
+#undef OF_AND_GONE
 
 /* ---- introspection ------------------------------------------------------ */
 
@@ -362,13 +365,6 @@ int shift_shadow_state_of(const struct shift_qp *q)
 	return (int)__atomic_load_n(&q->state, __ATOMIC_ACQUIRE);
 }
 
-struct shift_cq *shift_shadow_cq_of(struct shift_rnic *r, struct ibv_cq *cq)
-{
-	pthread_mutex_lock(&r->lock);
-	struct shift_cq *c = find_cq(r, cq);
-	pthread_mutex_unlock(&r->lock);
-	return c;
-}
 
 int shift_shadow_bk_lkey(struct shift_rnic *r, uint32_t app_lkey, uint32_t *bk_lkey)
 {

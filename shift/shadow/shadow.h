@@ -42,12 +42,10 @@ void shift_shadow_fork_child(void);
 /* Recording, called on the application's thread after the lower verb
  * succeeded. Cheap: an allocation and a list insert under rnic->lock. */
 void shift_shadow_pd(struct shift_rnic *r, struct ibv_pd *pd);
-void shift_shadow_pd_gone(struct shift_rnic *r, struct ibv_pd *pd);
 void shift_shadow_mr(struct shift_rnic *r, struct ibv_mr *mr,
 		     enum shift_mr_kind kind, void *addr, size_t length,
 		     uint64_t iova, uint64_t dmabuf_offset, int dmabuf_fd,
 		     unsigned int access);
-void shift_shadow_mr_gone(struct shift_rnic *r, struct ibv_mr *mr);
 void shift_shadow_mr_rereg(struct shift_rnic *r, struct ibv_mr *mr, int flags,
 			   int access);
 void shift_shadow_cq(struct shift_rnic *r, struct ibv_cq *cq, int cqe,
@@ -55,7 +53,6 @@ void shift_shadow_cq(struct shift_rnic *r, struct ibv_cq *cq, int cqe,
 /* cq was resized (cq->cqe is its new size): its backup grows with it
  * before this returns, or its QPs run unprotected. */
 void shift_shadow_cq_resized(struct shift_rnic *r, struct ibv_cq *cq);
-void shift_shadow_cq_gone(struct shift_rnic *r, struct ibv_cq *cq);
 /* Record a new QP; returns its record (NULL without memory), whose
  * send_cq and recv_cq are the CQs' records, found on the way. */
 struct shift_qp *shift_shadow_qp(struct shift_rnic *r, struct ibv_qp *qp,
@@ -64,7 +61,18 @@ struct shift_qp *shift_shadow_qp(struct shift_rnic *r, struct ibv_qp *qp,
 				 int sq_sig_all, bool has_srq);
 void shift_shadow_qp_modified(struct shift_rnic *r, struct ibv_qp *qp,
 			      const struct ibv_qp_attr *attr, int mask);
-void shift_shadow_qp_gone(struct shift_rnic *r, struct ibv_qp *qp);
+/* Destroying an application object: its record, looked up before the
+ * provider's destroy (NULL: none), then marked dead if that succeeded (the
+ * thread reaps it). Looking up after the destroy could find the record of
+ * a new object another thread got at the same address. */
+struct shift_pd *shift_shadow_pd_of(struct shift_rnic *r, struct ibv_pd *pd);
+struct shift_mr *shift_shadow_mr_of(struct shift_rnic *r, struct ibv_mr *mr);
+struct shift_cq *shift_shadow_cq_of(struct shift_rnic *r, struct ibv_cq *cq);
+struct shift_qp *shift_shadow_qp_of(struct shift_rnic *r, struct ibv_qp *qp);
+void shift_shadow_pd_gone(struct shift_rnic *r, struct shift_pd *p);
+void shift_shadow_mr_gone(struct shift_rnic *r, struct shift_mr *m);
+void shift_shadow_cq_gone(struct shift_rnic *r, struct shift_cq *c);
+void shift_shadow_qp_gone(struct shift_rnic *r, struct shift_qp *q);
 
 /* Reset and reconnect a backup QP after a failback, PSNs advanced by gen
  * (shift/fo/; on the RNIC's thread). 0 or -1. */
@@ -131,8 +139,6 @@ void shift_status_remove(struct shift_rnic *r);
 
 /* What SHIFT knows of an application QP / MR (tests, tools). Reads
  * thread-owned fields: call with replay synchronous or quiescent. */
-/* The shadow CQ of an application CQ, or NULL. */
-struct shift_cq *shift_shadow_cq_of(struct shift_rnic *r, struct ibv_cq *cq);
 /* The backup MR's lkey for an application lkey; 0 and -ENOENT if none. */
 int shift_shadow_bk_lkey(struct shift_rnic *r, uint32_t app_lkey, uint32_t *bk_lkey);
 

@@ -107,9 +107,10 @@ void shift_status_write(struct shift_rnic *r)
 	for (struct shift_qp *q = r->qps; q; q = q->next) {
 		if (q->dead)
 			continue;
-		/* the data path's view (a racy snapshot, for people): a QP
-		 * found here cannot be freed while r->lock is held, its
-		 * destroy marks the shadow dead under it first */
+		/* the data path's view (a racy snapshot, for people): q->app
+		 * is only compared, never read (between the provider's
+		 * destroy and the shadow marked dead the data-path state is
+		 * already forgotten, or a new QP's at that address shows) */
 		const struct shift_dqp *d = shift_dqp_of_qp(q->app);
 		unsigned ss = d ? (unsigned)__atomic_load_n(&d->send_state, __ATOMIC_RELAXED) : 0;
 

@@ -5,6 +5,7 @@
  * (app -> shift_verbs -> sim). Replay runs synchronously
  * (shift_inline_load(), tests/sim/fixture/shift_inline.h), so each test decides when each host's thread "runs".
  */
+#include <errno.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -493,6 +494,138 @@ static void test_no_backup_nic(void **state)
 	sim_ep_close(&a);
 }
 
+/* ---- the application's destroy verbs ---------------------------------------- */
+
+static int (*real_destroy_qp)(struct ibv_qp *qp);
+
+static int busy_destroy_qp(struct ibv_qp *qp)
+{
+	(void)qp;
+	return EBUSY;
+}
+
+/*
+ * The provider refuses to destroy a protected QP: the application still
+ * has it, and SHIFT still protects it. Its shadow is not reaped (it used
+ * to be marked dead before the provider's verb, so the data-path state put
+ * back pointed at a freed record); a later destroy succeeds and reaps it.
+ */
+static void test_refused_destroy_qp_stays_protected(void **state)
+{
+	struct sim_ep a, b;
+	struct ibv_qp_attr at;
+	(void)state;
+
+	open_pair(&a, &b);
+	connect_pair(&a, &b);
+	passes(a.ctx, b.ctx, 3);
+	assert_paired(&a, &b);
+	real_destroy_qp = both.destroy_qp;
+	both.destroy_qp = busy_destroy_qp;
+	shift_lower_set(&both);
+	assert_int_equal(shift_verbs.destroy_qp(a.qp), EBUSY);
+	both.destroy_qp = real_destroy_qp;
+	shift_lower_set(&both);
+	passes(a.ctx, b.ctx, 2);
+	assert_int_equal(shift_shadow_qp_state(a.qp), SHIFT_SHADOW_READY);
+	assert_paired(&a, &b);
+	struct ibv_qp_init_attr init;
+
+	assert_int_equal(shift_verbs.query_qp(a.qp, &at, IBV_QP_STATE, &init), 0);
+	assert_int_equal(at.qp_state, IBV_QPS_RTS);
+	struct shift_shadow_stats before, after;
+
+	shift_shadow_stats_get(&before);
+	assert_int_equal(shift_verbs.destroy_qp(a.qp), 0);
+	a.qp = NULL;
+	passes(a.ctx, b.ctx, 1);
+	shift_shadow_stats_get(&after);
+	assert_int_equal(after.qps_ready + 1, before.qps_ready);
+	sim_ep_close(&a);
+	sim_ep_close(&b);
+}
+
+/* dealloc_pd through a provider whose free is followed, before SHIFT
+ * records the dealloc, by another thread's alloc_pd and reg_mr, which get
+ * the freed PD's address (as malloc gives it back at once) */
+static int (*real_dealloc_pd)(struct ibv_pd *pd);
+static struct ibv_context *reuse_ctx;
+static struct ibv_pd *reused_pd;
+static struct ibv_mr *reused_mr;
+static char reuse_buf[4096];
+
+static int racing_dealloc_pd(struct ibv_pd *pd)
+{
+	struct ibv_context *c = reuse_ctx;
+	void *fill[8];
+
+	/* (glibc's calloc skips the thread's cache of freed chunks: fill it,
+	 * so that the PD's chunk goes where calloc takes from) */
+	for (int i = 0; i < 8; i++)
+		fill[i] = c ? malloc(sizeof(struct ibv_pd) + sizeof(void *)) : NULL;
+	for (int i = 0; i < 8; i++)
+		free(fill[i]);
+	int rc = real_dealloc_pd(pd);
+
+	reuse_ctx = NULL;
+	if (!rc && c) {
+		struct ibv_pd *other[64];
+		int n = 0;
+
+		/* (until one gets pd's address, as malloc may give it) */
+		while ((reused_pd = shift_verbs.alloc_pd(c)) != pd && n < 64)
+			other[n++] = reused_pd;
+		if (reused_pd != pd)
+			other[n++] = reused_pd;
+		while (n--)
+			if (other[n] != pd)
+				assert_int_equal(shift_verbs.dealloc_pd(other[n]), 0);
+		if (reused_pd != pd)
+			reused_pd = shift_verbs.alloc_pd(c);
+		assert_non_null(reused_pd);
+		reused_mr = shift_verbs.reg_mr(reused_pd, reuse_buf, sizeof(reuse_buf), ACCESS);
+		assert_non_null(reused_mr);
+	}
+	return rc;
+}
+
+/*
+ * What a destroy marks dead is the record of the object destroyed, not
+ * whatever record has its address by then: the new PD at the old one's
+ * address keeps its shadow, and its MR gets a backup (the record used to be
+ * looked up after the provider's free: the new PD's was marked dead and
+ * reaped under its live MR, the old one's never).
+ */
+static void test_destroy_kills_its_own_record(void **state)
+{
+	struct sim_ep a, b;
+	(void)state;
+
+	open_pair(&a, &b);
+	connect_pair(&a, &b);
+	passes(a.ctx, b.ctx, 3);
+	struct ibv_pd *p = shift_verbs.alloc_pd(a.ctx);
+
+	assert_non_null(p);
+	passes(a.ctx, b.ctx, 1);
+	real_dealloc_pd = both.dealloc_pd;
+	both.dealloc_pd = racing_dealloc_pd;
+	shift_lower_set(&both);
+	reuse_ctx = a.ctx;
+	assert_int_equal(shift_verbs.dealloc_pd(p), 0);
+	both.dealloc_pd = real_dealloc_pd;
+	shift_lower_set(&both);
+	if (p != reused_pd)
+		print_message("(the new PD got another address: no race this run) %p %p\n", (void *)p, (void *)reused_pd);
+	passes(a.ctx, b.ctx, 2);
+	assert_non_null(shift_shadow_mr_backup(reused_mr));
+	assert_int_equal(shift_verbs.dereg_mr(reused_mr), 0);
+	assert_int_equal(shift_verbs.dealloc_pd(reused_pd), 0);
+	passes(a.ctx, b.ctx, 1);
+	sim_ep_close(&a);
+	sim_ep_close(&b);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -503,6 +636,10 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_other_connection_record_ignored, setup,
 						teardown),
 		cmocka_unit_test_setup_teardown(test_no_backup_nic, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_refused_destroy_qp_stays_protected, setup,
+						teardown),
+		cmocka_unit_test_setup_teardown(test_destroy_kills_its_own_record, setup,
+						teardown),
 	};
 	return test_env_run_group_tests(tests);
 }
