@@ -180,13 +180,9 @@ struct shift_dqp *shift_failover_forget(struct shift_ctx *s, struct ibv_qp *qp, 
 	pthread_mutex_lock(&s->slow_lock);
 	struct shift_dqp *d = shift_ctx_remove_dqp(s, qp);
 
-	*driven = false;
-	if (d) {
-		for (int i = 0; i < s->nfo && !*driven; i++)
-			*driven = s->fo[i] == d;
-		fo_remove(s, d);
+	*driven = d && fo_remove(s, d);
+	if (d)
 		fo_srq_forget(d);
-	}
 	pthread_mutex_unlock(&s->slow_lock);
 	return d;
 }

@@ -54,15 +54,21 @@ int fo_add(struct shift_ctx *s, struct shift_dqp *d)
 	return 0;
 }
 
-void fo_remove(struct shift_ctx *s, struct shift_dqp *d)
+bool fo_remove(struct shift_ctx *s, struct shift_dqp *d)
 {
-	for (int i = 0; i < s->nfo; i++)
-		if (s->fo[i] == d)
+	bool was = false;
+
+	for (int i = 0; i < s->nfo; i++) {
+		if (s->fo[i] == d) {
 			s->fo[i] = NULL;
+			was = true;
+		}
+	}
 	while (s->nfo && !s->fo[s->nfo - 1])
 		s->nfo--;
 	if (!s->nfo)
 		s->fo_warned = false;
+	return was;
 }
 
 /* The first failover since the context's list was last empty? (slow_lock) */

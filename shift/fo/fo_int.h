@@ -69,7 +69,7 @@ struct shift_fo_stash {
 
 uint64_t fo_probe_wait(const struct shift_dqp *d);
 int fo_add(struct shift_ctx *s, struct shift_dqp *d);
-void fo_remove(struct shift_ctx *s, struct shift_dqp *d);
+bool fo_remove(struct shift_ctx *s, struct shift_dqp *d); /* (was d there?) */
 /* Is this the context's first failover to log since none was failed over
  * (the one logged as a warning)? */
 bool fo_first_failover(struct shift_ctx *s);

@@ -87,7 +87,6 @@ void shift_shadow_pd(struct shift_rnic *r, struct ibv_pd *pd)
 	PUSH(r, pds, pd_of, p);
 }
 
-
 void shift_shadow_mr(struct shift_rnic *r, struct ibv_mr *mr,
 		     enum shift_mr_kind kind, void *addr, size_t length,
 		     uint64_t iova, uint64_t dmabuf_offset, int dmabuf_fd,
@@ -125,7 +124,6 @@ void shift_shadow_mr(struct shift_rnic *r, struct ibv_mr *mr,
 	kick(r);
 	pthread_mutex_unlock(&r->lock);
 }
-
 
 void shift_shadow_mr_rereg(struct shift_rnic *r, struct ibv_mr *mr, int flags,
 			   int access)
@@ -179,7 +177,6 @@ void shift_shadow_cq_resized(struct shift_rnic *r, struct ibv_cq *cq)
 	if (c)
 		shift_cq_fit_backup(r, c);
 }
-
 
 static struct shift_qp *find_qp(struct shift_rnic *r, struct ibv_qp *qp)
 {
@@ -284,7 +281,6 @@ void shift_shadow_qp_modified(struct shift_rnic *r, struct ibv_qp *qp,
 	pthread_mutex_unlock(&r->lock);
 }
 
-
 /* ---- destroyed by the application --------------------------------------- */
 
 /* The record of an application object about to be destroyed, found while
@@ -364,7 +360,6 @@ int shift_shadow_state_of(const struct shift_qp *q)
 {
 	return (int)__atomic_load_n(&q->state, __ATOMIC_ACQUIRE);
 }
-
 
 int shift_shadow_bk_lkey(struct shift_rnic *r, uint32_t app_lkey, uint32_t *bk_lkey)
 {
