@@ -24,7 +24,6 @@
 #include "shift/shadow/chan.h"
 #include "shift/shadow/shadow.h"
 #include "providers/provider.h"
-#include "shift/base/quiesce.h"
 
 #include <pthread.h>
 
@@ -55,7 +54,6 @@ static void child_drops(struct shift_ctx *s)
 
 static void child(void)
 {
-	shift_quiesce_fork_child();
 	shift_provider_fork_done();
 	shift_chan_fork_child();
 	shift_dp_fork_child(child_drops);

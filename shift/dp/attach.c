@@ -10,7 +10,6 @@
 #include "shift/dp/limbo.h"
 #include "shift/dp/poll.h"
 #include "shift/dp/post.h"
-#include "shift/base/quiesce.h"
 
 #include <pthread.h>
 #include <stdbool.h>
@@ -59,63 +58,12 @@ void shift_ctx_set_slow(struct shift_ctx *s, bool slow)
 		return;
 	pthread_mutex_lock(&shift_ctx_lock);
 	__atomic_store_n(&s->slow, slow, __ATOMIC_RELEASE);
+	shift_dp_poll_mark_slow(s, slow);
 	if (!s->detached && s->poll_cq)
 		__atomic_store_n(&s->ibctx->ops.poll_cq,
 				 slow ? shift_dp_poll_slow : shift_dp_fast_poll(s),
 				 __ATOMIC_RELEASE);
-	/* (after the swap: a thread that reads this switch's number has the
-	 * new ops in view) */
-	__atomic_store_n(&s->slow_gen, s->slow_gen + 1, __ATOMIC_RELEASE);
 	pthread_mutex_unlock(&shift_ctx_lock);
-}
-
-bool shift_ctx_slow_polled(struct shift_ctx *s)
-{
-	uint64_t tid = (uint32_t)shift_quiesce_tid();
-	uint32_t gen = __atomic_load_n(&s->slow_gen, __ATOMIC_ACQUIRE);
-	uint64_t mark = tid << 32 | gen, was = 0;
-	int spare = -1;
-
-	for (int i = 0; i < SHIFT_SLOW_POLLERS; i++) {
-		uint64_t v = __atomic_load_n(&s->slow_polled[i], __ATOMIC_ACQUIRE);
-
-		if (v == mark)
-			return false;
-		/* its own slot of an earlier switch, else the first free or
-		 * stale one */
-		if (v >> 32 == tid || ((!v || (uint32_t)v != gen) && spare < 0)) {
-			spare = i;
-			was = v;
-			if (v >> 32 == tid)
-				break;
-		}
-	}
-	/* (the slot as judged, or lost to another thread: unmarked, this one
-	 * keeps the grace; a pass that sets grace_wait before it reads the
-	 * marks sees this one, or this thread sees grace_wait: both
-	 * sequentially consistent) */
-	if (spare >= 0 && __atomic_compare_exchange_n(&s->slow_polled[spare], &was, mark, false,
-						      __ATOMIC_SEQ_CST, __ATOMIC_RELAXED))
-		return __atomic_load_n(&s->grace_wait, __ATOMIC_SEQ_CST) &&
-		       __atomic_exchange_n(&s->grace_wait, false, __ATOMIC_SEQ_CST);
-	return false;
-}
-
-unsigned shift_ctx_slow_pollers(struct shift_ctx *s, int *tids)
-{
-	unsigned n = 0;
-
-	if (__atomic_load_n(&s->has_cqx, __ATOMIC_SEQ_CST))
-		return 0;
-	uint32_t gen = __atomic_load_n(&s->slow_gen, __ATOMIC_ACQUIRE);
-
-	for (int i = 0; i < SHIFT_SLOW_POLLERS; i++) {
-		uint64_t v = __atomic_load_n(&s->slow_polled[i], __ATOMIC_SEQ_CST);
-
-		if (v >> 32 && (uint32_t)v == gen)
-			tids[n++] = (int)(v >> 32);
-	}
-	return n;
 }
 
 void shift_ctx_set_split_cqs(struct shift_ctx *s)

@@ -22,6 +22,7 @@
 #include "shift/dp/cqex.h"
 #include "shift/dp/ctx.h"
 #include "shift/dp/dsrq.h"
+#include "shift/dp/poll.h"
 
 #include <errno.h>
 #include <pthread.h>
@@ -54,6 +55,7 @@ struct shift_cqx {
 	struct ibv_cq_ex *cq;    /* the provider's, as the application holds it */
 	struct shift_cqx *next;  /* lookup chain */
 	struct shift_ctx *s;
+	int *busy;               /* its context's fast-path count (dp/poll.h) */
 	int lock;                /* the poll session's */
 	uint8_t mode;            /* CQX_* (under lock) */
 	bool wrapped;            /* false: left alone (its wc_flags), QPs on it unprotected */
@@ -219,10 +221,11 @@ static int serve(struct shift_cqx *x, struct ibv_cq_ex *cq, bool first)
 	return 0;
 }
 
-/* The slow poll's next completions into the (empty) buffer. */
-static void fill(struct shift_cqx *x, struct ibv_cq_ex *cq, int have)
+/* The slow poll's next completions into the (empty) buffer (busy: the
+ * fast-path count this call holds, the slow poll releases it). */
+static void fill(struct shift_cqx *x, struct ibv_cq_ex *cq, int have, int *busy)
 {
-	int n = shift_dp_up.poll_slow(x->s, ibv_cq_ex_to_cq(cq), CQX_BUF, x->buf, 0, have);
+	int n = shift_dp_up.poll_slow(x->s, ibv_cq_ex_to_cq(cq), CQX_BUF, x->buf, 0, have, busy);
 
 	x->bi = 0;
 	x->bn = n > 0 ? (unsigned)n : 0;
@@ -237,18 +240,41 @@ static __attribute__((noinline, cold)) int prov_error(struct shift_cqx *x, struc
 	provider_wc(x, cq, &x->buf[0]);
 	x->fn.end_poll(cq);
 	x->mode = CQX_MINE;
-	fill(x, cq, 1);
+	fill(x, cq, 1, x->busy);
 	return serve(x, cq, first);
 }
 
+/*
+ * The context's fast path (dp/poll.h): a call of the provider's session
+ * is inside it from before the provider makes a completion current until
+ * that completion is retired (cqx_leave) or handed to the slow poll.
+ * cqx_enter is false, and the call stays out, when the context is slow.
+ */
+static inline bool cqx_enter(struct shift_cqx *x)
+{
+	if (shift_likely(__atomic_add_fetch(x->busy, 1, __ATOMIC_SEQ_CST) >= 0))
+		return true;
+	__atomic_fetch_sub(x->busy, 1, __ATOMIC_RELEASE);
+	return false;
+}
+
+static inline void cqx_leave(struct shift_cqx *x)
+{
+	__atomic_fetch_sub(x->busy, 1, __ATOMIC_RELEASE);
+}
+
 /* The provider's session made a completion current: retire it (a protected
- * QP's success), or hand an error to the slow poll. */
-static inline int retire(struct shift_cqx *x, struct ibv_cq_ex *cq, bool first)
+ * QP's success), or hand an error to the slow poll; out of the fast path
+ * either way. */
+static inline __attribute__((always_inline)) int retire(struct shift_cqx *x, struct ibv_cq_ex *cq,
+						       bool first)
 {
 	struct shift_dqp *d = shift_dqp_by_qpn(x->s, x->fn.read_qp_num(cq));
 
-	if (!d)
+	if (!d) {
+		cqx_leave(x);
 		return 0; /* not protected: as it is */
+	}
 	if (shift_likely(cq->status == IBV_WC_SUCCESS)) {
 		if (x->fn.read_opcode(cq) & IBV_WC_RECV) {
 			/* (a QP on an SRQ: the SRQ's entry too, dp/dsrq.h) */
@@ -257,27 +283,27 @@ static inline int retire(struct shift_cqx *x, struct ibv_cq_ex *cq, bool first)
 			__atomic_fetch_add(&d->rq_tail, 1, __ATOMIC_RELAXED);
 		} else
 			__atomic_fetch_add(&d->sig_tail, 1, __ATOMIC_RELAXED);
+		cqx_leave(x);
 		return 0;
 	}
 	/* (an unprotected QP that failed over may still flush SHIFT's own
 	 * WRs: the slow path drops those) */
-	if (shift_dqp_send_state(d) == SHIFT_SEND_UNPROTECTED && !d->failovers)
+	if (shift_dqp_send_state(d) == SHIFT_SEND_UNPROTECTED && !d->failovers) {
+		cqx_leave(x);
 		return 0;
+	}
 	return prov_error(x, cq, first);
 }
 
-static inline bool ctx_slow(const struct shift_cqx *x)
-{
-	return __atomic_load_n(&x->s->slow, __ATOMIC_ACQUIRE);
-}
-
-/* The provider's session (lock held). */
-static inline int prov_start(struct shift_cqx *x, struct ibv_cq_ex *cq,
+/* The provider's session (lock held, inside the fast path). */
+static inline __attribute__((always_inline)) int prov_start(struct shift_cqx *x,
+							   struct ibv_cq_ex *cq,
 			     struct ibv_poll_cq_attr *attr)
 {
 	int rc = x->fn.start_poll(cq, attr);
 
 	if (shift_unlikely(rc)) {
+		cqx_leave(x);
 		cqx_unlock(x);
 		return rc; /* (ENOENT: no session, no end_poll) */
 	}
@@ -290,7 +316,7 @@ static inline int prov_start(struct shift_cqx *x, struct ibv_cq_ex *cq,
 static __attribute__((noinline)) int start_slow(struct shift_cqx *x, struct ibv_cq_ex *cq,
 						 struct ibv_poll_cq_attr *attr)
 {
-	if (x->bi == x->bn && !ctx_slow(x)) {
+	if (x->bi == x->bn && cqx_enter(x)) {
 		set_reads(cq, &x->fn);
 		x->reads_mine = false;
 		x->quick = true;
@@ -298,7 +324,7 @@ static __attribute__((noinline)) int start_slow(struct shift_cqx *x, struct ibv_
 	}
 	x->mode = CQX_MINE;
 	if (x->bi == x->bn)
-		fill(x, cq, 0);
+		fill(x, cq, 0, NULL);
 	return serve(x, cq, true);
 }
 
@@ -309,7 +335,7 @@ static int cqx_start_poll(struct ibv_cq_ex *cq, struct ibv_poll_cq_attr *attr)
 	if (shift_unlikely(!x))
 		return EINVAL; /* (the CQ is being destroyed) */
 	cqx_lock(x);
-	if (shift_unlikely(!x->quick || ctx_slow(x)))
+	if (shift_unlikely(!x->quick || !cqx_enter(x)))
 		return start_slow(x, cq, attr);
 	return prov_start(x, cq, attr);
 }
@@ -325,7 +351,7 @@ static __attribute__((noinline)) int next_slow(struct shift_cqx *x, struct ibv_c
 		x->bi++;
 	}
 	if (x->bi >= x->bn)
-		fill(x, cq, 0);
+		fill(x, cq, 0, NULL);
 	return serve(x, cq, false);
 }
 
@@ -336,10 +362,12 @@ static int cqx_next_poll(struct ibv_cq_ex *cq)
 
 	if (shift_unlikely(!x))
 		return ENOENT;
-	if (shift_likely(x->mode == CQX_PROV && !ctx_slow(x))) {
+	if (shift_likely(x->mode == CQX_PROV && cqx_enter(x))) {
 		rc = x->fn.next_poll(cq);
-		if (rc)
+		if (rc) {
+			cqx_leave(x);
 			return rc;
+		}
 		return retire(x, cq, false);
 	}
 	return next_slow(x, cq);
@@ -410,7 +438,7 @@ int shift_cqx_attach(struct shift_ctx *s, struct ibv_cq_ex *cq, uint64_t app_fla
 		return -1;
 	x->cq = cq;
 	x->s = s;
-	__atomic_store_n(&s->has_cqx, true, __ATOMIC_SEQ_CST);
+	x->busy = shift_dp_poll_busy(s);
 	x->wrapped = true;
 	x->quick = true;
 	x->app_flags = app_flags;
@@ -430,6 +458,7 @@ void shift_cqx_unwrapped(struct shift_ctx *s, struct ibv_cq_ex *cq)
 		return; /* (its QPs then get their mirror, which overflows: logged) */
 	x->cq = cq;
 	x->s = s;
+	x->busy = shift_dp_poll_busy(s);
 	pthread_mutex_lock(&reg);
 	cqx_link(x);
 	pthread_mutex_unlock(&reg);

@@ -31,7 +31,6 @@
 #define SHIFT_DQP_BUCKETS 1024 /* power of two */
 #define SHIFT_WATCH_PORTS 4 /* ports per device the port watch covers */
 #define SHIFT_POKE_GIDS 4   /* default GIDs per context the poke read covers */
-#define SHIFT_SLOW_POLLERS 4 /* threads per context known out of the fast poll */
 
 struct shift_rnic;
 
@@ -82,6 +81,9 @@ struct shift_ctx {
 	/* the QP of the last completion polled, for a context without a slot
 	 * (dp/poll.c keeps the slots' own) */
 	struct shift_dqp *poll_last;
+	/* its fast polls inside, for a context without a slot (dp/poll.h,
+	 * shift_dp_poll_busy) */
+	int poll_busy;
 	/* data-path state of the app's protected QPs, by QPN (chained);
 	 * written under the context lock, read lock-free */
 	struct shift_dqp *dqp[SHIFT_DQP_BUCKETS];
@@ -94,8 +96,8 @@ struct shift_ctx {
 	 * not; taken before any CQ's dp_lock */
 	pthread_mutex_t slow_lock;
 	/* the early list (struct shift_early); a spinlock, never held across a
-	 * call: a poll between taking its batch and handing it over is never
-	 * seen asleep (base/quiesce.h), so the grace covers it */
+	 * call: a poll hands its batch over before it leaves the fast path
+	 * (dp/poll.h), so a failover that judges after it sees the batch */
 	pthread_spinlock_t early_lock;
 	struct shift_early *early;
 	/* a protected QP has different send and receive CQs: the full fast
@@ -112,26 +114,6 @@ struct shift_ctx {
 	 * been ACTIVE (ms, 0 = active), and whether any is down now */
 	uint64_t port_down_since[SHIFT_WATCH_PORTS + 1];
 	bool ports_down;
-	/* (background thread only) were the application's threads seen asleep
-	 * in this pass, after the context went slow? 0 not looked, 1 yes, 2 no
-	 * (fo/background.c, base/quiesce.h) */
-	uint8_t bg_asleep;
-	/* the switches of slow so far (shift_ctx_set_slow, stored after the
-	 * ops swap with release), and the threads seen leaving the slow poll
-	 * since a switch: tid << 32 | slow_gen (shift_ctx_slow_polled). A
-	 * thread marked with the current slow_gen is not inside the fast path
-	 * and cannot enter it again while the context stays slow: the grace
-	 * need not wait for it (fo/background.c). Up to SHIFT_SLOW_POLLERS;
-	 * any other thread keeps the grace. */
-	uint32_t slow_gen;
-	uint64_t slow_polled[SHIFT_SLOW_POLLERS];
-	/* a background pass put its work off for the grace (fo/background.c):
-	 * a new mark wakes its thread at once rather than at the grace's end */
-	bool grace_wait;
-	/* an extended CQ of this context is SHIFT's (dp/cqex.c): a poll
-	 * session, open across calls, may hold the provider's CQ while its
-	 * thread polls another CQ through the slow path, so no mark counts */
-	bool has_cqx;
 	/* pokes (background thread only, fo/poke.c): the values last read
 	 * under the poke keys of this context's default GIDs */
 	struct shift_poke {
@@ -212,14 +194,6 @@ void shift_dp_fork_child(void (*before)(struct shift_ctx *s));
 /* Polls of s's context take the slow path (shift_poll_slow) or the fast
  * one again: sets s->slow and the context's ops.poll_cq. */
 void shift_ctx_set_slow(struct shift_ctx *s, bool slow);
-/* The calling thread is leaving the slow poll of s (fo/poll.c): marked
- * with s's current switch (slow_polled above; no mark if all slots hold
- * threads of this switch). True if that mark is new and a background pass
- * waits for the grace (grace_wait, taken): the caller wakes its thread. */
-bool shift_ctx_slow_polled(struct shift_ctx *s);
-/* The threads marked with s's current switch, into tids (room for
- * SHIFT_SLOW_POLLERS); their count, 0 if s has an extended CQ. */
-unsigned shift_ctx_slow_pollers(struct shift_ctx *s, int *tids);
 /* s's provider gives native work-queue access (dp/nwq.h): its posts take
  * the native paths (each QP without it still the mirror's). */
 void shift_ctx_set_native(struct shift_ctx *s);
@@ -288,7 +262,7 @@ struct shift_dp_upcalls {
 	/* the slow poll of a slow context, or of a poll whose provider
 	 * results hold an error (shift/fo/failover.h, shift_poll_slow) */
 	int (*poll_slow)(struct shift_ctx *s, struct ibv_cq *cq, int num_entries,
-			 struct ibv_wc *wc, int done, int have);
+			 struct ibv_wc *wc, int done, int have, int *busy);
 	/* the provider refused a post on a protected QP in Default */
 	bool (*post_refused)(struct shift_dqp *d, int rc, uint64_t sq_from, uint64_t rq_from);
 	/* posts on a QP that is not in the Default state (post_lock held) */

@@ -196,7 +196,6 @@ struct shift_dqp {
 	bool handshake_done;          /* both messages seen: post on the backup */
 	bool ctrl_pending;            /* the peer's arrived, not yet acted on */
 	uint32_t peer_recv_count;     /* ... and the receive counter it carried */
-	uint64_t ctrl_seen_ms;        /* when the background thread saw it */
 	/* the peer's backup rkeys, read ahead by the background thread
 	 * (fo/kvq.c): under rk_lock, which nobody holds across I/O */
 	pthread_mutex_t rk_lock;
@@ -272,14 +271,12 @@ struct shift_dqp {
 	 * (rq_taken) on are SHIFT's to deliver; the background pass starts
 	 * the failover unless an error completion started it first */
 	bool post_failed;
-	uint64_t post_failed_ms;
 	uint64_t sq_taken, rq_taken;
 	bool peer_nosend;             /* the peer's application never sends (RTR only) */
 	/* a failover the peer started and this end never saw (its handshake
 	 * message lost with the peer's backup NIC): the poke read found the
 	 * peer's record; the background pass follows it (failover.c, poke) */
 	bool peer_join;
-	uint64_t peer_join_ms;
 	unsigned long poked_ep;       /* my episode I poked the peer for */
 	unsigned long published_ep;   /* my episode my record last said */
 	unsigned followed_ep;         /* the peer's return episode I logged following */

@@ -12,6 +12,7 @@
 #include "shift/dp/ctx.h"
 
 #include <errno.h>
+#include <sched.h>
 #include <stddef.h>
 
 /*
@@ -33,13 +34,76 @@ static struct shift_dqp *shift_poll_last[SHIFT_FAST_CTX] = {
  */
 static int (*shift_prov_poll[SHIFT_FAST_CTX])(struct ibv_cq *, int, struct ibv_wc *);
 
+/*
+ * Who is inside a context's fast poll (each slot's word, or the context's
+ * own poll_busy): the polls in it, and SHIFT_POLL_SLOW while the context
+ * is slow. A fast poll enters with one locked add (a poll that loaded the
+ * fast poll_cq before its context went slow sees the bit, leaves again and
+ * takes the slow path) and leaves with one locked subtract once what it
+ * polled is retired, or handed over to the slow path (shift_poll_slow
+ * releases it then). A poll's completions, taken from the provider's CQ,
+ * are in the mirror's counts only when it left: the failover layer judges
+ * a QP's outstanding WRs only after the context went slow and no poll is
+ * left inside (shift_dp_fast_polls_out), never by a time bound.
+ * One cache line per slot: contexts polled by different threads do not
+ * share one.
+ */
+static struct {
+	int n;
+} __attribute__((aligned(64))) shift_poll_busy[SHIFT_FAST_CTX];
+
+int *shift_dp_poll_busy(struct shift_ctx *s)
+{
+	return s->slot < 0 ? &s->poll_busy : &shift_poll_busy[s->slot].n;
+}
+
+void shift_dp_poll_mark_slow(struct shift_ctx *s, bool slow)
+{
+	if (slow)
+		__atomic_fetch_or(shift_dp_poll_busy(s), SHIFT_POLL_SLOW, __ATOMIC_SEQ_CST);
+	else
+		__atomic_fetch_and(shift_dp_poll_busy(s), ~SHIFT_POLL_SLOW, __ATOMIC_SEQ_CST);
+}
+
+bool shift_dp_fast_polls_out(struct shift_ctx *s)
+{
+	int v = __atomic_load_n(shift_dp_poll_busy(s), __ATOMIC_SEQ_CST);
+
+	return (v & SHIFT_POLL_SLOW) && !(v & ~SHIFT_POLL_SLOW);
+}
+
+void shift_dp_fast_polls_wait(struct shift_ctx *s)
+{
+	for (unsigned i = 0; !shift_dp_fast_polls_out(s); i++) {
+		if (i < 64)
+			shift_cpu_relax();
+		else
+			sched_yield(); /* (a poller preempted inside: let it run) */
+	}
+}
+
+void shift_dp_poll_release(int *busy)
+{
+	if (busy)
+		__atomic_fetch_sub(busy, 1, __ATOMIC_RELEASE);
+}
+
+/* A fast poll that found its context slow on entering: out again, and the
+ * slow path's. */
+static __attribute__((noinline, cold)) int poll_backed_out(int *busy, struct ibv_cq *cq,
+							    int num_entries, struct ibv_wc *wc)
+{
+	__atomic_fetch_sub(busy, 1, __ATOMIC_RELEASE);
+	return shift_dp_poll_slow(cq, num_entries, wc);
+}
+
 int shift_dp_poll_slow(struct ibv_cq *cq, int num_entries, struct ibv_wc *wc)
 {
 	struct shift_ctx *s = shift_ctx_of(cq->context);
 
 	if (shift_unlikely(!s))
 		return -1; /* the context is being closed */
-	return shift_dp_up.poll_slow(s, cq, num_entries, wc, 0, 0);
+	return shift_dp_up.poll_slow(s, cq, num_entries, wc, 0, 0, NULL);
 }
 
 /*
@@ -72,14 +136,15 @@ static struct ibv_cq *cq_of(struct shift_dqp *d, const struct ibv_wc *wc)
  * path from the first error of a protected QP on. The slow path then fills
  * at most those n entries (the application asked for at least as many):
  * so the fast path need not keep num_entries across the provider's call.
- * cq is NULL for a lean poll (cq_of()).
+ * cq is NULL for a lean poll (cq_of()). The poll leaves the fast path
+ * here (busy released), or the slow path releases it once it has the
+ * completions (shift_poll_slow).
  */
 static __attribute__((noinline)) int poll_retire(struct shift_ctx *s, struct shift_dqp **last,
-						 struct ibv_cq *cq, struct ibv_wc *wc, int n)
+						 int *busy, struct ibv_cq *cq, struct ibv_wc *wc,
+						 int n)
 {
-	if (!s)
-		return n;
-	for (int i = 0; i < n; i++) {
+	for (int i = 0; s && i < n; i++) {
 		struct shift_dqp *d = __atomic_load_n(last, __ATOMIC_RELAXED);
 
 		if (d->qpn != wc[i].qp_num) {
@@ -105,9 +170,10 @@ static __attribute__((noinline)) int poll_retire(struct shift_ctx *s, struct shi
 			struct ibv_cq *c = cq ? cq : cq_of(d, &wc[i]);
 
 			if (c)
-				return shift_dp_up.poll_slow(s, c, n, wc, i, n);
+				return shift_dp_up.poll_slow(s, c, n, wc, i, n, busy);
 		}
 	}
+	shift_dp_poll_release(busy);
 	return n;
 }
 
@@ -174,13 +240,17 @@ _Static_assert(offsetof(struct ibv_wc, qp_num) == offsetof(struct ibv_wc, imm_da
  * stack adjustment); the full one keeps cq too, for contexts with a
  * protected QP whose send and receive CQs differ.
  */
-static inline __attribute__((always_inline)) int poll_fast(shift_poll_fn prov,
+static inline __attribute__((always_inline)) int poll_fast(shift_poll_fn const *prov,
 							   struct shift_dqp **last,
 							   struct shift_ctx *const *sp, bool lean,
-							   struct ibv_cq *cq, int num_entries,
-							   struct ibv_wc *wc)
+							   int *busy, struct ibv_cq *cq,
+							   int num_entries, struct ibv_wc *wc)
 {
-	int n = prov(cq, num_entries, wc);
+	/* in (one locked add; negative: the context went slow) */
+	if (shift_unlikely(__atomic_add_fetch(busy, 1, __ATOMIC_SEQ_CST) < 0))
+		return poll_backed_out(busy, cq, num_entries, wc);
+	/* (the provider's poll loaded once inside: a call through memory) */
+	int n = (*prov)(cq, num_entries, wc);
 
 	if (shift_likely(n == 1)) {
 		struct shift_dqp *d = __atomic_load_n(last, __ATOMIC_RELAXED);
@@ -188,30 +258,34 @@ static inline __attribute__((always_inline)) int poll_fast(shift_poll_fn prov,
 		/* the cached QP's, and a success (IBV_WC_SUCCESS is 0): one test */
 		if (shift_likely(((d->qpn ^ wc->qp_num) | (uint32_t)wc->status) == 0)) {
 			shift_dqp_retire(d, wc);
+			__atomic_fetch_sub(busy, 1, __ATOMIC_RELEASE);
 			return 1;
 		}
 	} else if (n <= 0) {
+		__atomic_fetch_sub(busy, 1, __ATOMIC_RELEASE);
 		return n;
 	} else if (shift_likely(n <= 8) &&
 		   retire_many(__atomic_load_n(last, __ATOMIC_RELAXED), wc, n)) {
+		__atomic_fetch_sub(busy, 1, __ATOMIC_RELEASE);
 		return n;
 	}
-	return poll_retire(__atomic_load_n(sp, __ATOMIC_ACQUIRE), last, lean ? NULL : cq, wc, n);
+	return poll_retire(__atomic_load_n(sp, __ATOMIC_ACQUIRE), last, busy, lean ? NULL : cq, wc,
+			   n);
 }
 
 #define POLL_SLOT(k)                                                                     \
 	static __attribute__((hot)) int shift_poll_cq_##k(struct ibv_cq *cq, int num_entries, \
 							  struct ibv_wc *wc)                  \
 	{                                                                                \
-		return poll_fast(shift_prov_poll[k], &shift_poll_last[k], &shift_ctx_tab[k], \
-				 false, cq, num_entries, wc);                             \
+		return poll_fast(&shift_prov_poll[k], &shift_poll_last[k], &shift_ctx_tab[k], \
+				 false, &shift_poll_busy[k].n, cq, num_entries, wc);      \
 	}                                                                                \
 	static __attribute__((hot)) int shift_poll_cq_lean_##k(struct ibv_cq *cq,        \
 							       int num_entries,           \
 							       struct ibv_wc *wc)         \
 	{                                                                                \
-		return poll_fast(shift_prov_poll[k], &shift_poll_last[k], &shift_ctx_tab[k], \
-				 true, cq, num_entries, wc);                              \
+		return poll_fast(&shift_prov_poll[k], &shift_poll_last[k], &shift_ctx_tab[k], \
+				 true, &shift_poll_busy[k].n, cq, num_entries, wc);       \
 	}
 #define POLL_SLOT8(b)                                                               \
 	POLL_SLOT(0##b##0) POLL_SLOT(0##b##1) POLL_SLOT(0##b##2) POLL_SLOT(0##b##3) \
@@ -243,7 +317,7 @@ static int shift_poll_cq_any(struct ibv_cq *cq, int num_entries, struct ibv_wc *
 
 	if (shift_unlikely(!s))
 		return -1; /* the context is being closed */
-	return poll_fast(s->poll_cq, &s->poll_last, &s, false, cq, num_entries, wc);
+	return poll_fast(&s->poll_cq, &s->poll_last, &s, false, &s->poll_busy, cq, num_entries, wc);
 }
 
 /* The fast poll a context gets when not slow. */
@@ -270,6 +344,7 @@ int shift_dp_req_notify_cq(struct ibv_cq *cq, int solicited_only)
 void shift_dp_poll_slot_init(struct shift_ctx *s)
 {
 	__atomic_store_n(&s->poll_last, &shift_dqp_none, __ATOMIC_RELAXED);
+	shift_dp_poll_mark_slow(s, __atomic_load_n(&s->slow, __ATOMIC_ACQUIRE));
 	if (s->slot < 0)
 		return;
 	__atomic_store_n(&shift_poll_last[s->slot], &shift_dqp_none, __ATOMIC_RELAXED);

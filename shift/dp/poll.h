@@ -5,6 +5,8 @@
 #define SHIFT_DP_POLL_H
 
 #include <infiniband/verbs.h>
+#include <limits.h>
+#include <stdbool.h>
 
 struct shift_ctx;
 struct shift_dqp;
@@ -16,6 +18,24 @@ shift_poll_fn shift_dp_fast_poll(const struct shift_ctx *s);
 /* The poll_cq of a slow context: the failover layer's. */
 int shift_dp_poll_slow(struct ibv_cq *cq, int num_entries, struct ibv_wc *wc);
 int shift_dp_req_notify_cq(struct ibv_cq *cq, int solicited_only);
+
+/*
+ * Polls inside a context's fast path (dp/poll.c): the failover layer judges
+ * a QP's outstanding WRs only once its context is slow and none is left.
+ * shift_dp_poll_busy: the word a context's fast polls count themselves in,
+ * SHIFT_POLL_SLOW set while slow (shift_dp_poll_mark_slow, from
+ * shift_ctx_set_slow). shift_dp_fast_polls_out: slow, and no poll inside
+ * (a load); shift_dp_fast_polls_wait: until then (a poll inside never
+ * waits for anything: call it holding no post_lock or SRQ lock).
+ * shift_dp_poll_release: a poll handed over to the slow path leaves (busy
+ * NULL: it held none).
+ */
+#define SHIFT_POLL_SLOW INT_MIN
+int *shift_dp_poll_busy(struct shift_ctx *s);
+void shift_dp_poll_mark_slow(struct shift_ctx *s, bool slow);
+bool shift_dp_fast_polls_out(struct shift_ctx *s);
+void shift_dp_fast_polls_wait(struct shift_ctx *s);
+void shift_dp_poll_release(int *busy);
 
 /* s took its slot (s->slot, s->poll_cq set); d leaves s's last-polled
  * cache. */

@@ -5,42 +5,21 @@
  * seen here, then the failback work of every failed-over QP.
  */
 #include "shift/fo/fo_int.h"
-#include "shift/base/quiesce.h"
 
 static void background(struct shift_ctx *s);
 
 /*
- * Has the grace passed since `since` (ms) that lets a poll which entered
- * the fast path before its context went slow finish? It has at once when
- * every thread of the application was seen asleep in the kernel after the
- * switch (base/quiesce.h: none can be inside the fast path; looked at once
- * per pass, after this pass's own switches), but those that have left a
- * slow poll of the context since its switch (dp/ctx.h, slow_polled: an
- * application spinning on its CQ, as NCCL's proxy thread and perftest
- * do). Synchronous replay has no such poll, and its logical clock keeps
- * the grace. If not, the thread comes back when it has passed.
+ * May the pass judge the QPs of slow context s? Not while a poll of the
+ * application that entered the fast path before the switch is still
+ * inside it: it may hold completions it took from the provider and has not
+ * counted yet (dp/poll.h). A poll never waits inside the fast path, so the
+ * thread comes back in a millisecond (fo_start() waits for it anyway).
  */
-static bool grace_passed(struct shift_ctx *s, uint64_t since, uint64_t now)
+static bool polls_out(struct shift_ctx *s, uint64_t now)
 {
-	if (since <= now && now - since >= shift_config.bg_grace_ms)
+	if (shift_dp_fast_polls_out(s))
 		return true;
-	if (!s->bg_asleep) {
-		int out[SHIFT_SLOW_POLLERS];
-		/* (the context stays slow meanwhile: only this thread makes
-		 * it fast again) */
-		bool slow = !shift_config.inline_passes && __atomic_load_n(&s->slow, __ATOMIC_ACQUIRE);
-
-		/* (set before the marks are read: a thread marked after it
-		 * wakes this one, dp/ctx.h) */
-		__atomic_store_n(&s->grace_wait, slow, __ATOMIC_SEQ_CST);
-		s->bg_asleep = slow && shift_quiesce_others_asleep(out, shift_ctx_slow_pollers(s, out))
-				       ? 1 : 2;
-		if (s->bg_asleep == 1)
-			__atomic_store_n(&s->grace_wait, false, __ATOMIC_RELAXED);
-	}
-	if (s->bg_asleep == 1)
-		return true;
-	shift_rnic_due(s->rnic, since + shift_config.bg_grace_ms);
+	shift_rnic_due(s->rnic, now + 1);
 	return false;
 }
 
@@ -69,11 +48,11 @@ static void port_back(struct shift_dqp *d)
 }
 
 /* How long port must have been seen down before its QPs fail over: the
- * port watch's limit, or only the grace for a fast-path poll when the
- * device said so (an async event, shadow/portev.c). */
+ * port watch's limit, or none when the device said so (an async event,
+ * shadow/portev.c; a flap is the failback probe's to handle). */
 static uint64_t port_limit(struct shift_ctx *s, unsigned port, uint64_t limit)
 {
-	return shift_rnic_port_event_down(s->rnic, port) ? shift_config.bg_grace_ms : limit;
+	return shift_rnic_port_event_down(s->rnic, port) ? 0 : limit;
 }
 
 /* d's port has been down for `for_ms`: d fails over as if an error had
@@ -155,9 +134,7 @@ static void watch_ports(struct shift_ctx *s, uint64_t now_ms)
 			shift_ctx_set_slow(s, true);
 			uint64_t wait = port_limit(s, port, limit);
 
-			if (t - s->port_down_since[port] < wait &&
-			    (wait > shift_config.bg_grace_ms ||
-			     !grace_passed(s, s->port_down_since[port], now_ms))) {
+			if (t - s->port_down_since[port] < wait || !polls_out(s, now_ms)) {
 				shift_rnic_due(s->rnic, s->port_down_since[port] + wait);
 				continue;
 			}
@@ -249,15 +226,7 @@ static void answer_peer(struct shift_ctx *s, struct shift_dqp *d, uint64_t now)
 {
 	if (!d->ctrl_pending)
 		return;
-	if (!d->ctrl_seen_ms)
-		d->ctrl_seen_ms = now;
-	/* (a QP that failed over itself waits for this answer: its context
-	 * went slow at its failure, the grace counts from there) */
-	uint64_t since = d->ctrl_seen_ms, te = d->t_error_us / 1000u;
-
-	if (shift_dqp_send_state(d) != SHIFT_SEND_DEFAULT && d->t_error_us && te < since)
-		since = te;
-	if (!grace_passed(s, since, now))
+	if (!polls_out(s, now))
 		return;
 	fo_lock_cqs(d);
 	if (d->ctrl_pending) {
@@ -275,7 +244,7 @@ static void fail_over_refused(struct shift_ctx *s, struct shift_dqp *d, uint64_t
 		return;
 	/* (as for a port that went down: a poll that entered the fast path
 	 * before the context went slow finishes first) */
-	if (!grace_passed(s, d->post_failed_ms, now))
+	if (!polls_out(s, now))
 		return;
 	fo_lock_cqs(d);
 	if (d->post_failed && (shift_dqp_send_state(d) == SHIFT_SEND_DEFAULT || d->need_rearm)) {
@@ -296,7 +265,7 @@ void fo_join_peer(struct shift_ctx *s, struct shift_dqp *d, uint64_t now)
 {
 	if (!__atomic_load_n(&d->peer_join, __ATOMIC_ACQUIRE))
 		return;
-	if (!grace_passed(s, d->peer_join_ms, now))
+	if (!polls_out(s, now))
 		return;
 	fo_lock_cqs(d);
 	if (d->peer_join && shift_dqp_send_state(d) == SHIFT_SEND_DEFAULT && !d->need_rearm &&
@@ -375,7 +344,6 @@ static void background(struct shift_ctx *s)
 {
 	struct shift_rnic *r = s->rnic;
 
-	s->bg_asleep = 0; /* (not looked at in this pass yet) */
 	pthread_mutex_lock(&r->lock);
 	struct shift_cq *head = r->cqs;
 	pthread_mutex_unlock(&r->lock);
@@ -418,8 +386,7 @@ static void background(struct shift_ctx *s)
 			continue;
 		/* the application may be inside the fast path of a poll that
 		 * started before the context went slow: let it finish */
-		uint64_t te = d->t_error_us / 1000u; /* (may be later than now) */
-		if (!grace_passed(s, te, now))
+		if (!polls_out(s, now))
 			continue;
 		fo_lock_cqs(d);
 		fo_failback_work(s, d, fbt);

@@ -14,11 +14,13 @@ struct shift_dqp;
 /*
  * The slow poll of a context with a failed-over QP, or of a poll whose
  * provider results hold an error. wc[0..done) are final already; wc[done..
- * have) came from the provider and still need SHIFT's look. Returns the
- * number of completions for the application.
+ * have) came from the provider and still need SHIFT's look. busy: the
+ * fast-path count the calling poll holds (dp/poll.h; NULL: none), released
+ * once wc[done..have) are handed over, before any lock is waited for.
+ * Returns the number of completions for the application.
  */
 int shift_poll_slow(struct shift_ctx *s, struct ibv_cq *cq, int num_entries,
-		    struct ibv_wc *wc, int done, int have);
+		    struct ibv_wc *wc, int done, int have, int *busy);
 /* The background thread's share: notice peers' handshake messages. */
 void shift_failover_background(struct shift_ctx *s);
 /* Did a background pass since the last call leave a failover waiting for

@@ -14,6 +14,7 @@
 #include "shift/base/lower.h"
 #include "shift/dp/ctx.h"
 #include "shift/dp/dsrq.h"
+#include "shift/dp/poll.h"
 #include "shift/dp/errclass.h"
 #include "shift/dp/state.h"
 #include "kv/kv.h"

@@ -33,7 +33,7 @@ static int mget_unlocked(struct shift_ctx *s, const char *const *kp, size_t n, v
 	return rc;
 }
 
-static void poke_check(struct shift_ctx *s, const struct poke_qp *qs, size_t n, uint64_t now)
+static void poke_check(struct shift_ctx *s, const struct poke_qp *qs, size_t n)
 {
 	char keys[SHIFT_KV_MGET_MAX][SHIFT_EXCHANGE_KEY_MAX];
 	const char *kp[SHIFT_KV_MGET_MAX];
@@ -60,7 +60,6 @@ static void poke_check(struct shift_ctx *s, const struct poke_qp *qs, size_t n, 
 			fo_lock_cqs(d);
 			if (keys[k][0] && fo_ep_take(d, v[k], len[k]) &&
 			    d->peer_started > d->failovers) {
-				d->peer_join_ms = now;
 				__atomic_store_n(&d->peer_join, true, __ATOMIC_RELEASE);
 				shift_ctx_set_slow(s, true);
 			}
@@ -163,6 +162,6 @@ void fo_poke_read(struct shift_ctx *s, uint64_t now)
 		}
 	}
 	for (size_t at = 0; at < n; at += SHIFT_KV_MGET_MAX)
-		poke_check(s, qs + at, n - at < SHIFT_KV_MGET_MAX ? n - at : SHIFT_KV_MGET_MAX, now);
+		poke_check(s, qs + at, n - at < SHIFT_KV_MGET_MAX ? n - at : SHIFT_KV_MGET_MAX);
 	free(qs);
 }

@@ -344,7 +344,7 @@ int fo_poll_default(struct shift_ctx *s, struct shift_cq *c, int max, struct ibv
  * provider's flushes of a connection it failed on to the application).
  */
 static int slow_poll(struct shift_ctx *s, struct ibv_cq *cq, int num_entries,
-		     struct ibv_wc *wc, int done, int have)
+		     struct ibv_wc *wc, int done, int have, int *busy)
 {
 	struct ibv_wc held[TMP_WC], tmp[TMP_WC];
 	struct shift_early mine = { .next = NULL, .cq = cq, .wc = held, .n = 0, .taken = 0 };
@@ -354,13 +354,17 @@ static int slow_poll(struct shift_ctx *s, struct ibv_cq *cq, int num_entries,
 		unsigned m = (unsigned)(have - done);
 		struct ibv_wc *b = m <= TMP_WC ? held : malloc(sizeof(*wc) * m);
 
-		if (!b)
+		if (!b) {
+			shift_dp_poll_release(busy);
 			return have; /* cannot look: the application gets them as they are */
+		}
 		memcpy(b, wc + done, sizeof(*wc) * m);
 		mine.wc = b;
 		mine.n = m;
 		early_link(s, &mine);
 	}
+	/* out of the fast path: what it took from the provider is in view */
+	shift_dp_poll_release(busy);
 
 	struct shift_cq *c = s->rnic ? shift_shadow_cq_of(s->rnic, cq) : NULL;
 	struct out o = { .wc = wc, .n = done, .max = num_entries, .c = c };
@@ -404,13 +408,7 @@ static int slow_poll(struct shift_ctx *s, struct ibv_cq *cq, int num_entries,
 }
 
 int shift_poll_slow(struct shift_ctx *s, struct ibv_cq *cq, int num_entries,
-		    struct ibv_wc *wc, int done, int have)
+		    struct ibv_wc *wc, int done, int have, int *busy)
 {
-	int n = slow_poll(s, cq, num_entries, wc, done, have);
-
-	/* (this thread is out of the fast path, its batch handed over: the
-	 * grace need not wait for it; dp/ctx.h, slow_polled) */
-	if (shift_unlikely(shift_ctx_slow_polled(s)))
-		shift_rnic_wake(s->rnic);
-	return n;
+	return slow_poll(s, cq, num_entries, wc, done, have, busy);
 }

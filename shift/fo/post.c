@@ -38,7 +38,6 @@ bool fo_take_refused(struct shift_dqp *d, int rc, uint64_t sq_from, uint64_t rq_
 	if (!d->post_failed) {
 		d->sq_taken = sq_from;
 		d->rq_taken = rq_from;
-		d->post_failed_ms = shift_clock_us() / 1000u;
 		shift_info("%s QP %u: the provider refused a post (%s) on a failed QP (%s): "
 			   "SHIFT keeps the WRs for its backup QP", d->dev, d->qpn, strerror(rc),
 			   q ? "cannot query it" : "ERR");

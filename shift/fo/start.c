@@ -256,6 +256,12 @@ static void stop_default(struct shift_ctx *s, struct shift_dqp *d, bool again)
 {
 	struct ibv_qp_attr a = { .qp_state = IBV_QPS_ERR };
 
+	/* what d completed is counted before it is judged: a poll of another
+	 * thread that entered the fast path before the context went slow may
+	 * hold completions of it not yet counted (dp/poll.h); it leaves
+	 * without waiting for anything this thread holds */
+	shift_ctx_set_slow(s, true);
+	shift_dp_fast_polls_wait(s);
 	d->bk = d->shadow->bk;
 	/* posters hold everything from here: sends until the handshake,
 	 * receives until they are reposted below, in order */
@@ -284,7 +290,7 @@ static void stop_default(struct shift_ctx *s, struct shift_dqp *d, bool again)
 	if (d->ep_wait == SHIFT_EP_WAIT_RETURN || d->ep_wait == SHIFT_EP_WAIT_PEER)
 		shift_dqp_set_ep_wait(d, SHIFT_EP_RUNNING, "failover");
 	SHIFT_STAT_SET(d->last_switch_s, shift_clock_wall_s());
-	shift_ctx_set_slow(s, true);
+	/* (the context went slow above) */
 	if (again) {
 		/* completions of the old backup first: older than the default
 		 * QP's in each queue (a direction left it only once drained) */

@@ -29,7 +29,6 @@
 #include "shift/base/config.h"
 #include "shift/base/log.h"
 #include "shift/base/lower.h"
-#include "shift/base/quiesce.h"
 #include "shift/dp/ctx.h"
 #include "kv/kv.h"
 #include "providers/provider.h"
@@ -283,7 +282,6 @@ static void *rnic_main(void *arg)
 	struct shift_rnic *r = arg;
 	uint64_t last_status = 0;
 
-	shift_quiesce_register(); /* (never polls for the application) */
 	pthread_mutex_lock(&r->busy);
 	backup_open(r);
 	if (r->bk_ctx)
@@ -341,7 +339,6 @@ static void *rnic_main(void *arg)
 		r->idle = false;
 	}
 	pthread_mutex_unlock(&r->lock);
-	shift_quiesce_unregister();
 	return NULL;
 }
 

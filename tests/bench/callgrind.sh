@@ -68,16 +68,16 @@ measure() {
 # Mirror path (Default state). Budgets: issue #21 (poll: 15 per call plus
 # 5 per extra completion); ceilings: main's counts plus 2.
 measure --plain --shift \
-	send:1:40:51 recv:1:28:38 poll:1:15:17 expost:1:125:119 expoll:1:80:78 \
+	send:1:40:51 recv:1:28:38 poll:1:15:20 expost:1:125:119 expoll:1:80:78 \
 	recv0:1:28:38 chain2:2:40:59 chain4:4:40:48 \
 	chain8:8:40:43 inline32:1:40:79 sge4:1:40:86 recv4:1:28:81 \
-	poll2:1:20:35 poll4:1:30:45
+	poll2:1:20:39 poll4:1:30:49
 # Native path (Default state): the common shapes take the mirror's fast
 # paths (a one-SGE WR is cheaper copied than its WQE index read); inline,
 # multi-SGE and atomic WRs record wr_id, opcode, flags and WQE index only.
 # Budgets: issue #21's (10 per WR, poll as above).
 measure --plain-mlx5 --native \
-	send:1:10:52 recv:1:10:39 poll:1:15:17 recv0:1:10:39 chain2:2:10:60 \
+	send:1:10:52 recv:1:10:39 poll:1:15:20 recv0:1:10:39 chain2:2:10:60 \
 	chain4:4:10:49 chain8:8:10:43 inline32:1:10:73 sge4:1:10:71 recv4:1:10:73 \
-	poll2:1:20:35 poll4:1:30:45
+	poll2:1:20:39 poll4:1:30:49
 exit $status

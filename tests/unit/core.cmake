@@ -1,8 +1,6 @@
 # SHIFT core unit tests (fake provider; the simulated RNIC has its own).
 shift_unit_test(test_ctx SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/test_ctx.c LIBS shift_core)
 shift_unit_test(test_dqp SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/test_dqp.c LIBS shift_core)
-shift_unit_test(test_quiesce SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/test_quiesce.c LIBS shift_core)
-shift_unit_test(test_slow_polled SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/test_slow_polled.c LIBS shift_core)
 shift_unit_test(test_exchange SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/test_exchange.c LIBS shift_core)
 if(TARGET shift_sim)
   shift_unit_test(test_shadow SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/test_shadow.c

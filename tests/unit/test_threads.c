@@ -178,8 +178,8 @@ static void test_writes_survive_nic_death_with_real_threads(void **state)
 
 /* An idle QP (nothing outstanding: no error completion will ever come)
  * whose port dies: the device's PORT_ERR event wakes A's thread, which
- * fails the QP over after the grace, not after SHIFT_PORT_DOWN_MS (set to
- * 20 s here); then a write goes through on the backup. */
+ * fails the QP over at once, not after SHIFT_PORT_DOWN_MS (set to 20 s
+ * here); then a write goes through on the backup. */
 static void test_port_event_fails_idle_qp_over_at_once(void **state)
 {
 	struct pair p;
@@ -211,10 +211,9 @@ static void test_port_event_fails_idle_qp_over_at_once(void **state)
 }
 
 /* The same with an application that spins on its CQ, as NCCL's proxy
- * thread does: never asleep, so the grace would run its full length
- * (raised to 5 s here). Its first poll through the slow path after the
- * switch marks it out of the fast path and wakes A's thread, which fails
- * the QP over at once (dp/ctx.h, slow_polled). */
+ * thread does: never asleep, and never inside the fast path for long,
+ * so the failover does not wait (a time-based grace of 5 s set here
+ * would). */
 static void test_port_event_with_spinning_poller(void **state)
 {
 	struct pair p;
@@ -243,9 +242,8 @@ static void test_port_event_with_spinning_poller(void **state)
 	uint64_t took = now_ms() - t0;
 
 	print_message("idle QP of a spinning poller failed over %llu ms after its port died "
-		      "(grace 5000 ms)\n", (unsigned long long)took);
-	/* (~15 ms; without the marks 1.8-2.9 s, the thread seen asleep only
-	 * by chance, waiting for the simulator's lock) */
+		      "(SHIFT_BG_GRACE_MS 5000)\n", (unsigned long long)took);
+	/* (~15 ms; with a time-based grace, 1.8-2.9 s) */
 	assert_true(took < 1000);
 	wc = write_one(p.w, &p.a, &p.b, 7);
 	assert_int_equal(wc.status, IBV_WC_SUCCESS);
@@ -392,6 +390,134 @@ static void test_flaps_with_real_threads(void **state)
 	pair_close(&p);
 }
 
+/*
+ * A poll that took completions from the provider and was preempted before
+ * it counted them (held here in the provider's poll_cq, after its return:
+ * sim_locked's "poll_cq returned"), while A's port dies and A's thread
+ * fails the QP over. The failover must wait for that poll to leave the
+ * fast path (dp/poll.h): judged before, the four writes it holds look
+ * outstanding and are written again on the backup, and the application
+ * gets their completions twice. A time-based grace (20 ms) let the
+ * failover go after 20 ms of a thread held longer.
+ */
+static __thread bool held_poller_here; /* (set by that poller's thread) */
+static int held_armed, held_in, held_go;
+
+static void hold_hook(const char *op, struct ibv_context *ctx, bool inside)
+{
+	int one = 1;
+
+	(void)ctx;
+	(void)inside;
+	if (strcmp(op, "poll_cq returned") || !held_poller_here ||
+	    !__atomic_compare_exchange_n(&held_armed, &one, 0, false, __ATOMIC_ACQ_REL,
+					 __ATOMIC_ACQUIRE))
+		return;
+	__atomic_store_n(&held_in, 1, __ATOMIC_RELEASE);
+	while (!__atomic_load_n(&held_go, __ATOMIC_ACQUIRE))
+		usleep(1000);
+}
+
+struct held_poll {
+	struct sim_ep *a;
+	struct ibv_wc wc[8];
+	int n;
+};
+
+static void *held_poller(void *arg)
+{
+	struct held_poll *h = arg;
+
+	held_poller_here = true;
+	h->n = ibv_poll_cq(h->a->cq, 8, h->wc);
+	return NULL;
+}
+
+static void test_failover_waits_for_a_poll_inside(void **state)
+{
+	struct pair p;
+	struct held_poll h = { .n = -1 };
+	unsigned seen[4] = { 0 };
+	(void)state;
+
+	test_setenv("SHIFT_PORT_DOWN_MS", "20000");
+	pair_open(&p, "heldpoll");
+	struct shift_dqp *d = shift_dqp_of_qp(p.a.qp);
+
+	assert_non_null(d);
+	h.a = &p.a;
+	for (unsigned i = 0; i < 4; i++) {
+		struct ibv_sge sge = { .addr = (uintptr_t)p.a.buf + 64u * i, .length = 64,
+				       .lkey = p.a.mr->lkey };
+		struct ibv_send_wr wr = {
+			.wr_id = 1000 + i, .sg_list = &sge, .num_sge = 1,
+			.opcode = IBV_WR_RDMA_WRITE, .send_flags = IBV_SEND_SIGNALED,
+			.wr.rdma = { .remote_addr = (uintptr_t)p.b.buf + 2048 + 64u * i,
+				     .rkey = p.b.mr->rkey },
+		}, *bad;
+
+		memset(p.a.buf + 64u * i, (int)i + 1, 64);
+		assert_int_equal(ibv_post_send(p.a.qp, &wr, &bad), 0);
+	}
+	for (unsigned i = 0; i < 200; i++)
+		step(p.w); /* (the four complete in A's CQ, unpolled) */
+	__atomic_store_n(&held_armed, 1, __ATOMIC_RELEASE);
+	__atomic_store_n(&held_in, 0, __ATOMIC_RELEASE);
+	__atomic_store_n(&held_go, 0, __ATOMIC_RELEASE);
+	__atomic_store_n(&sim_locked.hook, hold_hook, __ATOMIC_RELEASE);
+	pthread_t t;
+
+	assert_int_equal(pthread_create(&t, NULL, held_poller, &h), 0);
+	for (uint64_t end = now_ms() + 5000; !__atomic_load_n(&held_in, __ATOMIC_ACQUIRE);) {
+		assert_true(now_ms() < end);
+		usleep(1000);
+	}
+	kill_default_nic(&p);
+	for (uint64_t end = now_ms() + 300; now_ms() < end;) {
+		step(p.w);
+		usleep(1000);
+	}
+	/* the failover has not judged while the poll holds the four */
+	assert_int_equal(__atomic_load_n(&d->send_state, __ATOMIC_ACQUIRE), SHIFT_SEND_DEFAULT);
+	__atomic_store_n(&held_go, 1, __ATOMIC_RELEASE);
+	assert_int_equal(pthread_join(t, NULL), 0);
+	__atomic_store_n(&sim_locked.hook, NULL, __ATOMIC_RELEASE);
+	assert_int_equal(h.n, 4);
+	for (int i = 0; i < h.n; i++) {
+		assert_int_equal(h.wc[i].status, IBV_WC_SUCCESS);
+		assert_true(h.wc[i].wr_id >= 1000 && h.wc[i].wr_id < 1004);
+		seen[h.wc[i].wr_id - 1000]++;
+	}
+	uint64_t t0 = now_ms();
+
+	while (__atomic_load_n(&d->send_state, __ATOMIC_ACQUIRE) == SHIFT_SEND_DEFAULT &&
+	       now_ms() - t0 < 5000) {
+		struct ibv_wc wc;
+
+		step(p.w);
+		assert_int_equal(ibv_poll_cq(p.a.cq, 1, &wc), 0);
+		usleep(1000);
+	}
+	print_message("failed over %llu ms after the held poll left\n",
+		      (unsigned long long)(now_ms() - t0));
+	assert_int_not_equal(__atomic_load_n(&d->send_state, __ATOMIC_ACQUIRE), SHIFT_SEND_DEFAULT);
+	/* the next write completes, and none of the four comes again */
+	for (uint64_t end = now_ms() + 10000;;) {
+		struct ibv_wc wc = write_one(p.w, &p.a, &p.b, 4);
+
+		if (wc.wr_id == 1004) {
+			assert_int_equal(wc.status, IBV_WC_SUCCESS);
+			break;
+		}
+		assert_true(wc.wr_id >= 1000 && wc.wr_id < 1004);
+		seen[wc.wr_id - 1000]++;
+		assert_true(now_ms() < end);
+	}
+	for (unsigned i = 0; i < 4; i++)
+		assert_int_equal(seen[i], 1);
+	pair_close(&p);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -401,6 +527,7 @@ int main(void)
 		cmocka_unit_test(test_passive_peer_answers_on_completion_event),
 		cmocka_unit_test(test_flaps_with_real_threads),
 		cmocka_unit_test(test_idle_threads_sleep),
+		cmocka_unit_test(test_failover_waits_for_a_poll_inside),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);
