@@ -287,5 +287,6 @@ void shift_dp_fork_child(void (*before)(struct shift_ctx *s))
 	}
 	for (int i = 0; i < SHIFT_DQP_TAB; i++)
 		shift_dqp_tab[i] = &shift_dqp_none;
+	shift_dp_poll_fork_child();
 	pthread_mutex_unlock(&shift_ctx_lock);
 }

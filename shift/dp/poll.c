@@ -82,6 +82,13 @@ void shift_dp_fast_polls_wait(struct shift_ctx *s)
 	}
 }
 
+void shift_dp_poll_fork_child(void)
+{
+	/* (the polls counted were other threads' of the parent: none here) */
+	for (int i = 0; i < SHIFT_FAST_CTX; i++)
+		__atomic_store_n(&shift_poll_busy[i].n, 0, __ATOMIC_RELAXED);
+}
+
 void shift_dp_poll_release(int *busy)
 {
 	if (busy)

@@ -36,6 +36,10 @@ void shift_dp_poll_mark_slow(struct shift_ctx *s, bool slow);
 bool shift_dp_fast_polls_out(struct shift_ctx *s);
 void shift_dp_fast_polls_wait(struct shift_ctx *s);
 void shift_dp_poll_release(int *busy);
+/* In the child of a fork: no poll is inside any slot's fast path (the
+ * parent's threads that were are not here; the slots' next contexts are
+ * the child's). */
+void shift_dp_poll_fork_child(void);
 
 /* s took its slot (s->slot, s->poll_cq set); d leaves s's last-polled
  * cache. */
