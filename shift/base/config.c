@@ -391,7 +391,6 @@ int shift_config_load(const char *real_lib_default)
 	else
 		job_id_derive();
 	shift_config.handshake_wait_ms = shift_config.episode_wait_ms;
-	shift_config.bg_grace_ms = 20;
 	shift_config.bk_restart_ms = 500;
 	shift_config.peer_warn_ms = 10000;
 	shift_config.free_grace_ms = 1000;

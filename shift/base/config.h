@@ -43,7 +43,6 @@ struct shift_config {
 	 * shift_clock ms, and how it runs. shift_config_load() sets the
 	 * defaults; a program that drives SHIFT's passes itself (inline_passes,
 	 * with a logical clock: the simulator) sets its own after loading. */
-	unsigned bg_grace_ms;     /* a poll inside the fast path finishes first (20) */
 	unsigned episode_wait_ms; /* SHIFT_FAILOVER_MS: a failover waits this long for the peer */
 	/* ... for the peer's handshake message (SHIFT_FAILOVER_MS too; a
 	 * simulator's logical clock, one ms per pass, needs more: the network

@@ -88,8 +88,6 @@ static void watch_ports(struct shift_ctx *s, uint64_t now_ms)
 		s->ports_down = false;
 		return;
 	}
-	if (limit < shift_config.bg_grace_ms)
-		limit = shift_config.bg_grace_ms;
 	for (int i = 0; i < SHIFT_DQP_BUCKETS; i++) {
 		for (struct shift_dqp *d = shift_dqp_first(s, i); d;
 		     d = shift_dqp_next(d)) {

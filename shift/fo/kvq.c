@@ -357,10 +357,8 @@ static bool ep_wanted(const struct shift_dqp *d, uint64_t now, uint64_t at)
 	if (!d || !d->scq || !d->shadow || shift_dqp_send_state(d) == SHIFT_SEND_UNPROTECTED ||
 	    !fo_ep_due(d, at))
 		return false;
-	/* (no failback work in its grace after the failure: background()) */
-	uint64_t te = d->t_error_us / 1000u;
-
-	return te <= now && now - te >= shift_config.bg_grace_ms;
+	/* (not before the failure: t_error_us may be later than now) */
+	return d->t_error_us / 1000u <= now;
 }
 
 static void collect_ep(struct shift_ctx *s, struct kvq *q, uint64_t now)

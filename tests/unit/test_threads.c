@@ -154,9 +154,7 @@ static void test_writes_survive_nic_death_with_real_threads(void **state)
 	(void)state;
 
 	/* (A's application polls throughout: its own poll fails over on the
-	 * error completion; the port watch would take the QP over on A's
-	 * thread after the grace, which TSan, seeing no lock between that and
-	 * the fast path, reports; the port watch has its own test below) */
+	 * error completion; the port watch has its own tests below) */
 	test_setenv("SHIFT_PORT_DOWN_MS", "0");
 	pair_open(&p, "threads");
 	for (unsigned i = 0; i < WRITES; i++) {
@@ -214,8 +212,8 @@ static void test_port_event_fails_idle_qp_over_at_once(void **state)
 
 /* The same with an application that spins on its CQ, as NCCL's proxy
  * thread does: never asleep, and never inside the fast path for long,
- * so the failover does not wait (a time-based grace of 5 s set here
- * would). */
+ * so the failover does not wait for it (before stop 40 a time-based
+ * grace did, ended early only by marks the slow poll left). */
 static void test_port_event_with_spinning_poller(void **state)
 {
 	struct pair p;
@@ -223,7 +221,6 @@ static void test_port_event_with_spinning_poller(void **state)
 
 	test_setenv("SHIFT_PORT_DOWN_MS", "20000");
 	pair_open(&p, "portspin");
-	shift_config.bg_grace_ms = 5000;
 	struct shift_dqp *d = shift_dqp_of_qp(p.a.qp);
 	struct ibv_wc wc;
 
@@ -243,9 +240,9 @@ static void test_port_event_with_spinning_poller(void **state)
 	}
 	uint64_t took = now_ms() - t0;
 
-	print_message("idle QP of a spinning poller failed over %llu ms after its port died "
-		      "(SHIFT_BG_GRACE_MS 5000)\n", (unsigned long long)took);
-	/* (~15 ms; with a time-based grace, 1.8-2.9 s) */
+	print_message("idle QP of a spinning poller failed over %llu ms after its port died\n",
+		      (unsigned long long)took);
+	/* (~15 ms; with a time-based grace of 5 s and no marks, 1.8-2.9 s) */
 	assert_true(took < 1000);
 	wc = write_one(p.w, &p.a, &p.b, 7);
 	assert_int_equal(wc.status, IBV_WC_SUCCESS);
@@ -255,8 +252,8 @@ static void test_port_event_with_spinning_poller(void **state)
 /* The passive peer (B never polls) answers A's handshake when its backup
  * CQ's completion event wakes its thread, not at its idle period: with
  * SHIFT_IDLE_MS at 10 s, the write A's failover moves completes within
- * 2 s (the grace for B's fast path, 20 ms, plus scheduling; it took 10 s
- * and more with the thread asleep on its timer). */
+ * 2 s (scheduling; it took 10 s and more with the thread asleep on its
+ * timer). */
 static void test_passive_peer_answers_on_completion_event(void **state)
 {
 	struct pair p;
