@@ -122,6 +122,18 @@ static void assert_written(uint8_t pattern)
 		assert_int_equal(b.buf[4096 + i], pattern);
 }
 
+/* ... and the write completes, its 512 bytes of pattern in B's memory. */
+static void write_survives(uint32_t rkey, uint8_t pattern)
+{
+	struct ibv_wc wc[4];
+
+	write_after_failure(rkey, pattern);
+	assert_int_equal(drive(wc, 1, 1000000, 10000), 1);
+	assert_int_equal(wc[0].wr_id, 91);
+	assert_int_equal(wc[0].status, IBV_WC_SUCCESS);
+	assert_written(pattern);
+}
+
 /* The store is down while A fails over: the failover runs (its handshake
  * needs nothing from the store), the write waits for its key (of an MR B
  * registered while the store was down: in no index), no error reaches the
@@ -239,7 +251,6 @@ static void test_key_absent_everywhere_refused(void **state)
  */
 static void test_key_not_in_the_store_yet_asked_of_the_peer(void **state)
 {
-	struct ibv_wc wc[4];
 	unsigned long taken = shift_stats.mbox_taken;
 	(void)state;
 
@@ -257,11 +268,7 @@ static void test_key_not_in_the_store_yet_asked_of_the_peer(void **state)
 		shift_rnic_pass(rb); /* (B's passes only) */
 	assert_int_equal(shift_shadow_own_mr(rb, qb, mr2->rkey, &mv), 1);
 	assert_int_equal(shift_kv_mem_clear(kvname), 0);
-	write_after_failure(mr2->rkey, 0x5e);
-	assert_int_equal(drive(wc, 1, 1000000, 10000), 1);
-	assert_int_equal(wc[0].wr_id, 91);
-	assert_int_equal(wc[0].status, IBV_WC_SUCCESS);
-	assert_written(0x5e);
+	write_survives(mr2->rkey, 0x5e);
 	assert_true(shift_stats.mbox_taken > taken);
 	assert_int_equal(b.v->dereg_mr(mr2), 0);
 	sim_pair_close(&pair);
@@ -336,7 +343,6 @@ static void write_and_read_ahead(void)
  * its data, no error reaches the application. */
 static void earlier_key_used(bool down)
 {
-	struct ibv_wc wc[4];
 	unsigned long earlier = shift_stats.rkeys_earlier;
 
 	open_pair();
@@ -345,11 +351,7 @@ static void earlier_key_used(bool down)
 		assert_int_equal(shift_kv_mem_set_down(kvname, true), 0);
 	else
 		assert_int_equal(shift_kv_mem_clear(kvname), 0);
-	write_after_failure(b.mr->rkey, 0x6b);
-	assert_int_equal(drive(wc, 1, 1000000, 10000), 1);
-	assert_int_equal(wc[0].wr_id, 91);
-	assert_int_equal(wc[0].status, IBV_WC_SUCCESS);
-	assert_written(0x6b);
+	write_survives(b.mr->rkey, 0x6b);
 	assert_true(shift_stats.rkeys_earlier > earlier);
 	if (down)
 		assert_int_equal(shift_kv_mem_set_down(kvname, false), 0);
@@ -412,7 +414,6 @@ static void assert_status_mrs(unsigned want)
  * ahead is used, the write completes with its data. */
 static void index_key_used(bool down)
 {
-	struct ibv_wc wc[4];
 	unsigned long earlier = shift_stats.rkeys_earlier;
 
 	open_pair();
@@ -425,11 +426,7 @@ static void index_key_used(bool down)
 		assert_int_equal(shift_kv_mem_set_down(kvname, true), 0);
 	else
 		assert_int_equal(shift_kv_mem_clear(kvname), 0);
-	write_after_failure(mr2->rkey, 0x3c);
-	assert_int_equal(drive(wc, 1, 1000000, 10000), 1);
-	assert_int_equal(wc[0].wr_id, 91);
-	assert_int_equal(wc[0].status, IBV_WC_SUCCESS);
-	assert_written(0x3c);
+	write_survives(mr2->rkey, 0x3c);
 	assert_true(shift_stats.rkeys_earlier > earlier);
 	if (down)
 		assert_int_equal(shift_kv_mem_set_down(kvname, false), 0);
@@ -454,7 +451,6 @@ static void test_index_key_used_store_emptied(void **state)
  * key of B's MR is still there when the store goes down. */
 static void test_index_garbled_keeps_what_was_read(void **state)
 {
-	struct ibv_wc wc[4];
 	shift_kv *h;
 	union ibv_gid gid;
 	char key[SHIFT_EXCHANGE_KEY_MAX];
@@ -483,10 +479,7 @@ static void test_index_garbled_keeps_what_was_read(void **state)
 	}
 	assert_true(st.peer_mri_bad > bad0);
 	assert_int_equal(shift_kv_mem_set_down(kvname, true), 0);
-	write_after_failure(b.mr->rkey, 0x2d);
-	assert_int_equal(drive(wc, 1, 1000000, 10000), 1);
-	assert_int_equal(wc[0].status, IBV_WC_SUCCESS);
-	assert_written(0x2d);
+	write_survives(b.mr->rkey, 0x2d);
 	assert_int_equal(shift_kv_mem_set_down(kvname, false), 0);
 	sim_pair_close(&pair);
 }
