@@ -14,10 +14,8 @@
  *   nonce, the rkey, my backup key and the MR's range, or ABSENT} into its
  *   slot: the record I would have published;
  * - the answer in my slot is taken if its check holds and it echoes my
- *   request's nonce: the key is known, or absent (a WR outstanding at the
- *   failure ends the connection with the path's error; one posted while
- *   failed over is refused as the peer's NIC would refuse it: fo/common.c,
- *   post_built).
+ *   request's nonce: the key is known (or absent: the WR fails at once, as
+ *   the peer's NIC would refuse it on the default path).
  * A WRITE consumes no receive, so the application's receives keep their
  * order. The answer comes over the connection of the QP's own peer, and
  * only that peer saw the nonce (my slot grants remote writes only): a
@@ -136,12 +134,9 @@ static void answer(struct shift_ctx *s, struct shift_dqp *d)
 	shift_mbox_read_req(&mb->req, &rq);
 	if (!rq.nonce || rq.nonce == q->mb_answered || rq.check != shift_mbox_req_check(&rq))
 		return;
-	int own = shift_shadow_own_mr(s->rnic, q, rq.rkey, &mv);
-	bool known = own > 0;
+	bool known = shift_shadow_own_mr(s->rnic, q, rq.rkey, &mv);
 	struct shift_mbox_ans *a = &mb->out_ans;
 
-	if (own < 0)
-		return; /* (its backup not registered yet: answered at a later pass) */
 	memset(a, 0, sizeof(*a));
 	a->nonce = rq.nonce;
 	a->rkey = rq.rkey;
