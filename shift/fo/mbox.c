@@ -87,8 +87,15 @@ bool fo_mbox_possible(const struct shift_dqp *d)
 /* ... and post on its backup QP now? */
 static bool can_post(const struct shift_dqp *d)
 {
+	enum shift_send_state st = shift_dqp_send_state(d);
+
+	/* (on the backup path, failing back included: a WR held for its key
+	 * is the backup's until it drains, and its key may come as the
+	 * default path answers the probe again) */
 	return fo_mbox_possible(d) && d->bk && d->handshake_done && !d->bk_error &&
-	       !d->bk_flushing && shift_dqp_send_state(d) == SHIFT_SEND_FALLBACK;
+	       !d->bk_flushing &&
+	       (st == SHIFT_SEND_FALLBACK || st == SHIFT_SEND_WAIT_SIGNALED ||
+		st == SHIFT_SEND_WAIT_DRAINED);
 }
 
 /* RDMA WRITE len bytes of my slot's staging at src into the peer's slot at
