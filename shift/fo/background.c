@@ -296,8 +296,10 @@ static void fast_again(struct shift_ctx *s, struct shift_cq *head)
 		for (int i = 0; quiet && i < SHIFT_DQP_BUCKETS; i++)
 			for (struct shift_dqp *d = shift_dqp_first(s, i); d;
 			     d = shift_dqp_next(d))
-				if (d->ctrl_pending)
-					quiet = false;
+				if (d->ctrl_pending ||
+				    __atomic_load_n(&d->post_failed, __ATOMIC_ACQUIRE) ||
+				    __atomic_load_n(&d->peer_join, __ATOMIC_ACQUIRE))
+					quiet = false; /* (work of the next pass's) */
 		if (quiet)
 			shift_ctx_set_slow(s, false);
 	}
