@@ -250,18 +250,8 @@ static __attribute__((noinline, cold)) int prov_error(struct shift_cqx *x, struc
  * that completion is retired (cqx_leave) or handed to the slow poll.
  * cqx_enter is false, and the call stays out, when the context is slow.
  */
-static inline bool cqx_enter(struct shift_cqx *x)
-{
-	if (shift_likely(__atomic_add_fetch(x->busy, 1, __ATOMIC_SEQ_CST) >= 0))
-		return true;
-	__atomic_fetch_sub(x->busy, 1, __ATOMIC_RELEASE);
-	return false;
-}
-
-static inline void cqx_leave(struct shift_cqx *x)
-{
-	__atomic_fetch_sub(x->busy, 1, __ATOMIC_RELEASE);
-}
+#define cqx_enter(x) shift_dp_poll_enter((x)->busy)
+#define cqx_leave(x) shift_dp_poll_leave((x)->busy)
 
 /* The provider's session made a completion current: retire it (a protected
  * QP's success), or hand an error to the slow poll; out of the fast path

@@ -92,16 +92,7 @@ void shift_dp_poll_fork_child(void)
 void shift_dp_poll_release(int *busy)
 {
 	if (busy)
-		__atomic_fetch_sub(busy, 1, __ATOMIC_RELEASE);
-}
-
-/* A fast poll that found its context slow on entering: out again, and the
- * slow path's. */
-static __attribute__((noinline, cold)) int poll_backed_out(int *busy, struct ibv_cq *cq,
-							    int num_entries, struct ibv_wc *wc)
-{
-	__atomic_fetch_sub(busy, 1, __ATOMIC_RELEASE);
-	return shift_dp_poll_slow(cq, num_entries, wc);
+		shift_dp_poll_leave(busy);
 }
 
 int shift_dp_poll_slow(struct ibv_cq *cq, int num_entries, struct ibv_wc *wc)
@@ -254,8 +245,8 @@ static inline __attribute__((always_inline)) int poll_fast(shift_poll_fn const *
 							   int num_entries, struct ibv_wc *wc)
 {
 	/* in (one locked add; negative: the context went slow) */
-	if (shift_unlikely(__atomic_add_fetch(busy, 1, __ATOMIC_SEQ_CST) < 0))
-		return poll_backed_out(busy, cq, num_entries, wc);
+	if (shift_unlikely(!shift_dp_poll_enter(busy)))
+		return shift_dp_poll_slow(cq, num_entries, wc);
 	/* (the provider's poll loaded once inside: a call through memory) */
 	int n = (*prov)(cq, num_entries, wc);
 
@@ -265,15 +256,15 @@ static inline __attribute__((always_inline)) int poll_fast(shift_poll_fn const *
 		/* the cached QP's, and a success (IBV_WC_SUCCESS is 0): one test */
 		if (shift_likely(((d->qpn ^ wc->qp_num) | (uint32_t)wc->status) == 0)) {
 			shift_dqp_retire(d, wc);
-			__atomic_fetch_sub(busy, 1, __ATOMIC_RELEASE);
+			shift_dp_poll_leave(busy);
 			return 1;
 		}
 	} else if (n <= 0) {
-		__atomic_fetch_sub(busy, 1, __ATOMIC_RELEASE);
+		shift_dp_poll_leave(busy);
 		return n;
 	} else if (shift_likely(n <= 8) &&
 		   retire_many(__atomic_load_n(last, __ATOMIC_RELAXED), wc, n)) {
-		__atomic_fetch_sub(busy, 1, __ATOMIC_RELEASE);
+		shift_dp_poll_leave(busy);
 		return n;
 	}
 	return poll_retire(__atomic_load_n(sp, __ATOMIC_ACQUIRE), last, busy, lean ? NULL : cq, wc,

@@ -36,6 +36,21 @@ void shift_dp_poll_mark_slow(struct shift_ctx *s, bool slow);
 bool shift_dp_fast_polls_out(struct shift_ctx *s);
 void shift_dp_fast_polls_wait(struct shift_ctx *s);
 void shift_dp_poll_release(int *busy);
+/* A poll into the fast path counted by busy (one locked add): false, and
+ * out again, if the context is slow; shift_dp_poll_leave once what it took
+ * is retired (one locked subtract). */
+static inline bool shift_dp_poll_enter(int *busy)
+{
+	if (__builtin_expect(__atomic_add_fetch(busy, 1, __ATOMIC_SEQ_CST) >= 0, 1))
+		return true;
+	__atomic_fetch_sub(busy, 1, __ATOMIC_RELEASE);
+	return false;
+}
+
+static inline void shift_dp_poll_leave(int *busy)
+{
+	__atomic_fetch_sub(busy, 1, __ATOMIC_RELEASE);
+}
 /* In the child of a fork: no poll is inside any slot's fast path (the
  * parent's threads that were are not here; the slots' next contexts are
  * the child's). */
