@@ -216,6 +216,9 @@ struct shift_dqp {
 	 * sent again, the others replaced (fo_retransmit) */
 	bool sq_held;
 	uint64_t sq_held_from, sq_held_exec;
+	/* sq_head when the last failover's retransmission began: a WR below
+	 * it was outstanding when the default path failed (post_lock) */
+	uint64_t sq_retx_end;
 	uint64_t serial;              /* unique among all QPs of the process */
 
 	/* failback (shift/fo/failback.c), under the CQs' dp_lock */

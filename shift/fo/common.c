@@ -303,6 +303,21 @@ static int post_built(struct shift_dqp *d, uint64_t idx, bool dflt, int rc,
 		return -1;
 	if (rc == 2)
 		return 1; /* (the caller holds it) */
+	if (rc && !dflt && idx < d->sq_retx_end) {
+		/* a WR outstanding when the default path failed, whose key
+		 * the peer itself said it has no backup for (asked over the
+		 * key mailbox while the WR was held: memory in no record, a
+		 * memory window, memory registered outside SHIFT): it cannot
+		 * go on the backup path, and the connection fails as plain's
+		 * did when its path failed: from the first WR not completed
+		 * yet (the ones before this one may still be in flight on the
+		 * backup: completions in order), the path's error and then
+		 * flushes, never a remote access error the default path
+		 * would not have given */
+		fo_fail_mark(d, "an outstanding WR uses memory the peer has no backup for", FO_BY_STATE,
+			     FO_BY_STATE);
+		return -1;
+	}
 	if (rc) {
 		/* a remote key with no backup key: refused as on the default
 		 * path (a WR posted while failed over; a failover's

@@ -179,6 +179,7 @@ int fo_reset_backup(struct shift_ctx *s, struct shift_dqp *d, unsigned gen)
 	d->handshake_done = false;
 	d->ctrl_sent = false;
 	d->bk_error = false;
+	fo_mbox_reset(d);
 	SHIFT_STAT_SET(d->bk_gen, gen & 0x3fffu);
 	if (shift_shadow_rearm(s->rnic, d->shadow, gen)) {
 		const char *why = "its backup QP could not be reset for the next failover";

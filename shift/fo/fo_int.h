@@ -143,6 +143,7 @@ bool fo_rk_to_ask(struct shift_dqp *d, uint32_t prefer, uint32_t *app);
  * pass's work (slow_lock held) */
 bool fo_mbox_possible(const struct shift_dqp *d);
 void fo_mbox_run(struct shift_ctx *s);
+void fo_mbox_reset(struct shift_dqp *d); /* its backup QP reset: exchanges anew */
 /* The QP of s numbered qpn, if it is still d (the same serial): what a
  * pass that dropped slow_lock collected (slow_lock held). */
 static inline struct shift_dqp *fo_dqp_again(struct shift_ctx *s, const struct shift_dqp *d,

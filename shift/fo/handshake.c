@@ -97,6 +97,7 @@ void fo_retransmit(struct shift_dqp *d, struct out *o)
 	shift_dqp_lock(d);
 	d->handshake_done = true;
 	d->sq_held_exec = end; /* (if a WR is held for its key: fo_held_release) */
+	d->sq_retx_end = d->sq_head;
 	for (; !rc && i < end && !d->sq_held; i++) {
 		bool again = shift_dqp_swqe(d, i)->opcode == IBV_WR_RDMA_READ;
 

@@ -468,14 +468,17 @@ static void apply_rk(struct shift_ctx *s, struct shift_dqp *d, struct kvq_item *
 				e->st = SHIFT_RK_ABSENT;
 				e->at_ms = it->at;
 			}
-		} else if (e->has_prev || (!it->rc && !kv_failed_lately(s, it->at))) {
+		} else if (e->has_prev ||
+			   (!it->rc && !kv_failed_lately(s, it->at) && !fo_mbox_possible(d))) {
 			/* (absent or unreadable now, or the store cannot answer:
 			 * the key read before, if any; none: absent, refused) */
 			e_known = rk_earlier(d, e, it->at, &say);
 		} else if (fo_mbox_possible(d)) {
-			/* (the store cannot answer, none read before: the peer
-			 * itself is asked over the backup path, fo/mbox.c, and
-			 * the store again, until SHIFT_KV_WAIT_MS) */
+			/* (the store cannot answer, or says absent, none read
+			 * before: the peer itself is asked over the backup path,
+			 * fo/mbox.c, and the store again, until SHIFT_KV_WAIT_MS;
+			 * a record not published yet, the peer's MR registered a
+			 * moment ago, is not taken for memory it lacks) */
 			e->ask = true;
 			d->rk_want = true;
 		} else {

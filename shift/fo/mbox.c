@@ -14,8 +14,10 @@
  *   nonce, the rkey, my backup key and the MR's range, or ABSENT} into its
  *   slot: the record I would have published;
  * - the answer in my slot is taken if its check holds and it echoes my
- *   request's nonce: the key is known (or absent: the WR fails at once, as
- *   the peer's NIC would refuse it on the default path).
+ *   request's nonce: the key is known, or absent (a WR outstanding at the
+ *   failure ends the connection with the path's error; one posted while
+ *   failed over is refused as the peer's NIC would refuse it: fo/common.c,
+ *   post_built).
  * A WRITE consumes no receive, so the application's receives keep their
  * order. The answer comes over the connection of the QP's own peer, and
  * only that peer saw the nonce (my slot grants remote writes only): a
@@ -74,6 +76,22 @@ bool fo_rk_to_ask(struct shift_dqp *d, uint32_t prefer, uint32_t *app)
 	}
 	pthread_mutex_unlock(&d->rk_lock);
 	return found;
+}
+
+/* d's backup QP is reset: a mailbox WRITE in flight on it, my request or
+ * my answer, may be lost (flushed), and so may the peer's, as its end is
+ * reset too. My request is asked again, with a new nonce, as soon as the
+ * QP can post (an answer to the old one is ignored), and the peer's request
+ * in my slot is answered again: a key never waits out the retry period
+ * behind a reset. Background. */
+void fo_mbox_reset(struct shift_dqp *d)
+{
+	struct shift_qp *q = d->shadow;
+
+	if (!q)
+		return;
+	q->mb_nonce = 0;
+	q->mb_answered = 0;
 }
 
 /* Can d use its mailbox (both ends have one)? */
@@ -141,9 +159,12 @@ static void answer(struct shift_ctx *s, struct shift_dqp *d)
 	shift_mbox_read_req(&mb->req, &rq);
 	if (!rq.nonce || rq.nonce == q->mb_answered || rq.check != shift_mbox_req_check(&rq))
 		return;
-	bool known = shift_shadow_own_mr(s->rnic, q, rq.rkey, &mv);
+	int own = shift_shadow_own_mr(s->rnic, q, rq.rkey, &mv);
+	bool known = own > 0;
 	struct shift_mbox_ans *a = &mb->out_ans;
 
+	if (own < 0)
+		return; /* (its backup not registered yet: answered at a later pass) */
 	memset(a, 0, sizeof(*a));
 	a->nonce = rq.nonce;
 	a->rkey = rq.rkey;

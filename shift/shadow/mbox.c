@@ -141,20 +141,25 @@ void shift_mbox_free_pd(struct shift_pd *p)
 	}
 }
 
-bool shift_shadow_own_mr(struct shift_rnic *r, const struct shift_qp *q, uint32_t app_rkey,
-			 struct shift_mr_value *out)
+int shift_shadow_own_mr(struct shift_rnic *r, const struct shift_qp *q, uint32_t app_rkey,
+			struct shift_mr_value *out)
 {
 	const unsigned remote = IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ |
 				IBV_ACCESS_REMOTE_ATOMIC;
-	bool found = false;
+	int found = 0;
 
 	pthread_mutex_lock(&r->lock);
-	for (struct shift_mr *m = r->mrs; m && !found; m = m->next) {
-		if (m->app_rkey != app_rkey || m->pd != q->pd || m->dead || !m->bk ||
-		    m->state != SHIFT_SHADOW_READY || !(m->access & remote))
+	for (struct shift_mr *m = r->mrs; m && found <= 0; m = m->next) {
+		if (m->app_rkey != app_rkey || m->pd != q->pd || m->dead || !(m->access & remote))
+			continue;
+		if (m->state == SHIFT_SHADOW_PENDING) {
+			found = -1; /* (registered a moment ago: its replay comes) */
+			continue;
+		}
+		if (!m->bk || m->state != SHIFT_SHADOW_READY)
 			continue;
 		shift_mr_value_of(m, out);
-		found = true;
+		found = 1;
 	}
 	pthread_mutex_unlock(&r->lock);
 	return found;

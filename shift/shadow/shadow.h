@@ -169,8 +169,10 @@ struct shift_rnic *shift_rnic_of(struct ibv_context *ctx);
  * Any thread; takes only a leaf lock. */
 bool shift_shadow_peer_mr(struct shift_qp *q, uint32_t app_rkey, struct shift_mr_value *out);
 /* The record of my MR of rkey app_rkey on q's PD, as I publish it (its
- * backup registered, remote access granted); false if none: what q's peer
- * asks through its key mailbox (shadow/mbox.c; RNIC thread). */
-bool shift_shadow_own_mr(struct shift_rnic *r, const struct shift_qp *q, uint32_t app_rkey,
-			 struct shift_mr_value *out);
+ * backup registered, remote access granted): 1 with out filled; 0 if none;
+ * -1 if one is registered and not shadowed yet (its replay pending: ask
+ * again). What q's peer asks through its key mailbox (shadow/mbox.c; RNIC
+ * thread). */
+int shift_shadow_own_mr(struct shift_rnic *r, const struct shift_qp *q, uint32_t app_rkey,
+			struct shift_mr_value *out);
 #endif /* SHIFT_SHADOW_H */

@@ -27,6 +27,7 @@
 #include "kv/kv.h"
 #include "shift/shadow/exchange.h"
 #include "shift/base/lower.h"
+#include "shift/shadow/shadow.h"
 
 static struct sim_ep a, b;
 static struct sim_pair pair;
@@ -196,16 +197,16 @@ static void test_key_unreadable_fails_in_bounded_time(void **state)
 	sim_pair_close(&pair);
 }
 
-/* A write under a key B does not have is refused as on the default path
- * (B's NIC refuses it there), long before SHIFT_KV_WAIT_MS (a minute
- * here): told by the store (up) or by B itself (the store down). */
-static void bogus_key_refused_fast(bool store_down)
+/* A write under a key B does not have fails, long before SHIFT_KV_WAIT_MS
+ * (a minute here): told by the store (up, no mailboxes) or by B itself
+ * (the store down, or up and without the record). */
+static void bogus_key_refused_fast(bool store_down, bool mbox)
 {
 	struct ibv_wc wc[4];
 	unsigned saved = shift_config.kv_wait_ms;
 	unsigned long taken = shift_stats.mbox_taken;
 
-	if (store_down)
+	if (mbox)
 		open_pair();
 	else
 		open_pair_kv_only();
@@ -220,7 +221,7 @@ static void bogus_key_refused_fast(bool store_down)
 	assert_int_equal(wc[0].wr_id, 91);
 	assert_int_not_equal(wc[0].status, IBV_WC_SUCCESS);
 	assert_int_equal(b.buf[4096], 0);
-	assert_true(store_down ? shift_stats.mbox_taken > taken : shift_stats.mbox_taken == taken);
+	assert_true(mbox ? shift_stats.mbox_taken > taken : shift_stats.mbox_taken == taken);
 	shift_config.kv_wait_ms = saved;
 	assert_int_equal(shift_kv_mem_set_down(kvname, false), 0);
 	sim_pair_close(&pair);
@@ -230,7 +231,52 @@ static void bogus_key_refused_fast(bool store_down)
 static void test_key_never_published_refused_at_once(void **state)
 {
 	(void)state;
-	bogus_key_refused_fast(false);
+	bogus_key_refused_fast(false, false);
+}
+
+/* ... the store says absent, and B, asked over its key mailbox, too */
+static void test_key_absent_everywhere_refused(void **state)
+{
+	(void)state;
+	bogus_key_refused_fast(false, true);
+}
+
+/*
+ * The store answers, without a record of B's MR: B registered it a moment
+ * ago and its record is not in the store yet when A fails over (here B's
+ * pass published it and the store lost it; A never read it ahead). The
+ * store's "absent" is not taken for memory B lacks: A asks B over the key
+ * mailbox, B has the MR shadowed, and the write completes with its data
+ * (before stop 40: refused at once).
+ */
+static void test_key_not_in_the_store_yet_asked_of_the_peer(void **state)
+{
+	struct ibv_wc wc[4];
+	unsigned long taken = shift_stats.mbox_taken;
+	(void)state;
+
+	open_pair();
+	struct shift_rnic *rb = shift_ctx_of(b.ctx)->rnic;
+	struct shift_qp *qb = shift_dqp_of_qp(b.qp)->shadow;
+	struct shift_mr_value mv;
+	struct ibv_mr *mr2 = b_mr2();
+
+	/* (what B's mailbox would answer: not yet, until B's pass shadows
+	 * it; never for a key B does not have) */
+	assert_int_equal(shift_shadow_own_mr(rb, qb, mr2->rkey, &mv), -1);
+	assert_int_equal(shift_shadow_own_mr(rb, qb, mr2->rkey + 4242, &mv), 0);
+	for (int i = 0; i < 4; i++)
+		shift_rnic_pass(rb); /* (B's passes only) */
+	assert_int_equal(shift_shadow_own_mr(rb, qb, mr2->rkey, &mv), 1);
+	assert_int_equal(shift_kv_mem_clear(kvname), 0);
+	write_after_failure(mr2->rkey, 0x5e);
+	assert_int_equal(drive(wc, 1, 1000000, 10000), 1);
+	assert_int_equal(wc[0].wr_id, 91);
+	assert_int_equal(wc[0].status, IBV_WC_SUCCESS);
+	assert_written(0x5e);
+	assert_true(shift_stats.mbox_taken > taken);
+	assert_int_equal(b.v->dereg_mr(mr2), 0);
+	sim_pair_close(&pair);
 }
 
 /* The store is down while A fails over and writes into an MR B registered
@@ -271,7 +317,7 @@ static void test_key_from_the_peer_store_down(void **state)
 static void test_key_the_peer_lacks_refused(void **state)
 {
 	(void)state;
-	bogus_key_refused_fast(true);
+	bogus_key_refused_fast(true, true);
 }
 
 /* A writes into B under B's key on the default path, and the background
@@ -543,6 +589,8 @@ int main(void)
 		cmocka_unit_test(test_write_waits_for_its_key),
 		cmocka_unit_test(test_key_unreadable_fails_in_bounded_time),
 		cmocka_unit_test(test_key_never_published_refused_at_once),
+		cmocka_unit_test(test_key_absent_everywhere_refused),
+		cmocka_unit_test(test_key_not_in_the_store_yet_asked_of_the_peer),
 		cmocka_unit_test(test_key_from_the_peer_store_down),
 		cmocka_unit_test(test_key_the_peer_lacks_refused),
 		cmocka_unit_test(test_read_ahead_key_used_store_down),
