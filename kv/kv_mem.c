@@ -100,6 +100,44 @@ int shift_kv_mem_clear(const char *name)
 	return 0;
 }
 
+struct kv_mem_spoil_arg {
+	uint64_t left; /* entries to pass over before the one spoiled */
+	bool garble;
+	bool done;
+};
+
+static int kv_mem_spoil_one(void *arg, struct kv_entry *e)
+{
+	struct kv_mem_spoil_arg *a = arg;
+
+	if (a->left--)
+		return 0;
+	a->done = true;
+	if (!a->garble || !e->val || !e->vlen)
+		return 1; /* (deleted; an empty value cannot be garbled) */
+	/* a byte flipped in the middle of the value, as a torn or tampered
+	 * write would leave it */
+	((unsigned char *)e->val)[e->vlen / 2] ^= 0x5a;
+	return -1;
+}
+
+int shift_kv_mem_spoil(const char *name, uint64_t pick, bool garble)
+{
+	struct kv_mem_store *s;
+	int rc = kv_mem_lookup(name, &s);
+
+	if (rc)
+		return rc;
+	pthread_mutex_lock(&s->lock);
+	struct kv_mem_spoil_arg a = { .left = s->map.count ? pick % s->map.count : 0,
+				      .garble = garble };
+
+	if (s->map.count)
+		kv_map_each(&s->map, kv_mem_spoil_one, &a);
+	pthread_mutex_unlock(&s->lock);
+	return a.done ? 0 : -ENOENT;
+}
+
 /* Error for an operation on a store that is down.  Store lock held. */
 static int kv_mem_down_err(const struct kv_mem_store *s)
 {

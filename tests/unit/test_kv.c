@@ -625,6 +625,43 @@ static void test_mem_outage(void **state)
 	assert_int_equal(shift_kv_mem_clear(NULL), -EINVAL);
 }
 
+/* Records lost or damaged (the campaign's --kv-faults): spoil() deletes
+ * the picked entry, or flips one byte of its value, and leaves the others
+ * alone; an empty store has nothing to spoil. */
+static void test_mem_spoil(void **state)
+{
+	shift_kv *h;
+	void *v;
+	size_t n;
+	int kept = 0;
+
+	(void)state;
+	assert_int_equal(shift_kv_mem_clear("spoil"), 0);
+	assert_int_equal(shift_kv_mem_spoil("spoil", 3, false), -ENOENT);
+	h = open_mem("spoil", "ns");
+	assert_int_equal(shift_kv_put(h, "a", "abcdef", 6, 0), 0);
+	assert_int_equal(shift_kv_mem_spoil("spoil", 7, true), 0);
+	assert_int_equal(shift_kv_get(h, "a", &v, &n), 0);
+	assert_int_equal(n, 6);
+	assert_memory_not_equal(v, "abcdef", 6);
+	assert_memory_equal(v, "abc", 3); /* (the middle byte: 6 / 2) */
+	free(v);
+	assert_int_equal(shift_kv_put(h, "b", "x", 1, 0), 0);
+	assert_int_equal(shift_kv_put(h, "c", "y", 1, 0), 0);
+	assert_int_equal(shift_kv_mem_spoil("spoil", 1, false), 0);
+	for (const char *k = "abc"; *k; k++) {
+		char key[2] = { *k, 0 };
+
+		if (shift_kv_get(h, key, &v, &n) == 0) {
+			kept++;
+			free(v);
+		}
+	}
+	assert_int_equal(kept, 2);
+	shift_kv_close(h);
+	assert_int_equal(shift_kv_mem_spoil(NULL, 0, false), -EINVAL);
+}
+
 /* ---- delete_own ---- */
 
 static void test_mem_delete_own(void **state)
@@ -770,6 +807,7 @@ int main(void)
 		cmocka_unit_test(test_mem_ttl),
 		cmocka_unit_test(test_mem_wait),
 		cmocka_unit_test(test_mem_outage),
+		cmocka_unit_test(test_mem_spoil),
 		cmocka_unit_test(test_mem_delete_own),
 		cmocka_unit_test(test_mem_refresh_own),
 		cmocka_unit_test_teardown(test_open_from_env, test_env_teardown),

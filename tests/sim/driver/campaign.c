@@ -23,6 +23,7 @@
 #include <time.h>
 
 #include "front.h"
+#include "kv/kv.h"
 #include "sim.h"
 #include "workload.h"
 
@@ -32,13 +33,13 @@ struct opts {
 	bool shift, verbose, trace, check_determinism, expect_errors;
 	bool no_faults, reexec, rxe_stale_read, refuse_err, split_cq, backup_faults, srq;
 	bool ex_verbs, threads, mlx5, split_sge;
-	bool app_errors, compare_plain;
+	bool app_errors, compare_plain, kv_faults;
 	double min_rate;
 };
 
 struct totals {
 	uint64_t faults, app_errors, conns_failed, violations, unfinished;
-	uint64_t poison_seen, poison_lost;
+	uint64_t poison_seen, poison_lost, kv_lost, kv_events;
 	uint64_t msgs, bytes, atomics_ok, atomics_err, steps;
 	uint64_t hash;
 };
@@ -63,7 +64,7 @@ static void usage(void)
 		"                      [--ex-verbs] [--threads] [--mlx5] [--split-sge]\n"
 		"                      [--check-determinism] [--expect-app-errors]"
 		" [--min-rate SCHED_PER_MIN]\n"
-		"                      [--app-errors] [--compare-plain]\n");
+		"                      [--app-errors] [--compare-plain] [--kv-faults]\n");
 }
 
 /* Fault durations relative to the retry budget of a QP with the default
@@ -153,6 +154,76 @@ static void plan_backup_faults(struct sim_world *w, struct sim_dev *d[2], struct
 	sim_world_schedule_fault(w, tb, SIM_FAULT_KILL, bk[y], NULL, 0);
 }
 
+/*
+ * --kv-faults: while the path faults run, the KV store fails too, one to
+ * three times at random network times: down for a while (every command
+ * fails, as an unreachable Redis), restarted empty, one record deleted,
+ * one record garbled. A failover that cannot get what it needs may then
+ * fail the connection as plain's would (wl_params.kv_faults); it must
+ * never stall or corrupt.
+ */
+enum kv_ev { KV_DOWN, KV_UP, KV_CLEAR, KV_DELETE, KV_GARBLE };
+
+struct kv_plan {
+	unsigned n, next;
+	struct {
+		uint64_t t, pick;
+		enum kv_ev ev;
+	} e[6];
+};
+
+static void kv_plan_add(struct kv_plan *k, uint64_t t, enum kv_ev ev, uint64_t pick)
+{
+	unsigned i = k->n++;
+
+	/* (kept in time order: insertion) */
+	for (; i > 0 && k->e[i - 1].t > t; i--)
+		k->e[i] = k->e[i - 1];
+	k->e[i].t = t;
+	k->e[i].ev = ev;
+	k->e[i].pick = pick;
+}
+
+static void plan_kv_faults(struct kv_plan *k, uint64_t *rs, uint64_t budget)
+{
+	unsigned n = 1 + (unsigned)(splitmix(rs) % 3);
+
+	memset(k, 0, sizeof(*k));
+	for (unsigned j = 0; j < n; j++) {
+		uint64_t t = splitmix(rs) % (6 * budget);
+		enum kv_ev ev = (enum kv_ev)(splitmix(rs) % 4);
+
+		if (ev == KV_UP)
+			ev = KV_GARBLE;
+		kv_plan_add(k, t, ev, splitmix(rs));
+		if (ev == KV_DOWN)
+			kv_plan_add(k, t + budget / 2 + splitmix(rs) % (4 * budget), KV_UP, 0);
+	}
+}
+
+/* The KV events due by network time now. */
+static void kv_faults_due(struct kv_plan *k, uint64_t now, struct totals *t)
+{
+	for (; k->next < k->n && k->e[k->next].t <= now; k->next++) {
+		uint64_t pick = k->e[k->next].pick;
+
+		switch (k->e[k->next].ev) {
+		case KV_DOWN:
+		case KV_UP:
+			shift_kv_mem_set_down("campaign", k->e[k->next].ev == KV_DOWN);
+			break;
+		case KV_CLEAR:
+			shift_kv_mem_clear("campaign");
+			break;
+		case KV_DELETE:
+		case KV_GARBLE:
+			shift_kv_mem_spoil("campaign", pick, k->e[k->next].ev == KV_GARBLE);
+			break;
+		}
+		t->kv_events++;
+	}
+}
+
 /* The campaign's own calls into the world (in threads mode SHIFT's threads
  * call into it too: campaign_front_enter/leave). */
 static bool world_step(struct sim_world *w)
@@ -185,6 +256,7 @@ static int run_schedule(const struct opts *o, uint64_t seed,
 	struct wl_params p;
 	struct wl *wl;
 	const char *why = NULL;
+	struct kv_plan kvp = { 0 };
 
 	splitmix(&rs);
 	wo.reexecute_duplicates = o->reexec;
@@ -204,6 +276,7 @@ static int run_schedule(const struct opts *o, uint64_t seed,
 	p.srq = o->srq;
 	p.ex_verbs = o->ex_verbs;
 	p.split_sge = o->split_sge;
+	p.kv_faults = o->kv_faults;
 	p.poison = o->app_errors;
 	p.enter = campaign_front_enter;
 	p.leave = campaign_front_leave;
@@ -245,6 +318,8 @@ static int run_schedule(const struct opts *o, uint64_t seed,
 			plan_backup_faults(w, d, bk, &rs, budget);
 		else
 			plan_faults(w, d, &rs, budget);
+		if (o->kv_faults)
+			plan_kv_faults(&kvp, &rs, budget);
 	}
 	/* Interleave application actions and network events at random until
 	 * neither can move. With SHIFT, "cannot move" must outlast its
@@ -268,6 +343,13 @@ static int run_schedule(const struct opts *o, uint64_t seed,
 		 * time jumps over idle periods, so make it so. */
 		if (o->shift && world_faults(w) != faults)
 			campaign_front_fault(true);
+		if (kvp.next < kvp.n) {
+			campaign_front_enter();
+			uint64_t now = sim_world_now(w);
+
+			campaign_front_leave();
+			kv_faults_due(&kvp, now, t);
+		}
 		if (!ev && o->shift) {
 			/* SHIFT's background thread runs when all else is quiet too */
 			campaign_front_progress(true, true);
@@ -306,6 +388,7 @@ static int run_schedule(const struct opts *o, uint64_t seed,
 	t->unfinished += rep->unfinished;
 	t->poison_seen += rep->poison_seen;
 	t->poison_lost += rep->poison_lost;
+	t->kv_lost += rep->kv_lost;
 	t->msgs += rep->msgs;
 	t->bytes += rep->bytes;
 	t->atomics_ok += rep->atomics_ok;
@@ -373,7 +456,7 @@ static int run_all(const struct opts *o, struct totals *t, double *secs)
 			printf("VIOLATION seed=%" PRIu64 " workload=%s: %s\n", seed,
 			       wl_kind_name(k), rep.first);
 			printf("reproduce: tests/sim/campaign --schedules 1 --seed %"
-			       PRIu64 " --workload %s%s%s%s%s%s%s%s%s%s%s%s%s%s --verbose --trace\n", seed,
+			       PRIu64 " --workload %s%s%s%s%s%s%s%s%s%s%s%s%s%s%s --verbose --trace\n", seed,
 			       wl_kind_name(k), o->shift ? " --shift" :
 			       o->reexec ? " --selftest-reexecute" : "",
 			       o->rxe_stale_read ? " --rxe-stale-read" : "",
@@ -385,6 +468,7 @@ static int run_all(const struct opts *o, struct totals *t, double *secs)
 			       o->mlx5 ? " --mlx5" : "",
 			       o->split_sge ? " --split-sge" : "",
 			       o->app_errors ? " --app-errors" : "",
+			       o->kv_faults ? " --kv-faults" : "",
 			       o->no_faults ? " --no-faults" : "",
 			       o->compare_plain ? " --compare-plain" : "",
 			       o->threads ? " --threads (not deterministic: run it a few times)" : "");
@@ -459,6 +543,8 @@ int main(int argc, char **argv)
 			o.check_determinism = true;
 		} else if (!strcmp(a, "--app-errors")) {
 			o.app_errors = true; /* wl_params.poison */
+		} else if (!strcmp(a, "--kv-faults")) {
+			o.kv_faults = true; /* plan_kv_faults() */
 		} else if (!strcmp(a, "--compare-plain")) {
 			o.compare_plain = true;
 		} else if (!strcmp(a, "--expect-app-errors")) {
@@ -473,6 +559,10 @@ int main(int argc, char **argv)
 		 * run with threads is not deterministic) */
 		fprintf(stderr, "shift-campaign: --threads needs --shift, and takes no --srq, "
 			"--ex-verbs or --check-determinism\n");
+		return 2;
+	}
+	if (o.kv_faults && !o.shift) {
+		fprintf(stderr, "shift-campaign: --kv-faults needs --shift\n");
 		return 2;
 	}
 	campaign_front_threads(o.threads);
@@ -496,6 +586,9 @@ int main(int argc, char **argv)
 		printf("native: %lu WRs read back from the mlx5 queues, %lu not readable\n", good,
 		       bad);
 	}
+	if (o.kv_faults)
+		printf("kv faults: %" PRIu64 " store events; connections that failed for the "
+		       "application: %" PRIu64 "\n", t.kv_events, t.kv_lost);
 	if (o.app_errors)
 		printf("application errors: the remote access error seen %" PRIu64 " times, lost "
 		       "to a path failure %" PRIu64 " times\n", t.poison_seen, t.poison_lost);

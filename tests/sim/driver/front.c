@@ -92,6 +92,8 @@ const struct shift_lower *campaign_front(struct sim_host *h, bool shift,
 			shift_inline_load();
 			shift_inline_clock_reset();
 		}
+		/* (a schedule of --kv-faults may have left it down) */
+		shift_kv_mem_set_down("campaign", false);
 		shift_kv_mem_clear("campaign");
 	}
 	return &shift_verbs;

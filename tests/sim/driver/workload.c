@@ -1073,8 +1073,12 @@ void wl_finish(struct wl *wl, struct wl_report *r)
 	for (unsigned c = 0; c < wl->p.nconn; c++) {
 		struct wl_conn *cn = &wl->conn[c];
 
-		if (strict && cn->unexplained[0] && !cn->atomic_error)
-			violation(wl, "%s", cn->unexplained);
+		if (strict && cn->unexplained[0] && !cn->atomic_error) {
+			if (wl->p.kv_faults)
+				wl->rep.kv_lost++;
+			else
+				violation(wl, "%s", cn->unexplained);
+		}
 		if (!cn->dead && (!ep_finished(&cn->ep[0]) ||
 				  !ep_finished(&cn->ep[1]))) {
 			wl->rep.unfinished++;

@@ -57,6 +57,12 @@ struct wl_params {
 	/* every one-SGE send WR (not inline, not atomic) posted as 3 SGEs over
 	 * the same bytes, every sendrecv receive as 2 */
 	bool split_sge;
+	/* the KV store fails too (the campaign's --kv-faults): a connection
+	 * whose failover could not get what it needs from the store may fail
+	 * for the application as plain's would (counted in kv_lost, not a
+	 * violation); a stall, lost or corrupt data, a completion out of order
+	 * still are */
+	bool kv_faults;
 	/* around the workload's own calls into the world (its trace notes),
 	 * when other threads call into it too; NULL: none */
 	void (*enter)(void), (*leave)(void);
@@ -75,6 +81,9 @@ struct wl_report {
 	 * refusal came back; the path's error: the WR was outstanding at a
 	 * failover, which cannot carry a key the peer never published) */
 	uint64_t poison_seen, poison_lost;
+	/* wl_params.kv_faults: connections that failed for the application
+	 * (an error on idempotent traffic, no atomic in flight) */
+	uint64_t kv_lost;
 	char first[200];	/* the first violation, for the log */
 };
 
