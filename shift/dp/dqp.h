@@ -27,10 +27,8 @@
  * (rq_head) only while the mirror has room and the QP is in the Default
  * state. Leaving Default zeroes both (shift_dqp_set_send_state(), under
  * post_lock), so the next post takes the slow path; a sync computes them
- * again for the state it finds.
- *
- * Entries have power-of-two strides, so entry i sits at byte
- * (i * stride) & (size * stride - 1): one multiply and one mask.
+ * again for the state it finds. Entries have power-of-two strides: entry
+ * i sits at byte (i * stride) & (size * stride - 1), a multiply and a mask.
  *
  * Concurrency: the application may post and poll one QP from different
  * threads. Posters own everything under "posters" below (post_lock, as the
@@ -83,6 +81,10 @@ struct shift_rwqe {
 	uint32_t pad;
 	struct ibv_sge sge[];
 };
+
+/* A key and value of mine the background thread writes (fo/kvq.c): as
+ * encoded at seq; done, the seq written. Under rk_lock. */
+struct shift_kv_slot { char key[80], val[64]; unsigned len; uint64_t seq, done; };
 
 struct shift_fo_stash; /* (shift/fo/fo_int.h) */
 struct shift_nwq;      /* (shift/dp/nwq.h) */
@@ -206,11 +208,7 @@ struct shift_dqp {
 	uint64_t rk_scan_at;          /* (background) next read-ahead of the mirror's keys */
 	uint64_t rk_scan_head;        /* (background) sq_head at the last read-ahead */
 	bool rk_earlier_said;         /* an earlier key used in this failover: logged */
-	/* my episode record, written by the background thread (fo/kvq.c):
-	 * encoded as ep_seq, ep_done written (under rk_lock) */
-	char ep_key[80], ep_val[64];
-	unsigned ep_len;
-	uint64_t ep_seq, ep_done;
+	struct shift_kv_slot ep_pub, poke_pub; /* my episode record, my poke (fo/kvq.c) */
 	/* sends held behind one whose peer key is not read yet (fo/kvq.c),
 	 * post_lock: from sq_held_from on; below sq_held_exec only READs are
 	 * sent again, the others replaced (fo_retransmit) */
@@ -282,6 +280,7 @@ struct shift_dqp {
 	bool peer_join;
 	unsigned long poked_ep;       /* my episode I poked the peer for */
 	unsigned long published_ep;   /* my episode my record last said */
+	uint64_t published_at;        /* when it was last put (ms) */
 	unsigned followed_ep;         /* the peer's return episode I logged following */
 	/* errors of the application (fo/apperr.c, shift/dp/errclass.h) */
 	struct shift_fo_stash *stash; /* a failover's drain: my errors, judged after it */

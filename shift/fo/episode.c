@@ -22,6 +22,32 @@
  * peer's record says so, or the peer's own message proves it.
  */
 
+/* A key and value of d's to write at the next pass (rk_lock). */
+static void slot_set(struct shift_ctx *s, struct shift_dqp *d, struct shift_kv_slot *sl,
+		     const char *key, const char *val, unsigned len)
+{
+	pthread_mutex_lock(&d->rk_lock);
+	snprintf(sl->key, sizeof(sl->key), "%s", key);
+	sl->len = len < sizeof(sl->val) ? len : sizeof(sl->val);
+	memcpy(sl->val, val, sl->len);
+	sl->seq++;
+	pthread_mutex_unlock(&d->rk_lock);
+	shift_rnic_wake(s->rnic);
+}
+
+void fo_kvq_publish(struct shift_ctx *s, struct shift_dqp *d, const char *key,
+		    const char *val, unsigned len)
+{
+	slot_set(s, d, &d->ep_pub, key, val, len);
+}
+
+/* A poke of d's peer to write (fo_poke_peer), as fo_kvq_publish. */
+void fo_kvq_poke(struct shift_ctx *s, struct shift_dqp *d, const char *key, const char *val,
+		 unsigned len)
+{
+	slot_set(s, d, &d->poke_pub, key, val, len);
+}
+
 /* My record: d's episode as of now, in the store soon (fo/kvq.c). */
 void fo_ep_publish(struct shift_ctx *s, struct shift_dqp *d)
 {
@@ -41,6 +67,7 @@ void fo_ep_publish(struct shift_ctx *s, struct shift_dqp *d)
 	n = shift_exchange_ep_encode_ex(&ev, val, sizeof(val));
 	d->bkfail_published = d->bk_error;
 	d->published_ep = d->failovers;
+	d->published_at = shift_clock_ms();
 	if (n < 0) {
 		shift_warn("%s QP %u: cannot encode failover %lu for the KV store: the peer may not "
 			   "follow it", d->dev, d->qpn, d->failovers);
@@ -135,7 +162,7 @@ bool fo_unjoined(const struct shift_dqp *d)
 	return d->bk_error && !d->handshake_done && d->peer_started < d->failovers;
 }
 
-void fo_poke_peer(struct shift_ctx *s, struct shift_dqp *d)
+bool fo_poke_peer(struct shift_ctx *s, struct shift_dqp *d, const char *why)
 {
 	struct shift_rnic *r = s->rnic;
 	char key[SHIFT_EXCHANGE_KEY_MAX], val[48];
@@ -143,15 +170,17 @@ void fo_poke_peer(struct shift_ctx *s, struct shift_dqp *d)
 
 	if (!r || !r->kv || !shift_config.poke_ms ||
 	    shift_exchange_poke_key(&d->shadow->peer_key.gid, key, sizeof(key)) < 0)
-		return;
+		return false;
 	n = snprintf(val, sizeof(val), "%u.%lu.%llu", d->qpn, d->failovers,
 		     (unsigned long long)shift_clock_us());
-	if (n < 0 || (size_t)n >= sizeof(val) || shift_kv_put(r->kv, key, val, (size_t)n,
-								  (uint64_t)shift_config.kv_ttl_s * 1000u))
-		return; /* (again at the next pass) */
-	d->poked_ep = d->failovers;
-	shift_info("%s QP %u: my backup path failed before the peer answered failover %lu: "
-		   "asking the peer to follow it (%s)", d->dev, d->qpn, d->failovers, key);
+	if (n < 0 || (size_t)n >= sizeof(val))
+		return false;
+	/* (written by the pass's KV share with no lock held, as my record;
+	 * a failed write is written again at the next pass) */
+	fo_kvq_poke(s, d, key, val, (unsigned)n);
+	shift_info("%s QP %u: %s failover %lu: asking the peer to follow it (%s)", d->dev, d->qpn,
+		   why, d->failovers, key);
+	return true;
 }
 
 void fo_flush_backup(struct shift_ctx *s, struct shift_dqp *d, bool keep)

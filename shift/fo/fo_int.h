@@ -115,6 +115,8 @@ bool fo_rk_any(struct shift_dqp *d, uint32_t *bk);
 void fo_rk_failover(struct shift_dqp *d);
 void fo_kvq_publish(struct shift_ctx *s, struct shift_dqp *d, const char *key,
 		    const char *val, unsigned len);
+void fo_kvq_poke(struct shift_ctx *s, struct shift_dqp *d, const char *key, const char *val,
+		 unsigned len);
 void fo_kvq_run(struct shift_ctx *s, bool reads);
 /* d's entry for the peer's app rkey, or NULL (rk_lock held) */
 static inline struct shift_rkey *fo_rk_find(struct shift_dqp *d, uint32_t app)
@@ -182,7 +184,7 @@ int fo_ep_read_pass(struct shift_dqp *d);
 bool fo_peer_armed(const struct shift_dqp *d);
 bool fo_peer_old_dead(const struct shift_dqp *d);
 bool fo_unjoined(const struct shift_dqp *d);
-void fo_poke_peer(struct shift_ctx *s, struct shift_dqp *d);
+bool fo_poke_peer(struct shift_ctx *s, struct shift_dqp *d, const char *why);
 void fo_flush_backup(struct shift_ctx *s, struct shift_dqp *d, bool keep);
 int fo_reset_backup(struct shift_ctx *s, struct shift_dqp *d, unsigned gen);
 int fo_rearm_backup(struct shift_ctx *s, struct shift_dqp *d);

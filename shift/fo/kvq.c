@@ -217,18 +217,6 @@ void fo_rk_failover(struct shift_dqp *d)
 
 /* My episode record (its CQs locked): written by the next background pass,
  * which this wakes. */
-void fo_kvq_publish(struct shift_ctx *s, struct shift_dqp *d, const char *key,
-		    const char *val, unsigned len)
-{
-	pthread_mutex_lock(&d->rk_lock);
-	snprintf(d->ep_key, sizeof(d->ep_key), "%s", key);
-	memcpy(d->ep_val, val, len < sizeof(d->ep_val) ? len : sizeof(d->ep_val));
-	d->ep_len = len < sizeof(d->ep_val) ? len : sizeof(d->ep_val);
-	d->ep_seq++;
-	pthread_mutex_unlock(&d->rk_lock);
-	shift_rnic_wake(s->rnic);
-}
-
 /* ---- the background's KV commands ------------------------------------------ */
 
 struct kvq_item {
@@ -241,6 +229,7 @@ struct kvq_item {
 	void *v;     /* (a key read: its value, NULL if absent) */
 	size_t vlen;
 	int rc;      /* (the command's result) */
+	bool poke;   /* (a pub: a poke of the peer, not my record) */
 };
 
 struct kvq {
@@ -306,23 +295,32 @@ static void rk_read_ahead(struct shift_dqp *d, uint64_t now)
 	shift_dqp_unlock(d);
 }
 
+/* A slot of d's to write, if changed (rk_lock held). */
+static void collect_pub(struct shift_dqp *d, const struct shift_kv_slot *sl, struct kvq *q,
+			bool poke)
+{
+	if (sl->seq == sl->done)
+		return;
+	if (q->npub == KVQ_PUBS) {
+		q->more = true;
+		return;
+	}
+	struct kvq_item *it = &q->pub[q->npub++];
+
+	memcpy(it->key, sl->key, sizeof(it->key));
+	memcpy(it->val, sl->val, sl->len);
+	it->len = sl->len;
+	it->seq = sl->seq;
+	it->poke = poke;
+	it->d = d, it->serial = d->serial, it->qpn = d->qpn;
+}
+
 static void collect_qp(struct shift_dqp *d, struct kvq *q, uint64_t now)
 {
 	rk_read_ahead(d, now);
 	pthread_mutex_lock(&d->rk_lock);
-	if (d->ep_seq != d->ep_done) {
-		if (q->npub < KVQ_PUBS) {
-			struct kvq_item *it = &q->pub[q->npub++];
-
-			memcpy(it->key, d->ep_key, sizeof(it->key));
-			memcpy(it->val, d->ep_val, d->ep_len);
-			it->len = d->ep_len;
-			it->seq = d->ep_seq;
-			it->d = d, it->serial = d->serial, it->qpn = d->qpn;
-		} else {
-			q->more = true;
-		}
-	}
+	collect_pub(d, &d->ep_pub, q, false);
+	collect_pub(d, &d->poke_pub, q, true);
 	if (d->rk_want && d->shadow) {
 		d->rk_want = false;
 		for (unsigned i = 0; i < d->rk_n; i++) {
@@ -508,13 +506,16 @@ static void apply(struct shift_ctx *s, struct kvq *q)
 
 		if (!d)
 			continue;
+		uint64_t *done = it->poke ? &d->poke_pub.done : &d->ep_pub.done;
+
 		pthread_mutex_lock(&d->rk_lock);
-		if (!it->rc && d->ep_done < it->seq)
-			d->ep_done = it->seq;
+		if (!it->rc && *done < it->seq)
+			*done = it->seq;
 		pthread_mutex_unlock(&d->rk_lock);
 		if (!it->rc)
-			shift_debug("%s QP %u: published %s = %.*s", d->dev, d->qpn, it->key,
-				    (int)it->len, it->val);
+			shift_debug("%s QP %u: %s %s = %.*s", d->dev, d->qpn,
+				    it->poke ? "poked the peer:" : "published", it->key, (int)it->len,
+				    it->val);
 	}
 	for (size_t k = 0; k < q->nrk; k++) {
 		struct kvq_item *it = &q->rk[k];

@@ -2,7 +2,10 @@
  * The poke read: each process reads the poke keys of its contexts' default
  * GIDs every SHIFT_POKE_MS; a change has the Default-state QPs on that GID
  * read their peers' records, and those whose peer started a failover they
- * never saw follow it.
+ * never saw follow it. The others that failed over before put their own
+ * record again: the poker may wait on it, lost by the store (fo/work.c).
+ * One back on the default QP with its backup not reset (need_rearm) joins
+ * nothing: it only puts its record again.
  */
 #include "shift/fo/fo_int.h"
 
@@ -58,10 +61,14 @@ static void poke_check(struct shift_ctx *s, const struct poke_qp *qs, size_t n)
 
 		if (!rc && d && d->scq) {
 			fo_lock_cqs(d);
-			if (keys[k][0] && fo_ep_take(d, v[k], len[k]) &&
+			if (keys[k][0] && !d->need_rearm && fo_ep_take(d, v[k], len[k]) &&
 			    d->peer_started > d->failovers) {
 				__atomic_store_n(&d->peer_join, true, __ATOMIC_RELEASE);
 				shift_ctx_set_slow(s, true);
+			} else if (d->failovers) {
+				/* (the poker may wait on my record, which the
+				 * store lost: put again; fo/work.c) */
+				fo_ep_publish(s, d);
 			}
 			fo_unlock_cqs(d);
 		}
@@ -144,7 +151,7 @@ void fo_poke_read(struct shift_ctx *s, uint64_t now)
 			int k;
 
 			if (!d->scq || !d->shadow || shift_dqp_send_state(d) != SHIFT_SEND_DEFAULT ||
-			    shift_dqp_recv_state(d) != SHIFT_RECV_DEFAULT || d->need_rearm || d->peer_join)
+			    shift_dqp_recv_state(d) != SHIFT_RECV_DEFAULT || d->peer_join)
 				continue;
 			k = poke_slot(s, &d->shadow->my_key.gid);
 			if (k < 0 || !changed[k])

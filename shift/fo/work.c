@@ -36,6 +36,24 @@ static void follow_peer_record(struct shift_ctx *s, struct shift_dqp *d, uint64_
 			      d->bk_error;
 
 		d->kv_at = now + (urgent ? 1 : fo_probe_wait(d));
+		/* Waiting on the peer's record, where the peer may wait on
+		 * mine: mine is put again at the probe period. The store may
+		 * have lost it (restarted empty, the key deleted, the value
+		 * garbled) with no failed command to have it written again
+		 * (the refresh after a recovery, shadow/replay.c); each end
+		 * then waited for the other's until the episode expired (the
+		 * campaign's --kv-faults: 25 connections in 1000 schedules of
+		 * nccl). A put is queued for the pass's KV share (fo/kvq.c). */
+		if ((urgent || d->ep_wait != SHIFT_EP_RUNNING) &&
+		    now - d->published_at >= (shift_config.probe_ms ? shift_config.probe_ms : 250)) {
+			fo_ep_publish(s, d);
+			/* (a peer back in the Default state, done with its part
+			 * (its backup reset, or its return), and its record lost:
+			 * it reads mine and puts its own again only when poked,
+			 * fo/poke.c) */
+			if (d->ep_wait == SHIFT_EP_WAIT_PEER || d->ep_wait == SHIFT_EP_WAIT_RETURN)
+				fo_poke_peer(s, d, "the peer's record does not show its part of");
+		}
 		if (fo_ep_read_pass(d) == 0) {
 			struct out o = { .wc = NULL, .n = 0, .max = 0, .c = d->scq };
 
@@ -98,8 +116,9 @@ static void backup_failure_news(struct shift_ctx *s, struct shift_dqp *d)
 	 * (the peer does not go on before it knows, see fo_unjoined()) */
 	if (d->peer_bkfail && d->peer_started == d->failovers && d->published_ep != d->failovers)
 		fo_ep_publish(s, d);
-	if (fo_unjoined(d) && d->poked_ep != d->failovers)
-		fo_poke_peer(s, d);
+	if (fo_unjoined(d) && d->poked_ep != d->failovers &&
+	    fo_poke_peer(s, d, "my backup path failed before the peer answered"))
+		d->poked_ep = d->failovers;
 	/* either end's backup failed in this episode and my default path
 	 * answered since it started: both back to the default QPs */
 	if ((d->bk_error || (d->peer_bkfail && d->peer_started == d->failovers)) &&

@@ -33,7 +33,7 @@ struct opts {
 	bool shift, verbose, trace, check_determinism, expect_errors;
 	bool no_faults, reexec, rxe_stale_read, refuse_err, split_cq, backup_faults, srq;
 	bool ex_verbs, threads, mlx5, split_sge;
-	bool app_errors, compare_plain, kv_faults;
+	bool app_errors, compare_plain, kv_faults, kv_spoil;
 	double min_rate;
 };
 
@@ -64,7 +64,7 @@ static void usage(void)
 		"                      [--ex-verbs] [--threads] [--mlx5] [--split-sge]\n"
 		"                      [--check-determinism] [--expect-app-errors]"
 		" [--min-rate SCHED_PER_MIN]\n"
-		"                      [--app-errors] [--compare-plain] [--kv-faults]\n");
+		"                      [--app-errors] [--compare-plain] [--kv-faults|--kv-spoil]\n");
 }
 
 /* Fault durations relative to the retry budget of a QP with the default
@@ -160,7 +160,8 @@ static void plan_backup_faults(struct sim_world *w, struct sim_dev *d[2], struct
  * fails, as an unreachable Redis), restarted empty, one record deleted,
  * one record garbled. A failover that cannot get what it needs may then
  * fail the connection as plain's would (wl_params.kv_faults); it must
- * never stall or corrupt.
+ * never stall or corrupt. --kv-spoil: records lost or garbled only, the
+ * store answering throughout (SHIFT puts its records again).
  */
 enum kv_ev { KV_DOWN, KV_UP, KV_CLEAR, KV_DELETE, KV_GARBLE };
 
@@ -184,14 +185,15 @@ static void kv_plan_add(struct kv_plan *k, uint64_t t, enum kv_ev ev, uint64_t p
 	k->e[i].pick = pick;
 }
 
-static void plan_kv_faults(struct kv_plan *k, uint64_t *rs, uint64_t budget)
+static void plan_kv_faults(struct kv_plan *k, uint64_t *rs, uint64_t budget, bool spoil_only)
 {
 	unsigned n = 1 + (unsigned)(splitmix(rs) % 3);
 
 	memset(k, 0, sizeof(*k));
 	for (unsigned j = 0; j < n; j++) {
 		uint64_t t = splitmix(rs) % (6 * budget);
-		enum kv_ev ev = (enum kv_ev)(splitmix(rs) % 4);
+		enum kv_ev ev = spoil_only ? (enum kv_ev)(KV_CLEAR + splitmix(rs) % 3) :
+					     (enum kv_ev)(splitmix(rs) % 4);
 
 		if (ev == KV_UP)
 			ev = KV_GARBLE;
@@ -276,7 +278,7 @@ static int run_schedule(const struct opts *o, uint64_t seed,
 	p.srq = o->srq;
 	p.ex_verbs = o->ex_verbs;
 	p.split_sge = o->split_sge;
-	p.kv_faults = o->kv_faults;
+	p.kv_faults = o->kv_faults || o->kv_spoil;
 	p.poison = o->app_errors;
 	p.enter = campaign_front_enter;
 	p.leave = campaign_front_leave;
@@ -318,8 +320,8 @@ static int run_schedule(const struct opts *o, uint64_t seed,
 			plan_backup_faults(w, d, bk, &rs, budget);
 		else
 			plan_faults(w, d, &rs, budget);
-		if (o->kv_faults)
-			plan_kv_faults(&kvp, &rs, budget);
+		if (o->kv_faults || o->kv_spoil)
+			plan_kv_faults(&kvp, &rs, budget, o->kv_spoil);
 	}
 	/* Interleave application actions and network events at random until
 	 * neither can move. With SHIFT, "cannot move" must outlast its
@@ -468,7 +470,7 @@ static int run_all(const struct opts *o, struct totals *t, double *secs)
 			       o->mlx5 ? " --mlx5" : "",
 			       o->split_sge ? " --split-sge" : "",
 			       o->app_errors ? " --app-errors" : "",
-			       o->kv_faults ? " --kv-faults" : "",
+			       o->kv_faults ? " --kv-faults" : o->kv_spoil ? " --kv-spoil" : "",
 			       o->no_faults ? " --no-faults" : "",
 			       o->compare_plain ? " --compare-plain" : "",
 			       o->threads ? " --threads (not deterministic: run it a few times)" : "");
@@ -545,6 +547,8 @@ int main(int argc, char **argv)
 			o.app_errors = true; /* wl_params.poison */
 		} else if (!strcmp(a, "--kv-faults")) {
 			o.kv_faults = true; /* plan_kv_faults() */
+		} else if (!strcmp(a, "--kv-spoil")) {
+			o.kv_spoil = true; /* ... records lost or garbled only, no outage */
 		} else if (!strcmp(a, "--compare-plain")) {
 			o.compare_plain = true;
 		} else if (!strcmp(a, "--expect-app-errors")) {
@@ -561,8 +565,8 @@ int main(int argc, char **argv)
 			"--ex-verbs or --check-determinism\n");
 		return 2;
 	}
-	if (o.kv_faults && !o.shift) {
-		fprintf(stderr, "shift-campaign: --kv-faults needs --shift\n");
+	if ((o.kv_faults || o.kv_spoil) && !o.shift) {
+		fprintf(stderr, "shift-campaign: --kv-faults and --kv-spoil need --shift\n");
 		return 2;
 	}
 	campaign_front_threads(o.threads);
@@ -586,7 +590,7 @@ int main(int argc, char **argv)
 		printf("native: %lu WRs read back from the mlx5 queues, %lu not readable\n", good,
 		       bad);
 	}
-	if (o.kv_faults)
+	if (o.kv_faults || o.kv_spoil)
 		printf("kv faults: %" PRIu64 " store events; connections that failed for the "
 		       "application: %" PRIu64 "\n", t.kv_events, t.kv_lost);
 	if (o.app_errors)
