@@ -251,7 +251,7 @@ struct shift_dqp {
 	uint64_t bk_error_at;
 	unsigned bk_probe_fails;      /* probe_fails when the backup failed */
 	uint64_t kv_at;               /* next read of the peer's record (fb clock) */
-	int8_t kv_pref;               /* this pass's batched read: 1 read, -1 none, 0 not made */
+	int8_t kv_pref; /* this pass's batched read: 1 read, -1 failed, -2 none or garbled, 0 not made */
 	/* return episodes (fo/return.c): the backup failed while the default
 	 * path works; both ends go back to the default QPs, handshaking
 	 * through the KV store */

@@ -540,7 +540,7 @@ static void apply(struct shift_ctx *s, struct kvq *q)
 			/* (taken in under its CQs' locks, as the failback work
 			 * and the application's polls read it) */
 			fo_lock_cqs(d);
-			d->kv_pref = !it->rc && fo_ep_take(d, it->v, it->vlen) ? 1 : -1;
+			d->kv_pref = it->rc ? -1 : fo_ep_take(d, it->v, it->vlen) ? 1 : -2;
 			fo_unlock_cqs(d);
 		}
 		free(it->v);

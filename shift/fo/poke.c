@@ -2,10 +2,10 @@
  * The poke read: each process reads the poke keys of its contexts' default
  * GIDs every SHIFT_POKE_MS; a change has the Default-state QPs on that GID
  * read their peers' records, and those whose peer started a failover they
- * never saw follow it. The others that failed over before put their own
- * record again: the poker may wait on it, lost by the store (fo/work.c).
- * One back on the default QP with its backup not reset (need_rearm) joins
- * nothing: it only puts its record again.
+ * never saw follow it. The others that failed over before read their own
+ * record too and put it again if the store lost it: the poker may wait on
+ * it (fo/work.c). One back on the default QP with its backup not reset
+ * (need_rearm) joins nothing: it only puts its record again.
  */
 #include "shift/fo/fo_int.h"
 
@@ -36,43 +36,62 @@ static int mget_unlocked(struct shift_ctx *s, const char *const *kp, size_t n, v
 	return rc;
 }
 
+/* Is d's record in the store (as read: v, len) not the one it last put?
+ * (rk_lock) */
+static bool mine_lost(struct shift_dqp *d, const void *v, size_t len)
+{
+	pthread_mutex_lock(&d->rk_lock);
+	bool lost = !v || len != d->ep_pub.len || memcmp(v, d->ep_pub.val, len);
+
+	pthread_mutex_unlock(&d->rk_lock);
+	return lost;
+}
+
 static void poke_check(struct shift_ctx *s, const struct poke_qp *qs, size_t n)
 {
-	char keys[SHIFT_KV_MGET_MAX][SHIFT_EXCHANGE_KEY_MAX];
-	const char *kp[SHIFT_KV_MGET_MAX];
-	void *v[SHIFT_KV_MGET_MAX];
-	size_t len[SHIFT_KV_MGET_MAX];
+	char keys[2][SHIFT_KV_MGET_MAX][SHIFT_EXCHANGE_KEY_MAX];
+	const char *kp[2][SHIFT_KV_MGET_MAX];
+	void *v[2][SHIFT_KV_MGET_MAX];
+	size_t len[2][SHIFT_KV_MGET_MAX];
 
+	/* the peers' records, and mine (put again if the store lost them) */
 	for (size_t k = 0; k < n; k++) {
 		struct shift_dqp *d = fo_dqp_again(s, qs[k].d, qs[k].qpn, qs[k].serial);
 
 		/* (gone since it was collected: an earlier check dropped the
 		 * lock; its key is then never there) */
-		if (!d || shift_exchange_ep_key(&d->shadow->peer_key, keys[k], sizeof(keys[k])) < 0)
-			keys[k][0] = '\0';
-		kp[k] = keys[k];
+		if (!d || shift_exchange_ep_key(&d->shadow->peer_key, keys[0][k], sizeof(keys[0][k])) < 0 ||
+		    shift_exchange_ep_key(&d->shadow->my_key, keys[1][k], sizeof(keys[1][k])) < 0)
+			keys[0][k][0] = keys[1][k][0] = '\0';
+		kp[0][k] = keys[0][k];
+		kp[1][k] = keys[1][k];
 	}
-	int rc = mget_unlocked(s, kp, n, v, len);
+	int rc = mget_unlocked(s, kp[0], n, v[0], len[0]);
+	bool mine = !rc && !mget_unlocked(s, kp[1], n, v[1], len[1]);
 
-	__atomic_fetch_add(&shift_stats.ep_read_commands, 1, __ATOMIC_RELAXED);
-	__atomic_fetch_add(&shift_stats.ep_records_read, n, __ATOMIC_RELAXED);
+	if (!mine)
+		memset(v[1], 0, sizeof(v[1][0]) * n); /* (mine unknown: none put) */
+	__atomic_fetch_add(&shift_stats.ep_read_commands, 1u + mine, __ATOMIC_RELAXED);
+	__atomic_fetch_add(&shift_stats.ep_records_read, n * (1u + mine), __ATOMIC_RELAXED);
 	for (size_t k = 0; k < n; k++) {
 		struct shift_dqp *d = fo_dqp_again(s, qs[k].d, qs[k].qpn, qs[k].serial);
 
 		if (!rc && d && d->scq) {
 			fo_lock_cqs(d);
-			if (keys[k][0] && !d->need_rearm && fo_ep_take(d, v[k], len[k]) &&
+			if (keys[0][k][0] && !d->need_rearm && fo_ep_take(d, v[0][k], len[0][k]) &&
 			    d->peer_started > d->failovers) {
 				__atomic_store_n(&d->peer_join, true, __ATOMIC_RELEASE);
 				shift_ctx_set_slow(s, true);
-			} else if (d->failovers) {
+			} else if (mine && d->failovers && keys[1][k][0] &&
+				   mine_lost(d, v[1][k], len[1][k])) {
 				/* (the poker may wait on my record, which the
 				 * store lost: put again; fo/work.c) */
 				fo_ep_publish(s, d);
 			}
 			fo_unlock_cqs(d);
 		}
-		free(v[k]); /* (NULL after a failed read) */
+		free(v[0][k]); /* (NULL after a failed read) */
+		free(v[1][k]);
 	}
 }
 

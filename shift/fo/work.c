@@ -36,6 +36,7 @@ static void follow_peer_record(struct shift_ctx *s, struct shift_dqp *d, uint64_
 			      d->bk_error;
 
 		d->kv_at = now + (urgent ? 1 : fo_probe_wait(d));
+		bool lost = d->kv_pref == -2; /* (the store answered without it) */
 		/* Waiting on the peer's record, where the peer may wait on
 		 * mine: mine is put again at the probe period. The store may
 		 * have lost it (restarted empty, the key deleted, the value
@@ -48,10 +49,11 @@ static void follow_peer_record(struct shift_ctx *s, struct shift_dqp *d, uint64_
 		    now - d->published_at >= (shift_config.probe_ms ? shift_config.probe_ms : 250)) {
 			fo_ep_publish(s, d);
 			/* (a peer back in the Default state, done with its part
-			 * (its backup reset, or its return), and its record lost:
-			 * it reads mine and puts its own again only when poked,
-			 * fo/poke.c) */
-			if (d->ep_wait == SHIFT_EP_WAIT_PEER || d->ep_wait == SHIFT_EP_WAIT_RETURN)
+			 * (its backup reset, or its return), whose record the
+			 * store lost: it reads mine and puts its own again only
+			 * when poked, fo/poke.c) */
+			if (lost && (d->ep_wait == SHIFT_EP_WAIT_PEER ||
+				     d->ep_wait == SHIFT_EP_WAIT_RETURN))
 				fo_poke_peer(s, d, "the peer's record does not show its part of");
 		}
 		if (fo_ep_read_pass(d) == 0) {
