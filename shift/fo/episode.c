@@ -35,6 +35,8 @@ static void slot_set(struct shift_ctx *s, struct shift_dqp *d, struct shift_kv_s
 	shift_rnic_wake(s->rnic);
 }
 
+/* My episode record (its CQs locked): written by the next background pass
+ * (fo/kvq.c), which this wakes. */
 void fo_kvq_publish(struct shift_ctx *s, struct shift_dqp *d, const char *key,
 		    const char *val, unsigned len)
 {

@@ -215,8 +215,6 @@ void fo_rk_failover(struct shift_dqp *d)
 	shift_dqp_unlock(d);
 }
 
-/* My episode record (its CQs locked): written by the next background pass,
- * which this wakes. */
 /* ---- the background's KV commands ------------------------------------------ */
 
 struct kvq_item {

@@ -83,7 +83,8 @@ bool fo_rk_to_ask(struct shift_dqp *d, uint32_t prefer, uint32_t *app)
  * reset too. My request is asked again, with a new nonce, as soon as the
  * QP can post (an answer to the old one is ignored), and the peer's request
  * in my slot is answered again: a key never waits out the retry period
- * behind a reset. Background. */
+ * behind a reset. slow_lock held (fo_reset_backup()), as for the pass's
+ * mailbox work. */
 void fo_mbox_reset(struct shift_dqp *d)
 {
 	struct shift_qp *q = d->shadow;
