@@ -44,10 +44,10 @@ static void follow_peer_record(struct shift_ctx *s, struct shift_dqp *d, uint64_
 		 * (the refresh after a recovery, shadow/replay.c); each end
 		 * then waited for the other's until the episode expired (the
 		 * campaign's --kv-faults: 25 connections in 1000 schedules of
-		 * nccl). A put is queued for the pass's KV share (fo/kvq.c). */
-		/* (published_at may be later than now: an application
-		 * thread's failover after this pass read the clock) */
-		if ((urgent || d->ep_wait != SHIFT_EP_RUNNING) &&
+		 * nccl). A put is queued for the pass's KV share (fo/kvq.c).
+		 * (published_at may be later than now: an application
+		 * thread's failover after this pass read the clock.) */
+		if ((d->ep_wait != SHIFT_EP_RUNNING || d->bk_error) &&
 		    now >= d->published_at + (shift_config.probe_ms ? shift_config.probe_ms : 250)) {
 			fo_ep_publish(s, d);
 			/* (a peer back in the Default state, done with its part
