@@ -170,9 +170,11 @@ const char *shift_kv_strerror(int rc);
  * it does not exist yet.  Return 0 or -EINVAL/-ENOMEM. */
 int shift_kv_mem_set_down(const char *name, bool down);
 int shift_kv_mem_clear(const char *name);
-/* The entry numbered pick (modulo their count, in the store's own order)
- * deleted, or with garble a byte of its value flipped: a record lost or
- * damaged.  0, -ENOENT if the store is empty, or -EINVAL/-ENOMEM. */
+/* The entry numbered pick (modulo their count, in the order the entries
+ * were created, so that a seeded caller picks the same record in every run
+ * whatever random bytes the keys hold) deleted, or with garble a byte of
+ * its value flipped: a record lost or damaged.  0, -ENOENT if the store is
+ * empty, or -EINVAL/-ENOMEM. */
 int shift_kv_mem_spoil(const char *name, uint64_t pick, bool garble);
 
 #endif /* SHIFT_KV_H */

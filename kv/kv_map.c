@@ -88,6 +88,7 @@ struct kv_entry *kv_map_upsert(struct kv_map *m, const char *key, size_t klen)
 	memcpy(e->key, key, klen);
 	e->key[klen] = '\0';
 	e->klen = klen;
+	e->seq = ++m->inserts;
 	*pp = e;
 	m->count++;
 	return e;

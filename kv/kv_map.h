@@ -17,12 +17,14 @@ struct kv_entry {
 	size_t vlen;
 	uint64_t expire_ns;    /* CLOCK_MONOTONIC deadline, 0 = never */
 	uint64_t ttl_ms;       /* (a handle's own key: the TTL it refreshes) */
+	uint64_t seq;          /* the map's count of inserts when it was made */
 };
 
 struct kv_map {
 	struct kv_entry **buckets;
 	size_t nbuckets; /* power of two, or 0 before the first insert */
 	size_t count;
+	uint64_t inserts; /* entries ever created: each one's seq */
 };
 
 /* Find key; NULL if absent. */

@@ -101,16 +101,26 @@ int shift_kv_mem_clear(const char *name)
 }
 
 struct kv_mem_spoil_arg {
-	uint64_t left; /* entries to pass over before the one spoiled */
+	uint64_t *seqs; /* first pass: every entry's seq */
+	size_t n;
+	uint64_t seq; /* second pass: the one spoiled */
 	bool garble;
 	bool done;
 };
+
+static int kv_mem_spoil_collect(void *arg, struct kv_entry *e)
+{
+	struct kv_mem_spoil_arg *a = arg;
+
+	a->seqs[a->n++] = e->seq;
+	return 0;
+}
 
 static int kv_mem_spoil_one(void *arg, struct kv_entry *e)
 {
 	struct kv_mem_spoil_arg *a = arg;
 
-	if (a->left--)
+	if (e->seq != a->seq)
 		return 0;
 	a->done = true;
 	if (!a->garble || !e->val || !e->vlen)
@@ -121,21 +131,37 @@ static int kv_mem_spoil_one(void *arg, struct kv_entry *e)
 	return -1;
 }
 
+static int kv_mem_cmp_seq(const void *x, const void *y)
+{
+	uint64_t a = *(const uint64_t *)x, b = *(const uint64_t *)y;
+
+	return (a > b) - (a < b);
+}
+
 int shift_kv_mem_spoil(const char *name, uint64_t pick, bool garble)
 {
 	struct kv_mem_store *s;
 	int rc = kv_mem_lookup(name, &s);
+	struct kv_mem_spoil_arg a = { .garble = garble };
+	bool nomem;
 
 	if (rc)
 		return rc;
 	pthread_mutex_lock(&s->lock);
-	struct kv_mem_spoil_arg a = { .left = s->map.count ? pick % s->map.count : 0,
-				      .garble = garble };
-
-	if (s->map.count)
+	/* the order of creation, not the buckets': a key's bytes (random
+	 * generations and nonces) would move the pick from run to run */
+	a.seqs = s->map.count ? malloc(s->map.count * sizeof(*a.seqs)) : NULL;
+	nomem = s->map.count && !a.seqs;
+	if (a.seqs) {
+		kv_map_each(&s->map, kv_mem_spoil_collect, &a);
+		qsort(a.seqs, a.n, sizeof(*a.seqs), kv_mem_cmp_seq);
+		a.seq = a.seqs[pick % a.n];
 		kv_map_each(&s->map, kv_mem_spoil_one, &a);
+	}
 	pthread_mutex_unlock(&s->lock);
-	return a.done ? 0 : -ENOENT;
+	rc = nomem ? -ENOMEM : a.done ? 0 : -ENOENT;
+	free(a.seqs);
+	return rc;
 }
 
 /* Error for an operation on a store that is down.  Store lock held. */

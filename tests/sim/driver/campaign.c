@@ -161,10 +161,9 @@ static void plan_backup_faults(struct sim_world *w, struct sim_dev *d[2], struct
  * one record garbled. A failover that cannot get what it needs may then
  * fail the connection as plain's would (wl_params.kv_faults); it must
  * never stall or corrupt. --kv-spoil: records lost or garbled only, the
- * store answering throughout (SHIFT puts its records again). A schedule
- * with an outage does not replay exactly (two runs of one seed range can
- * give different trace hashes: some of the KV layer's timing is on the
- * real clock); --kv-spoil does.
+ * store answering throughout (SHIFT puts its records again). The record
+ * spoiled is picked in the order the records were made (kv_mem.c), so a
+ * schedule replays exactly.
  */
 enum kv_ev { KV_DOWN, KV_UP, KV_CLEAR, KV_DELETE, KV_GARBLE };
 
