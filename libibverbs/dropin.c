@@ -126,6 +126,8 @@ static void fill_lower(const char *path)
 	REAL(modify_srq, "ibv_modify_srq", "IBVERBS_1.1");
 	REAL(query_srq, "ibv_query_srq", "IBVERBS_1.1");
 	REAL(destroy_srq, "ibv_destroy_srq", "IBVERBS_1.1");
+	REAL(create_ah, "ibv_create_ah", "IBVERBS_1.1");
+	REAL(destroy_ah, "ibv_destroy_ah", "IBVERBS_1.1");
 	real_lower.mlx5dv_init_obj = real_mlx5dv_init_obj;
 	shift_lower_set(&real_lower);
 }

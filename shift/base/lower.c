@@ -160,6 +160,13 @@ static int dummy_query_srq(struct ibv_srq *srq, struct ibv_srq_attr *a)
 	return EOPNOTSUPP;
 }
 static int dummy_srq(struct ibv_srq *srq) { (void)srq; return EOPNOTSUPP; }
+static struct ibv_ah *dummy_create_ah(struct ibv_pd *pd, struct ibv_ah_attr *a)
+{
+	(void)pd; (void)a;
+	errno = EOPNOTSUPP;
+	return NULL;
+}
+static int dummy_destroy_ah(struct ibv_ah *ah) { (void)ah; return EOPNOTSUPP; }
 
 #define FILL(slot, fn)                         \
 	do {                                   \
@@ -210,6 +217,8 @@ void shift_lower_set(const struct shift_lower *lower)
 	FILL(modify_srq, dummy_modify_srq);
 	FILL(query_srq, dummy_query_srq);
 	FILL(destroy_srq, dummy_srq);
+	FILL(create_ah, dummy_create_ah);
+	FILL(destroy_ah, dummy_destroy_ah);
 	if (!lower_filled.name)
 		lower_filled.name = "unnamed";
 	__atomic_store_n(&shift_lower, &lower_filled, __ATOMIC_RELEASE);

@@ -101,6 +101,11 @@ struct shift_lower {
 	 * (mlx5dv_init_obj), for native work-queue access (providers/mlx5.c);
 	 * NULL: none */
 	int (*mlx5dv_init_obj)(struct mlx5dv_obj *obj, uint64_t obj_type);
+
+	/* address handles: SHIFT's service channel of datagrams on the
+	 * backup NIC (shift/shadow/svc.c) */
+	struct ibv_ah *(*create_ah)(struct ibv_pd *pd, struct ibv_ah_attr *attr);
+	int (*destroy_ah)(struct ibv_ah *ah);
 };
 
 /*

@@ -784,4 +784,6 @@ const struct shift_lower sim_lower_proto = {
 	.query_srq = sim_query_srq,
 	.destroy_srq = sim_destroy_srq,
 	.mlx5dv_init_obj = sim_mlx5dv_init_obj,
+	.create_ah = sim_create_ah,
+	.destroy_ah = sim_destroy_ah,
 };

@@ -110,7 +110,7 @@ static struct ibv_qp *sim_qp_new(struct ibv_context *c, struct ibv_pd *pd,
 		errno = EIO;
 		return NULL;
 	}
-	if (ia->qp_type != IBV_QPT_RC) {
+	if (ia->qp_type != IBV_QPT_RC && ia->qp_type != IBV_QPT_UD) {
 		errno = EOPNOTSUPP;
 		return NULL;
 	}
@@ -182,7 +182,7 @@ static struct ibv_qp *sim_qp_new(struct ibv_context *c, struct ibv_pd *pd,
 	q->qp.handle = slot;
 	q->qp.qp_num = SIM_QPN_BASE + slot;
 	q->qp.state = IBV_QPS_RESET;
-	q->qp.qp_type = IBV_QPT_RC;
+	q->qp.qp_type = ia->qp_type;
 	pthread_mutex_init(&q->qp.mutex, NULL);
 	pthread_cond_init(&q->qp.cond, NULL);
 	q->attr.qp_state = IBV_QPS_RESET;
@@ -297,7 +297,8 @@ int sim_modify_qp(struct ibv_qp *qp, struct ibv_qp_attr *attr, int attr_mask)
 		return EIO;
 	if ((mask & M(CUR_STATE)) && attr->cur_qp_state != cur)
 		return EINVAL;
-	if (!sim_modify_ok(cur, next, mask))
+	if (qp->qp_type == IBV_QPT_UD ? !sim_ud_modify_ok(cur, next, mask)
+				      : !sim_modify_ok(cur, next, mask))
 		return EINVAL;
 	rc = sim_check_attr(q, attr, mask);
 	if (rc)
@@ -310,6 +311,7 @@ int sim_modify_qp(struct ibv_qp *qp, struct ibv_qp_attr *attr, int attr_mask)
 	if (mask & M(DEST_QPN)) q->attr.dest_qp_num = attr->dest_qp_num;
 	if (mask & M(RQ_PSN)) q->attr.rq_psn = attr->rq_psn;
 	if (mask & M(SQ_PSN)) q->attr.sq_psn = attr->sq_psn;
+	if (mask & M(QKEY)) q->attr.qkey = attr->qkey;
 	if (mask & M(MAX_DEST_RD_ATOMIC))
 		q->attr.max_dest_rd_atomic = attr->max_dest_rd_atomic;
 	if (mask & M(MAX_QP_RD_ATOMIC)) q->attr.max_rd_atomic = attr->max_rd_atomic;

@@ -329,6 +329,17 @@ int sim_destroy_srq(struct ibv_srq *srq);
 void sim_srq_free_all(struct sim_ctx *ctx);
 /* The receive WQE a message for q takes next (NULL: none posted, RNR), and
  * taking it (after which the SRQ's limit event may fire). */
+/* wire.c: q's memory at an SGE with access need (NULL: a protection
+ * error); len bytes scattered over an SGE list (false: likewise) */
+uint8_t *sim_local(struct sim_qp *q, const struct ibv_sge *s, unsigned need);
+bool sim_scatter(struct sim_qp *q, const struct ibv_sge *sge, unsigned n, const uint8_t *data,
+		 uint32_t len);
+/* ud.c: UD QPs (datagrams delivered at the post, lost on a dead path),
+ * address handles */
+bool sim_ud_modify_ok(enum ibv_qp_state cur, enum ibv_qp_state next, uint32_t mask);
+int sim_ud_post_send(struct sim_qp *q, struct ibv_send_wr *wr, struct ibv_send_wr **bad);
+struct ibv_ah *sim_create_ah(struct ibv_pd *pd, struct ibv_ah_attr *attr);
+int sim_destroy_ah(struct ibv_ah *ah);
 struct sim_rwqe *sim_rq_peek(struct sim_qp *q);
 void sim_rq_take(struct sim_qp *q);
 

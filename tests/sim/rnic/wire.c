@@ -62,7 +62,7 @@ static enum ibv_wc_opcode wc_opcode(enum ibv_wr_opcode op)
 
 /* Host address of [addr, addr+len) in an MR of q's device and PD with the
  * given access, or NULL. */
-static uint8_t *sim_local(struct sim_qp *q, const struct ibv_sge *s,
+uint8_t *sim_local(struct sim_qp *q, const struct ibv_sge *s,
 			  unsigned need)
 {
 	struct sim_mr *mr = sim_mr_lookup(q->dev, s->lkey);
@@ -78,7 +78,7 @@ static uint8_t *sim_local(struct sim_qp *q, const struct ibv_sge *s,
 }
 
 /* Scatters len bytes into an SGE list; false on a protection error. */
-static bool sim_scatter(struct sim_qp *q, const struct ibv_sge *sge,
+bool sim_scatter(struct sim_qp *q, const struct ibv_sge *sge,
 			unsigned n, const uint8_t *data, uint32_t len)
 {
 	for (unsigned i = 0; i < n && len; i++) {
@@ -222,6 +222,8 @@ int sim_post_send(struct ibv_qp *qp, struct ibv_send_wr *wr,
 	struct sim_qp *q = (struct sim_qp *)qp;
 	int rc = 0;
 
+	if (qp->qp_type == IBV_QPT_UD)
+		return sim_ud_post_send(q, wr, bad);
 	for (; wr; wr = wr->next) {
 		enum ibv_qp_state st = qp->state;
 		struct sim_swqe *e;
