@@ -374,6 +374,35 @@ uint64_t shift_kv_commands(shift_kv *h)
 	return h ? counter(h, &h->commands) : 0;
 }
 
+int shift_kv_seal(const shift_kv *h, const char *key, const void *val, size_t len, void **out,
+		  size_t *olen)
+{
+	char fk[KV_FULLKEY_CAP];
+	int klen = kv_build_key(h, key, fk, sizeof(fk));
+
+	if (klen < 0)
+		return klen;
+	if (!out || !olen || (!val && len))
+		return kv_err(-EINVAL, "kv seal: NULL argument");
+	if (h->secret_len)
+		return kv_auth_seal(h, fk, (size_t)klen, val, len, out, olen);
+	*out = kv_dup_value(val, len);
+	*olen = len;
+	return *out ? 0 : kv_err(-ENOMEM, "kv seal: out of memory");
+}
+
+int shift_kv_unseal(shift_kv *h, const char *key, void **v, size_t *len)
+{
+	char fk[KV_FULLKEY_CAP];
+	int klen = kv_build_key(h, key, fk, sizeof(fk));
+
+	if (klen < 0)
+		return klen;
+	if (!v || !len)
+		return kv_err(-EINVAL, "kv unseal: NULL argument");
+	return kv_auth_open(h, fk, (size_t)klen, v, len);
+}
+
 bool shift_kv_authenticated(const shift_kv *h)
 {
 	return h && h->secret_len;

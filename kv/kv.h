@@ -113,6 +113,15 @@ uint64_t shift_kv_oversize_replies(shift_kv *h);
 
 /* Does h seal and check its records (a secret file was given)? */
 bool shift_kv_authenticated(const shift_kv *h);
+/* A record that travels another way than the store (SHIFT's datagrams,
+ * shift/fo/dgram.c), sealed and opened as put() and get() would under key:
+ * seal gives the value as put() would write it (*out malloc'd; without a
+ * secret, a copy); unseal replaces the value (v, len; malloc'd) with what
+ * get() would return: -ENOENT (freed, counted as a read that failed
+ * authentication) if it does not open. 0 or a negative errno. */
+int shift_kv_seal(const shift_kv *h, const char *key, const void *val, size_t len, void **out,
+		  size_t *olen);
+int shift_kv_unseal(shift_kv *h, const char *key, void **v, size_t *len);
 /* Values h read that failed authentication and were ignored (each one
  * read as absent; the first is logged). */
 uint64_t shift_kv_auth_failures(const shift_kv *h);

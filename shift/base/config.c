@@ -272,6 +272,12 @@ static const struct config_row rows[] = {
 	  "MR's backup key the KV store cannot give (memory registered while the store was "
 	  "gone); 0 = none: such a WR fails after SHIFT_KV_WAIT_MS",
 	  parse_bool, FIELD(key_mailbox) },
+	{ "SHIFT_DATAGRAMS", "1",
+	  "send each failover record to the peer also as a datagram, over a UD QP of SHIFT's "
+	  "own on the backup NIC, so that a second failover of an episode, a return to the "
+	  "default QPs or a failover only one end saw is agreed without the KV store; 0 = "
+	  "through the KV store only",
+	  parse_bool, FIELD(datagrams) },
 	{ "SHIFT_STATUS_DIR", NULL,
 	  "where each process writes its per-QP status for shiftctl ('' = none; default "
 	  "$XDG_RUNTIME_DIR/shift, else /run/shift/UID, else /tmp/shift-UID; must be owned "

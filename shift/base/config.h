@@ -37,6 +37,7 @@ struct shift_config {
 	unsigned idle_ms;         /* SHIFT_IDLE_MS */
 	bool native_wq;           /* SHIFT_NATIVE_WQ */
 	bool key_mailbox;         /* SHIFT_KEY_MAILBOX */
+	bool datagrams;           /* SHIFT_DATAGRAMS */
 	char status_dir[256];     /* SHIFT_STATUS_DIR */
 
 	/* Not environment knobs: the timing of the background work, in

@@ -297,6 +297,9 @@ struct shift_stats {
 	/* the key mailbox (fo/mbox.c): requests I sent, answers I took, the
 	 * peers' requests I answered */
 	unsigned long mbox_asked, mbox_taken, mbox_answered;
+	/* episode records as datagrams on the service channel (fo/dgram.c):
+	 * sent, taken from a peer, refused (unknown sender, not opening) */
+	unsigned long dgrams_sent, dgrams_taken, dgrams_refused;
 	/* native work-queue access (dp/nwq.h): WRs read back from the
 	 * provider's queues, and those whose WQE did not check out */
 	unsigned long wqes_read_back, wqes_unreadable;

@@ -82,10 +82,11 @@ struct shift_rwqe {
 	struct ibv_sge sge[];
 };
 
-/* A key and value of mine the background thread writes (fo/kvq.c): as
- * encoded at seq; done, the seq written. Under rk_lock. */
-struct shift_kv_slot { char key[80], val[64]; unsigned len; uint64_t seq, done; };
-
+/* A key and value (an episode record at most) of mine the background
+ * thread writes (fo/kvq.c): as encoded at seq; done, the seq written.
+ * Under rk_lock. */
+#define SHIFT_KV_SLOT_VAL 112
+struct shift_kv_slot { char key[80], val[SHIFT_KV_SLOT_VAL]; unsigned len; uint64_t seq, done; };
 struct shift_fo_stash; /* (shift/fo/fo_int.h) */
 struct shift_nwq;      /* (shift/dp/nwq.h) */
 
@@ -281,6 +282,8 @@ struct shift_dqp {
 	unsigned long poked_ep;       /* my episode I poked the peer for */
 	unsigned long published_ep;   /* my episode my record last said */
 	uint64_t published_at;        /* when it was last put (ms) */
+	uint32_t ep_seq, peer_ep_seq; /* my records' count (their seq), the peer's latest taken */
+	uint64_t dg_sent;             /* the ep_pub.seq last sent as a datagram (fo/dgram.c) */
 	unsigned followed_ep;         /* the peer's return episode I logged following */
 	/* errors of the application (fo/apperr.c, shift/dp/errclass.h) */
 	struct shift_fo_stash *stash; /* a failover's drain: my errors, judged after it */
@@ -574,7 +577,6 @@ shift_dqp_record_recv_one(struct shift_dqp *d, const struct ibv_recv_wr *wr, uns
 }
 
 struct shift_dsrq;
-
 /* Retire on a successful completion of this QP outside the fast poll: a
  * receive of a QP on an SRQ also retires the SRQ's entry (dp/dsrq.h). */
 void shift_dqp_retire_slow(struct shift_dqp *d, const struct ibv_wc *wc);

@@ -54,7 +54,7 @@ void fo_kvq_poke(struct shift_ctx *s, struct shift_dqp *d, const char *key, cons
 void fo_ep_publish(struct shift_ctx *s, struct shift_dqp *d)
 {
 	struct shift_rnic *r = s->rnic;
-	char key[SHIFT_EXCHANGE_KEY_MAX], val[64];
+	char key[SHIFT_EXCHANGE_KEY_MAX], val[SHIFT_KV_SLOT_VAL];
 	int n;
 
 	if (!r || !r->kv || shift_exchange_ep_key(&d->shadow->my_key, key, sizeof(key)) < 0)
@@ -63,7 +63,7 @@ void fo_ep_publish(struct shift_ctx *s, struct shift_dqp *d)
 		.gen = d->bk_gen, .started = (unsigned)d->failovers,
 		.ret = d->ret_ep && d->ret_ep == d->failovers, .count = d->ret_count,
 		.bkfail = d->bk_error, .nosend = !fo_app_sends(s, d),
-		.closed = d->app_ended || d->app_error_end,
+		.closed = d->app_ended || d->app_error_end, .seq = ++d->ep_seq,
 	};
 
 	n = shift_exchange_ep_encode_ex(&ev, val, sizeof(val));
@@ -79,9 +79,14 @@ void fo_ep_publish(struct shift_ctx *s, struct shift_dqp *d)
 	fo_kvq_publish(s, d, key, val, (unsigned)n);
 }
 
-/* A peer record read into d. */
+/* A peer record read into d, unless d took a later one already (the store
+ * may lag behind a datagram, fo/dgram.c, or a datagram behind the store). */
 static void ep_take(struct shift_dqp *d, const struct shift_ep_value *ev)
 {
+	if (ev->seq && ev->seq < d->peer_ep_seq)
+		return;
+	if (ev->seq)
+		d->peer_ep_seq = ev->seq;
 	d->peer_gen = ev->gen;
 	d->peer_started = ev->started;
 	d->peer_ret = ev->ret;

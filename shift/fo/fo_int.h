@@ -215,6 +215,10 @@ void fo_ret_finish(struct shift_ctx *s, struct shift_dqp *d, struct out *o);
 void fo_failback_work(struct shift_ctx *s, struct shift_dqp *d, uint64_t now);
 void fo_from_default(struct shift_ctx *s, struct ibv_wc *wc, struct out *o);
 void fo_poll_backup(struct shift_ctx *s, struct shift_cq *c, struct out *o, bool app);
+/* episode records as datagrams (fo/dgram.c): d's new record noted for
+ * this pass (rk_lock held); the pass's sent, the peers' taken */
+void fo_dgram_collect(struct shift_dqp *d);
+void fo_dgram_run(struct shift_ctx *s);
 void fo_lock_cqs(struct shift_dqp *d);
 void fo_unlock_cqs(struct shift_dqp *d);
 void fo_poke_read(struct shift_ctx *s, uint64_t now);

@@ -222,7 +222,7 @@ struct kvq_item {
 	uint64_t serial, seq, at;
 	uint32_t qpn, app;
 	char key[SHIFT_EXCHANGE_KEY_MAX];
-	char val[64];
+	char val[SHIFT_KV_SLOT_VAL];
 	unsigned len;
 	void *v;     /* (a key read: its value, NULL if absent) */
 	size_t vlen;
@@ -319,6 +319,7 @@ static void collect_qp(struct shift_dqp *d, struct kvq *q, uint64_t now)
 	pthread_mutex_lock(&d->rk_lock);
 	collect_pub(d, &d->ep_pub, q, false);
 	collect_pub(d, &d->poke_pub, q, true);
+	fo_dgram_collect(d);
 	if (d->rk_want && d->shadow) {
 		d->rk_want = false;
 		for (unsigned i = 0; i < d->rk_n; i++) {
@@ -538,7 +539,11 @@ static void apply(struct shift_ctx *s, struct kvq *q)
 			/* (taken in under its CQs' locks, as the failback work
 			 * and the application's polls read it) */
 			fo_lock_cqs(d);
-			d->kv_pref = it->rc ? -1 : fo_ep_take(d, it->v, it->vlen) ? 1 : -2;
+			int8_t p = it->rc ? -1 : fo_ep_take(d, it->v, it->vlen) ? 1 : -2;
+
+			/* (a datagram's record not followed yet stays news) */
+			if (d->kv_pref != 1)
+				d->kv_pref = p;
 			fo_unlock_cqs(d);
 		}
 		free(it->v);
@@ -578,6 +583,7 @@ void fo_kvq_run(struct shift_ctx *s, bool reads)
 		pthread_mutex_lock(&s->slow_lock);
 		apply(s, q);
 	}
+	fo_dgram_run(s);
 	if (q->more)
 		shift_rnic_wake(r);
 	fo_mbox_run(s);

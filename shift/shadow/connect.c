@@ -15,6 +15,7 @@
  * fields; the state changes under rnic->lock.
  */
 #include "shift/shadow/shadow_int.h"
+#include "shift/shadow/svc.h"
 #include "shift/base/config.h"
 #include "shift/base/log.h"
 #include "shift/base/lower.h"
@@ -249,6 +250,8 @@ static bool replay_qp_describe(struct shift_rnic *r, struct shift_qp *q,
 	q->my_bk.peer = q->peer_key;
 	q->my_bk.has_mri = true; /* (where the peer finds my MRs ahead) */
 	q->my_bk.mri = r->mri_id;
+	q->my_bk.svc = shift_svc_qpn(r); /* (where my episode records arrive) */
+	q->my_bk.has_svc = q->my_bk.svc != 0;
 	/* (where the peer asks me for a key the store cannot give: only on a
 	 * backup that grants remote writes, as the application's QP does) */
 	if (shift_config.key_mailbox && (app_mask & IBV_QP_ACCESS_FLAGS) &&
@@ -351,6 +354,9 @@ static bool replay_qp_rtr(struct shift_rnic *r, struct shift_qp *q,
 			return false;
 		}
 		q->bk_state = IBV_QPS_RTR;
+		/* the peer's service channel, at the same backup path */
+		q->svc_ah = ah;
+		q->svc_ok = q->peer_bk.has_svc && shift_svc_peer(r, &ah);
 	}
 	return true;
 }

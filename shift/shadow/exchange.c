@@ -71,7 +71,7 @@ int shift_exchange_mri_key(const union ibv_gid *gid, uint64_t id, unsigned chunk
 
 int shift_exchange_qp_encode(const struct shift_qp_value *v, char *buf, size_t cap)
 {
-	char g[33], pg[33], peer[64] = "", mri[24] = "", mb[48] = "";
+	char g[33], pg[33], peer[64] = "", mri[24] = "", mb[48] = "", svc[20] = "";
 
 	shift_gid_hex(&v->gid, g);
 	if (v->has_peer) {
@@ -83,8 +83,10 @@ int shift_exchange_qp_encode(const struct shift_qp_value *v, char *buf, size_t c
 	if (v->has_mb)
 		snprintf(mb, sizeof(mb), " mba=%016llx mbk=%u", (unsigned long long)v->mb_addr,
 			 v->mb_rkey);
-	return fit(snprintf(buf, cap, SHIFT_EXCHANGE_VERSION " qp gid=%s qpn=%u psn=%u mtu=%u%s%s%s",
-			    g, v->qpn, v->psn, v->mtu, peer, mri, mb), cap);
+	if (v->has_svc)
+		snprintf(svc, sizeof(svc), " svc=%u", v->svc);
+	return fit(snprintf(buf, cap, SHIFT_EXCHANGE_VERSION " qp gid=%s qpn=%u psn=%u mtu=%u%s%s%s%s",
+			    g, v->qpn, v->psn, v->mtu, peer, mri, mb, svc), cap);
 }
 
 int shift_exchange_mr_encode(const struct shift_mr_value *v, char *buf, size_t cap)
@@ -195,11 +197,16 @@ int shift_exchange_qp_decode(const char *s, size_t len, struct shift_qp_value *v
 			return -EINVAL;
 		out.has_mri = true;
 	}
-	if (p != end) {
-		if (prefix(&p, end, "mba=") || field_hex64(&p, end, &out.mb_addr) ||
+	if (p != end && !prefix(&p, end, "mba=")) {
+		if (field_hex64(&p, end, &out.mb_addr) ||
 		    field_u32(&p, end, "mbk", 0xffffffffu, &out.mb_rkey) || !out.mb_addr)
 			return -EINVAL;
 		out.has_mb = true;
+	}
+	if (p != end) {
+		if (field_u32(&p, end, "svc", 0xffffff, &out.svc) || !out.svc)
+			return -EINVAL;
+		out.has_svc = true;
 	}
 	if (p != end)
 		return -EINVAL;
@@ -250,20 +257,22 @@ int shift_exchange_ep_encode(unsigned gen, unsigned started, char *buf, size_t c
 
 int shift_exchange_ep_encode_ex(const struct shift_ep_value *v, char *buf, size_t cap)
 {
-	char ret[24] = "";
+	char ret[24] = "", seq[20] = "";
 
 	if (v->ret)
 		snprintf(ret, sizeof(ret), " ret=%u", v->count);
-	return fit(snprintf(buf, cap, SHIFT_EXCHANGE_VERSION " ep gen=%u started=%u%s%s%s%s", v->gen,
+	if (v->seq)
+		snprintf(seq, sizeof(seq), " seq=%u", v->seq);
+	return fit(snprintf(buf, cap, SHIFT_EXCHANGE_VERSION " ep gen=%u started=%u%s%s%s%s%s", v->gen,
 			    v->started, ret, v->bkfail ? " bkfail=1" : "", v->nosend ? " nosend=1" : "",
-			    v->closed ? " closed=1" : ""),
+			    v->closed ? " closed=1" : "", seq),
 		   cap);
 }
 
 int shift_exchange_ep_decode_ex(const char *s, size_t len, struct shift_ep_value *v)
 {
 	const char *p = s, *end = s + len;
-	uint32_t g, st, c = 0, b = 0, n = 0, cl = 0;
+	uint32_t g, st, c = 0, b = 0, n = 0, cl = 0, sq = 0;
 	bool r = false;
 
 	if (prefix(&p, end, SHIFT_EXCHANGE_VERSION " ep ") ||
@@ -280,6 +289,8 @@ int shift_exchange_ep_decode_ex(const char *s, size_t len, struct shift_ep_value
 	if (p != end)
 		(void)field_u32(&p, end, "closed", 1, &cl);
 	if (p != end)
+		(void)field_u32(&p, end, "seq", 0xffffffffu, &sq);
+	if (p != end)
 		return -EINVAL;
 	v->gen = g;
 	v->started = st;
@@ -288,6 +299,7 @@ int shift_exchange_ep_decode_ex(const char *s, size_t len, struct shift_ep_value
 	v->bkfail = b != 0;
 	v->nosend = n != 0;
 	v->closed = cl != 0;
+	v->seq = sq;
 	return 0;
 }
 

@@ -51,6 +51,10 @@ struct shift_qp_value {
 	bool has_mb;
 	uint64_t mb_addr;
 	uint32_t mb_rkey;
+	/* the writer's service channel (shadow/svc.h): its UD QPN on the
+	 * backup NIC; a record without it is read too (no channel) */
+	bool has_svc;
+	uint32_t svc;
 };
 
 int shift_exchange_qp_key(const struct shift_qp_key *k, char *buf, size_t cap);
@@ -70,6 +74,8 @@ struct shift_ep_value {
 	bool nosend;     /* the end's application never sends (its QP stays at RTR) */
 	bool closed;     /* the end's application ended the connection while it was
 			  * failed over (its own error, its ERR or RESET) */
+	uint32_t seq;    /* the end's count of its records (0: not said): a reader
+			  * that got a later one another way keeps that */
 };
 int shift_exchange_ep_encode_ex(const struct shift_ep_value *v, char *buf, size_t cap);
 int shift_exchange_ep_decode_ex(const char *s, size_t len, struct shift_ep_value *v);

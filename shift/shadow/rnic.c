@@ -26,6 +26,7 @@
  */
 #include "shift/shadow/shadow_int.h"
 #include "shift/shadow/backup.h"
+#include "shift/shadow/svc.h"
 #include "shift/base/config.h"
 #include "shift/base/log.h"
 #include "shift/base/lower.h"
@@ -290,6 +291,8 @@ static void *rnic_main(void *arg)
 		shift_portev_open(r);
 		shift_bkev_open(r);
 	}
+	if (r->bk_ctx && r->kv)
+		shift_svc_open(r);
 	pthread_mutex_unlock(&r->busy);
 	pthread_mutex_lock(&r->lock);
 	while (!r->stop) {
@@ -478,6 +481,8 @@ struct shift_rnic *shift_rnic_start(struct shift_ctx *sctx)
 		backup_open(r);
 		if (r->bk_ctx)
 			kv_connect(r);
+		if (r->bk_ctx && r->kv)
+			shift_svc_open(r);
 		return r;
 	}
 	static bool registered;
@@ -518,6 +523,7 @@ void shift_rnic_stop(struct shift_rnic *r)
 		SHIFT_SHADOW_KILL(p);
 	pthread_mutex_unlock(&r->lock);
 	shift_rnic_reap(r);
+	shift_svc_close(r);
 	shift_bkev_close(r); /* (its CQs are gone) */
 	if (r->kv) {
 		shift_kv_delete_own(r->kv);

@@ -674,6 +674,104 @@ static void test_fails_again_during_failback(void **state)
 }
 
 /*
+ * A second failover with the KV store down. After a full failback both
+ * ends' backups are re-armed for failover 2, and each end's record says
+ * so. The store then goes down and the default NIC dies again. The end
+ * that fails over must know that the peer's backup is reset for failover
+ * 2 before it sends its handshake message there. A peer in the Default
+ * state reads records only when poked, through the store. With datagrams
+ * (SHIFT_DATAGRAMS=1, fo/dgram.c) each record also went to the peer's
+ * service channel at the re-arm, so failover 2 needs nothing of the store:
+ * every send arrives once and in order, with no error. Without them the
+ * failover waits for the store until SHIFT_FAILOVER_MS and then fails the
+ * connection with plain's errors (the connections the --kv-faults
+ * campaigns counted as lost).
+ */
+static void second_failover_store_down(bool dgrams)
+{
+	struct ibv_wc wa[64], wb[64];
+	int na = 0, nb = 0;
+	struct shift_dqp *da = shift_dqp_of_qp(a.qp), *db = shift_dqp_of_qp(b.qp);
+	const char *url = getenv("SHIFT_KV_URL");
+	unsigned long taken = shift_stats.dgrams_taken, refused = shift_stats.dgrams_refused;
+
+	post_b_recvs(32);
+	post_sends(0, 4);
+	sim_dev_kill(sim_host_dev(host[0], 0), 0);
+	drive(wa, 64, &na, wb, 64, &nb);
+	assert_int_equal(na, 4);
+	sim_dev_revive(sim_host_dev(host[0], 0));
+	drive_rounds(4000, wa, 64, &na, wb, 64, &nb);
+	assert_int_equal(da->failbacks, 1);
+	assert_false(da->need_rearm);
+	assert_false(db->need_rearm);
+	/* (each end's re-arm record reached the other as a datagram) */
+	if (dgrams)
+		assert_true(shift_stats.dgrams_taken - taken >= 2);
+	else
+		assert_int_equal(shift_stats.dgrams_taken - taken, 0);
+
+	assert_non_null(url);
+	assert_int_equal(shift_kv_mem_set_down(url + strlen("mem://"), true), 0);
+	if (!dgrams)
+		sim_pair_expect_errors(64); /* (checked below) */
+	post_sends(4, 12);
+	sim_dev_kill(sim_host_dev(host[0], 0), 0);
+	/* (SHIFT_FAILOVER_MS is 1000 here: past it a failover that cannot
+	 * finish has failed the connection) */
+	drive_rounds(3000, wa, 64, &na, wb, 64, &nb);
+	drive(wa, 64, &na, wb, 64, &nb);
+	assert_int_equal(shift_kv_mem_set_down(url + strlen("mem://"), false), 0);
+	print_message("datagrams %d: A %d completions, B %d; A send %d fo %lu; B recv %d fo %lu; "
+		      "taken %lu refused %lu\n", dgrams, na, nb, da->send_state, da->failovers,
+		      db->recv_state, db->failovers, shift_stats.dgrams_taken - taken,
+		      shift_stats.dgrams_refused - refused);
+	assert_int_equal(shift_stats.dgrams_refused, refused);
+	if (!dgrams) {
+		/* plain's failure: A's sends 4..11 in error, the QP unprotected */
+		assert_int_equal(da->send_state, SHIFT_SEND_UNPROTECTED);
+		assert_int_equal(na, 12);
+		for (int i = 4; i < 12; i++)
+			assert_int_not_equal(wa[i].status, IBV_WC_SUCCESS);
+		return;
+	}
+	assert_int_equal(da->failovers, 2);
+	assert_int_equal(db->failovers, 2);
+	assert_int_equal(na, 12);
+	assert_int_equal(nb, 12);
+	for (int i = 0; i < 12; i++) {
+		assert_int_equal(wa[i].status, IBV_WC_SUCCESS);
+		assert_int_equal(wa[i].wr_id, 700 + i);
+		assert_int_equal(wb[i].wr_id, 500 + i);
+		assert_int_equal(b.buf[64 * i], 'A' + i);
+	}
+}
+
+static int setup_fast_bound(void **state)
+{
+	test_setenv("SHIFT_FAILOVER_MS", "1000");
+	return setup(state);
+}
+
+static int setup_no_dgrams(void **state)
+{
+	test_setenv("SHIFT_DATAGRAMS", "0");
+	return setup_fast_bound(state);
+}
+
+static void test_second_failover_store_down(void **state)
+{
+	(void)state;
+	second_failover_store_down(true);
+}
+
+static void test_second_failover_store_down_no_datagrams(void **state)
+{
+	(void)state;
+	second_failover_store_down(false);
+}
+
+/*
  * The backup NIC dies during the failback, after the default path came
  * back (stage: 0 the probe answered, 1 sends held behind the fence, 2
  * sends back but the backup not re-armed): whatever is still on the backup
@@ -1439,6 +1537,10 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_backup_dies_behind_fence, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_backup_dies_before_rearm, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_peer_follows_failover_it_never_saw, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_second_failover_store_down, setup_fast_bound,
+						teardown),
+		cmocka_unit_test_setup_teardown(test_second_failover_store_down_no_datagrams,
+						setup_no_dgrams, teardown),
 		cmocka_unit_test_setup_teardown(test_without_poke_one_sided_double_fault_fails, setup,
 						teardown),
 		cmocka_unit_test_setup_teardown(test_status_shows_failover, setup, teardown),

@@ -76,6 +76,7 @@ struct sim_stats {
 	uint64_t tx, retx, delivered, dropped, executed, dup_requests;
 	uint64_t timeouts, rnr_naks, seq_naks, err_completions;
 	uint64_t faults;
+	uint64_t ud_delivered, ud_lost; /* datagrams of UD QPs (rnic/ud.c) */
 };
 
 /* --- world, hosts, devices -------------------------------------------- */

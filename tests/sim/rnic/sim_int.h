@@ -270,6 +270,9 @@ struct sim_world {
 
 /* world.c */
 void sim_trace(struct sim_world *w, uint32_t tag, uint64_t a, uint64_t b);
+/* An event printed in the trace but not hashed into it (a UD datagram,
+ * ud.c: SHIFT's own traffic, which a run without SHIFT has not) */
+void sim_trace_print(const struct sim_world *w, uint32_t tag, uint64_t a, uint64_t b);
 uint64_t sim_rand(struct sim_world *w);
 struct sim_dev *sim_dev_by_gid(struct sim_world *w, const union ibv_gid *g);
 struct sim_dev *sim_dev_by_lid(struct sim_world *w, uint16_t lid);

@@ -168,13 +168,15 @@ static int ud_send_one(struct sim_qp *q, struct ibv_send_wr *wr)
 
 	if (dq)
 		memcpy(buf + 24, &dq->dev->gid[1], 16);
+	/* (printed, not hashed: the application's trace through SHIFT and
+	 * without it stay comparable) */
 	if (dq && ud_deliver(q, dq, buf, at, wr)) {
-		w->stats.delivered++;
-		sim_trace(w, TAG("UDRX"), (uint64_t)q->dev->gidx << 32 | q->qp.qp_num,
+		w->stats.ud_delivered++;
+		sim_trace_print(w, TAG("UDRX"), (uint64_t)q->dev->gidx << 32 | q->qp.qp_num,
 			  (uint64_t)dq->dev->gidx << 32 | dq->qp.qp_num);
 	} else {
-		w->stats.dropped++;
-		sim_trace(w, TAG("UDDR"), (uint64_t)q->dev->gidx << 32 | q->qp.qp_num,
+		w->stats.ud_lost++;
+		sim_trace_print(w, TAG("UDDR"), (uint64_t)q->dev->gidx << 32 | q->qp.qp_num,
 			  wr->wr.ud.remote_qpn);
 	}
 	free(buf);

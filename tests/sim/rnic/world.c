@@ -135,6 +135,13 @@ void sim_trace(struct sim_world *w, uint32_t tag, uint64_t a, uint64_t b)
 			w->now, (const char *)&tag, a, b);
 }
 
+void sim_trace_print(const struct sim_world *w, uint32_t tag, uint64_t a, uint64_t b)
+{
+	if (w->trace)
+		fprintf(w->trace, "%8" PRIu64 " %-4.4s %#" PRIx64 " %#" PRIx64 "\n",
+			w->now, (const char *)&tag, a, b);
+}
+
 void sim_world_note(struct sim_world *w, uint32_t tag, uint64_t a, uint64_t b)
 {
 	sim_trace(w, tag, a, b);

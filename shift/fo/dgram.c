@@ -1,0 +1,165 @@
+/*
+ * Episode records as datagrams (the service channel, shift/shadow/svc.h).
+ *
+ * Each record an end writes for the KV store (fo_ep_publish) also goes,
+ * at the same pass and sealed the same way (shift_kv_seal: authenticated
+ * under the job's secret, bound to the record's key), straight to the
+ * peer's service channel on the backup NIC. The peer takes it as if its
+ * own pass had read it from the store: a failed-over QP follows it at this
+ * pass (d->kv_pref), a QP in the Default state whose peer started a
+ * failover it never saw joins it, as after a poke (fo/poke.c). So the
+ * agreements that went through the store (a second failover of one
+ * episode, a return to the default QPs, a failover only one end saw) need
+ * only the backup path, and are not held to the store's read schedule;
+ * the store still carries every record, for the records a datagram lost
+ * (UD is lossy: an end that waits puts its record again at the probe
+ * period, which sends it again too) and for a peer without a channel.
+ *
+ * A record is taken only from the peer's own channel (the sender's QPN
+ * is the one in the peer's QP record), for the connection it names, if it
+ * opens under the peer's record key; one older than a record the QP took
+ * already (its seq) changes nothing (fo/episode.c, ep_take).
+ */
+#include "shift/fo/fo_int.h"
+#include "shift/shadow/svc.h"
+
+#define DGRAM_MAGIC 0x31644853u /* "SHd1" */
+#define DGRAM_EP 1u
+
+struct dgram_hdr {
+	uint32_t magic;
+	uint16_t kind;
+	uint16_t len;        /* the sealed record's bytes after the header */
+	uint32_t dst_qpn;    /* the receiver's default QPN */
+	uint32_t src_qpn;    /* the sender's default QPN */
+	uint8_t src_gid[16]; /* the sender's default GID */
+};
+
+#define DGRAM_OUT 256
+
+/* The records of this pass to send (collected under each QP's rk_lock;
+ * the passes of all contexts take turns, bg_lock). */
+static struct {
+	struct shift_dqp *d;
+	uint64_t serial;
+	uint32_t qpn;
+	char key[SHIFT_EXCHANGE_KEY_MAX];
+	char val[SHIFT_KV_SLOT_VAL];
+	unsigned len;
+} out[DGRAM_OUT];
+static unsigned nout;
+
+/* d's record, if not sent as a datagram yet (rk_lock held; fo/kvq.c). */
+void fo_dgram_collect(struct shift_dqp *d)
+{
+	const struct shift_kv_slot *sl = &d->ep_pub;
+
+	if (sl->seq == d->dg_sent || !sl->len || !d->shadow || !d->shadow->svc_ok ||
+	    nout == DGRAM_OUT)
+		return; /* (beyond DGRAM_OUT: the next pass) */
+	d->dg_sent = sl->seq;
+	out[nout].d = d, out[nout].serial = d->serial, out[nout].qpn = d->qpn;
+	memcpy(out[nout].key, sl->key, sizeof(out[nout].key));
+	memcpy(out[nout].val, sl->val, sl->len);
+	out[nout++].len = sl->len;
+}
+
+static void send_one(struct shift_ctx *s, struct shift_dqp *d, const char *key, const char *val,
+		     unsigned len)
+{
+	struct shift_rnic *r = s->rnic;
+	struct shift_qp *q = d->shadow;
+	uint8_t msg[SHIFT_SVC_MSG_MAX];
+	struct dgram_hdr h = { .magic = DGRAM_MAGIC, .kind = DGRAM_EP, .dst_qpn = q->peer_key.qpn,
+			       .src_qpn = q->my_key.qpn };
+	void *sealed;
+	size_t n;
+
+	if (shift_kv_seal(r->kv, key, val, len, &sealed, &n))
+		return;
+	if (n <= sizeof(msg) - sizeof(h)) {
+		h.len = (uint16_t)n;
+		memcpy(h.src_gid, &q->my_key.gid, sizeof(h.src_gid));
+		memcpy(msg, &h, sizeof(h));
+		memcpy(msg + sizeof(h), sealed, n);
+		if (!shift_svc_send(r, &q->svc_ah, q->peer_bk.svc, msg, sizeof(h) + n))
+			__atomic_fetch_add(&shift_stats.dgrams_sent, 1, __ATOMIC_RELAXED);
+	}
+	free(sealed);
+}
+
+/* Is a datagram from channel src_qp with header h one of d's peer's? */
+static bool from_peer(const struct shift_dqp *d, const struct dgram_hdr *h, uint32_t src_qp)
+{
+	const struct shift_qp *q = d->shadow;
+
+	return q && d->scq && q->peer_bk.has_svc && q->peer_bk.svc == src_qp &&
+	       q->peer_key.qpn == h->src_qpn &&
+	       !memcmp(&q->peer_key.gid, h->src_gid, sizeof(h->src_gid));
+}
+
+/* A peer's record d took (its CQs locked): followed as a read of the
+ * store's would be. */
+static void take(struct shift_ctx *s, struct shift_dqp *d, const void *v, size_t len)
+{
+	if (shift_dqp_send_state(d) == SHIFT_SEND_DEFAULT &&
+	    shift_dqp_recv_state(d) == SHIFT_RECV_DEFAULT) {
+		/* (as a poke read's: one not re-armed yet joins nothing) */
+		if (!fo_ep_take(d, v, len) || d->need_rearm || d->peer_join ||
+		    d->peer_started <= d->failovers)
+			return;
+		__atomic_store_n(&d->peer_join, true, __ATOMIC_RELEASE);
+		shift_ctx_set_slow(s, true);
+	} else if (fo_ep_take(d, v, len)) {
+		d->kv_pref = 1; /* (followed at this pass or the next) */
+	}
+}
+
+static void rx(void *arg, uint32_t src_qp, const void *msg, size_t len)
+{
+	struct shift_ctx *s = arg;
+	struct dgram_hdr h;
+	struct shift_dqp *d;
+	char key[SHIFT_EXCHANGE_KEY_MAX];
+	size_t vlen;
+	void *v;
+
+	if (len < sizeof(h))
+		goto refused;
+	memcpy(&h, msg, sizeof(h));
+	d = shift_dqp_by_qpn(s, h.dst_qpn);
+	if (h.magic != DGRAM_MAGIC || h.kind != DGRAM_EP || h.len != len - sizeof(h) || !d ||
+	    !from_peer(d, &h, src_qp) ||
+	    shift_exchange_ep_key(&d->shadow->peer_key, key, sizeof(key)) < 0)
+		goto refused;
+	vlen = h.len;
+	v = malloc(vlen + 1);
+	if (!v)
+		return;
+	memcpy(v, (const uint8_t *)msg + sizeof(h), vlen);
+	((char *)v)[vlen] = '\0';
+	if (shift_kv_unseal(s->rnic->kv, key, &v, &vlen))
+		goto refused; /* (freed) */
+	fo_lock_cqs(d);
+	take(s, d, v, vlen);
+	fo_unlock_cqs(d);
+	free(v);
+	__atomic_fetch_add(&shift_stats.dgrams_taken, 1, __ATOMIC_RELAXED);
+	return;
+refused:
+	__atomic_fetch_add(&shift_stats.dgrams_refused, 1, __ATOMIC_RELAXED);
+}
+
+/* The pass's datagrams (its KV share, fo/kvq.c; slow_lock held): the
+ * records collected sent, the peers' taken. */
+void fo_dgram_run(struct shift_ctx *s)
+{
+	for (unsigned k = 0; k < nout; k++) {
+		struct shift_dqp *d = fo_dqp_again(s, out[k].d, out[k].qpn, out[k].serial);
+
+		if (d && d->shadow)
+			send_one(s, d, out[k].key, out[k].val, out[k].len);
+	}
+	nout = 0;
+	shift_svc_poll(s->rnic, rx, s);
+}
