@@ -1,10 +1,12 @@
 /*
- * Episode records as datagrams (the service channel, shift/shadow/svc.h).
+ * Episode records as datagrams (the service channels, shift/shadow/svc.h).
  *
  * Each record an end writes for the KV store (fo_ep_publish) also goes,
  * at the same pass and sealed the same way (shift_kv_seal: authenticated
  * under the job's secret, bound to the record's key), straight to the
- * peer's service channel on the backup NIC. The peer takes it as if its
+ * peer's service channels, on the backup path and on the default path
+ * (whichever works: a second failover needs the first, a return to the
+ * default QPs after a backup failure the second). The peer takes it as if its
  * own pass had read it from the store: a failed-over QP follows it at this
  * pass (d->kv_pref), a QP in the Default state whose peer started a
  * failover it never saw joins it, as after a poke (fo/poke.c). So the
@@ -26,6 +28,7 @@
 #define DGRAM_MAGIC 0x31644853u /* "SHd1" */
 #define DGRAM_EP 1u
 
+/* (its numbers big-endian on the wire) */
 struct dgram_hdr {
 	uint32_t magic;
 	uint16_t kind;
@@ -54,7 +57,8 @@ void fo_dgram_collect(struct shift_dqp *d)
 {
 	const struct shift_kv_slot *sl = &d->ep_pub;
 
-	if (sl->seq == d->dg_sent || !sl->len || !d->shadow || !d->shadow->svc_ok ||
+	if (sl->seq == d->dg_sent || !sl->len || !d->shadow ||
+	    !(d->shadow->svc_ok[SHIFT_SVC_BACKUP] || d->shadow->svc_ok[SHIFT_SVC_DEFAULT]) ||
 	    nout == DGRAM_OUT)
 		return; /* (beyond DGRAM_OUT: the next pass) */
 	d->dg_sent = sl->seq;
@@ -70,30 +74,37 @@ static void send_one(struct shift_ctx *s, struct shift_dqp *d, const char *key, 
 	struct shift_rnic *r = s->rnic;
 	struct shift_qp *q = d->shadow;
 	uint8_t msg[SHIFT_SVC_MSG_MAX];
-	struct dgram_hdr h = { .magic = DGRAM_MAGIC, .kind = DGRAM_EP, .dst_qpn = q->peer_key.qpn,
-			       .src_qpn = q->my_key.qpn };
+	struct dgram_hdr h = { .magic = htobe32(DGRAM_MAGIC), .kind = htobe16(DGRAM_EP),
+			       .dst_qpn = htobe32(q->peer_key.qpn), .src_qpn = htobe32(q->my_key.qpn) };
 	void *sealed;
 	size_t n;
 
 	if (shift_kv_seal(r->kv, key, val, len, &sealed, &n))
 		return;
 	if (n <= sizeof(msg) - sizeof(h)) {
-		h.len = (uint16_t)n;
+		h.len = htobe16((uint16_t)n);
 		memcpy(h.src_gid, &q->my_key.gid, sizeof(h.src_gid));
 		memcpy(msg, &h, sizeof(h));
 		memcpy(msg + sizeof(h), sealed, n);
-		if (!shift_svc_send(r, &q->svc_ah, q->peer_bk.svc, msg, sizeof(h) + n))
-			__atomic_fetch_add(&shift_stats.dgrams_sent, 1, __ATOMIC_RELAXED);
+		for (int p = 0; p < SHIFT_SVC_PATHS; p++)
+			if (q->svc_ok[p] &&
+			    !shift_svc_send(r, (enum shift_svc_path)p, &q->svc_ah[p],
+					    p == SHIFT_SVC_BACKUP ? q->peer_bk.svc : q->peer_bk.dsvc,
+					    msg, sizeof(h) + n))
+				__atomic_fetch_add(&shift_stats.dgrams_sent, 1, __ATOMIC_RELAXED);
 	}
 	free(sealed);
 }
 
-/* Is a datagram from channel src_qp with header h one of d's peer's? */
-static bool from_peer(const struct shift_dqp *d, const struct dgram_hdr *h, uint32_t src_qp)
+/* Is a datagram from channel src_qp on path p with header h one of d's
+ * peer's? */
+static bool from_peer(const struct shift_dqp *d, enum shift_svc_path p, const struct dgram_hdr *h,
+		      uint32_t src_qp)
 {
 	const struct shift_qp *q = d->shadow;
 
-	return q && d->scq && q->peer_bk.has_svc && q->peer_bk.svc == src_qp &&
+	return q && d->scq && q->peer_bk.has_svc && src_qp &&
+	       src_qp == (p == SHIFT_SVC_BACKUP ? q->peer_bk.svc : q->peer_bk.dsvc) &&
 	       q->peer_key.qpn == h->src_qpn &&
 	       !memcmp(&q->peer_key.gid, h->src_gid, sizeof(h->src_gid));
 }
@@ -115,7 +126,7 @@ static void take(struct shift_ctx *s, struct shift_dqp *d, const void *v, size_t
 	}
 }
 
-static void rx(void *arg, uint32_t src_qp, const void *msg, size_t len)
+static void rx(void *arg, enum shift_svc_path p, uint32_t src_qp, const void *msg, size_t len)
 {
 	struct shift_ctx *s = arg;
 	struct dgram_hdr h;
@@ -127,9 +138,14 @@ static void rx(void *arg, uint32_t src_qp, const void *msg, size_t len)
 	if (len < sizeof(h))
 		goto refused;
 	memcpy(&h, msg, sizeof(h));
+	h.magic = be32toh(h.magic);
+	h.kind = be16toh(h.kind);
+	h.len = be16toh(h.len);
+	h.dst_qpn = be32toh(h.dst_qpn);
+	h.src_qpn = be32toh(h.src_qpn);
 	d = shift_dqp_by_qpn(s, h.dst_qpn);
 	if (h.magic != DGRAM_MAGIC || h.kind != DGRAM_EP || h.len != len - sizeof(h) || !d ||
-	    !from_peer(d, &h, src_qp) ||
+	    !from_peer(d, p, &h, src_qp) ||
 	    shift_exchange_ep_key(&d->shadow->peer_key, key, sizeof(key)) < 0)
 		goto refused;
 	vlen = h.len;
@@ -140,6 +156,8 @@ static void rx(void *arg, uint32_t src_qp, const void *msg, size_t len)
 	((char *)v)[vlen] = '\0';
 	if (shift_kv_unseal(s->rnic->kv, key, &v, &vlen))
 		goto refused; /* (freed) */
+	shift_debug("%s QP %u: the peer's record as a datagram: %.*s", d->dev, d->qpn, (int)vlen,
+		    (const char *)v);
 	fo_lock_cqs(d);
 	take(s, d, v, vlen);
 	fo_unlock_cqs(d);

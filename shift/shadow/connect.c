@@ -250,8 +250,10 @@ static bool replay_qp_describe(struct shift_rnic *r, struct shift_qp *q,
 	q->my_bk.peer = q->peer_key;
 	q->my_bk.has_mri = true; /* (where the peer finds my MRs ahead) */
 	q->my_bk.mri = r->mri_id;
-	q->my_bk.svc = shift_svc_qpn(r); /* (where my episode records arrive) */
-	q->my_bk.has_svc = q->my_bk.svc != 0;
+	/* (where my episode records arrive) */
+	q->my_bk.svc = shift_svc_qpn(r, SHIFT_SVC_BACKUP);
+	q->my_bk.dsvc = shift_svc_qpn(r, SHIFT_SVC_DEFAULT);
+	q->my_bk.has_svc = q->my_bk.svc || q->my_bk.dsvc;
 	/* (where the peer asks me for a key the store cannot give: only on a
 	 * backup that grants remote writes, as the application's QP does) */
 	if (shift_config.key_mailbox && (app_mask & IBV_QP_ACCESS_FLAGS) &&
@@ -354,9 +356,14 @@ static bool replay_qp_rtr(struct shift_rnic *r, struct shift_qp *q,
 			return false;
 		}
 		q->bk_state = IBV_QPS_RTR;
-		/* the peer's service channel, at the same backup path */
-		q->svc_ah = ah;
-		q->svc_ok = q->peer_bk.has_svc && shift_svc_peer(r, &ah);
+		/* the peer's service channels, at the backup path and at the
+		 * application's (its address handle as the application's QP) */
+		q->svc_ah[SHIFT_SVC_BACKUP] = ah;
+		q->svc_ah[SHIFT_SVC_DEFAULT] = app->ah_attr;
+		q->svc_ok[SHIFT_SVC_BACKUP] = q->peer_bk.svc &&
+					      shift_svc_peer(r, SHIFT_SVC_BACKUP, &ah);
+		q->svc_ok[SHIFT_SVC_DEFAULT] = q->peer_bk.dsvc &&
+					       shift_svc_peer(r, SHIFT_SVC_DEFAULT, &app->ah_attr);
 	}
 	return true;
 }

@@ -71,7 +71,7 @@ int shift_exchange_mri_key(const union ibv_gid *gid, uint64_t id, unsigned chunk
 
 int shift_exchange_qp_encode(const struct shift_qp_value *v, char *buf, size_t cap)
 {
-	char g[33], pg[33], peer[64] = "", mri[24] = "", mb[48] = "", svc[20] = "";
+	char g[33], pg[33], peer[64] = "", mri[24] = "", mb[48] = "", svc[32] = "";
 
 	shift_gid_hex(&v->gid, g);
 	if (v->has_peer) {
@@ -84,7 +84,7 @@ int shift_exchange_qp_encode(const struct shift_qp_value *v, char *buf, size_t c
 		snprintf(mb, sizeof(mb), " mba=%016llx mbk=%u", (unsigned long long)v->mb_addr,
 			 v->mb_rkey);
 	if (v->has_svc)
-		snprintf(svc, sizeof(svc), " svc=%u", v->svc);
+		snprintf(svc, sizeof(svc), " svc=%u dsvc=%u", v->svc, v->dsvc);
 	return fit(snprintf(buf, cap, SHIFT_EXCHANGE_VERSION " qp gid=%s qpn=%u psn=%u mtu=%u%s%s%s%s",
 			    g, v->qpn, v->psn, v->mtu, peer, mri, mb, svc), cap);
 }
@@ -204,7 +204,9 @@ int shift_exchange_qp_decode(const char *s, size_t len, struct shift_qp_value *v
 		out.has_mb = true;
 	}
 	if (p != end) {
-		if (field_u32(&p, end, "svc", 0xffffff, &out.svc) || !out.svc)
+		/* (0: no channel on that NIC) */
+		if (field_u32(&p, end, "svc", 0xffffff, &out.svc) ||
+		    field_u32(&p, end, "dsvc", 0xffffff, &out.dsvc))
 			return -EINVAL;
 		out.has_svc = true;
 	}

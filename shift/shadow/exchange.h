@@ -51,10 +51,11 @@ struct shift_qp_value {
 	bool has_mb;
 	uint64_t mb_addr;
 	uint32_t mb_rkey;
-	/* the writer's service channel (shadow/svc.h): its UD QPN on the
-	 * backup NIC; a record without it is read too (no channel) */
+	/* the writer's service channels (shadow/svc.h): their UD QPNs on the
+	 * backup NIC and on the default NIC; a record without them is read
+	 * too (no channel) */
 	bool has_svc;
-	uint32_t svc;
+	uint32_t svc, dsvc;
 };
 
 int shift_exchange_qp_key(const struct shift_qp_key *k, char *buf, size_t cap);

@@ -253,14 +253,15 @@ static void wait_kick(struct shift_rnic *r, uint64_t ms)
 	struct timespec ts;
 
 	if (r->kick_fd >= 0) {
-		struct pollfd p[3] = { { .fd = r->kick_fd, .events = POLLIN },
+		struct pollfd p[4] = { { .fd = r->kick_fd, .events = POLLIN },
 				       { .fd = shift_portev_fd(r), .events = POLLIN },
-				       { .fd = r->bk_ev ? r->bk_ev->fd : -1, .events = POLLIN } };
+				       { .fd = r->bk_ev ? r->bk_ev->fd : -1, .events = POLLIN },
+				       { .fd = shift_svc_fd(r), .events = POLLIN } };
 		uint64_t x;
 
 		pthread_mutex_unlock(&r->lock);
 		/* (poll() skips a negative fd) */
-		int n = poll(p, 3, (int)ms);
+		int n = poll(p, 4, (int)ms);
 
 		if (n > 0 && p[0].revents && read(r->kick_fd, &x, sizeof(x)) < 0)
 			(void)0; /* (raced with another read: nothing to drain) */
@@ -268,6 +269,8 @@ static void wait_kick(struct shift_rnic *r, uint64_t ms)
 			shift_portev_drain(r);
 		if (n > 0 && p[2].revents)
 			shift_bkev_drain(r);
+		if (n > 0 && p[3].revents)
+			shift_svc_drain(r);
 		pthread_mutex_lock(&r->lock);
 		return;
 	}

@@ -141,10 +141,10 @@ struct shift_qp {
 	struct shift_mbox_slot *mb;
 	struct shift_mbox_page *mb_page;
 	uint32_t mb_lkey;
-	/* (thread) the peer's service channel at its backup path (svc.h):
-	 * set when the backup QP connects, if the peer has one */
-	struct ibv_ah_attr svc_ah;
-	bool svc_ok;
+	/* (thread) the peer's service channels (svc.h) at its backup path and
+	 * its default path: set when the backup QP connects, if it has them */
+	struct ibv_ah_attr svc_ah[2];
+	bool svc_ok[2];
 	/* (thread, fo/mbox.c) my request in flight: its nonce (0: none), the
 	 * rkey asked, since when; the peer's last request answered */
 	uint64_t mb_nonce, mb_at, mb_answered;
@@ -210,7 +210,9 @@ struct shift_rnic {
 	uint64_t peers_io_at;     /* (thread) no index I/O before (after a failure) */
 
 	struct shift_kv *kv;      /* thread-owned */
-	struct shift_svc *svc;    /* (thread) the service channel (svc.c), NULL: none */
+	/* (thread) the service channels (svc.h): on the backup NIC, on the
+	 * default NIC; NULL: none */
+	struct shift_svc *svc[2];
 	bool kv_warned;
 	bool unprotected;         /* (L) whole RNIC runs unprotected */
 	const char *why;          /* (L) */

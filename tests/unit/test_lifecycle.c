@@ -436,19 +436,21 @@ static void destroy_and_go(struct sim_ep *e, struct sim_ep *f, long qps, long cq
 	e->cq = NULL;
 	e->pd = NULL;
 	sem_post(&go);
-	/* (f's QP, CQ and PD and their backups; the service channels of e's
-	 * and f's contexts (a UD QP, a CQ, a PD each) until they close) */
-	assert_true(live_within(SIM_LK_QP, qps + 2 + 2, 5000));
-	assert_true(live_within(SIM_LK_CQ, cqs + 2 + 2, 5000));
-	assert_true(live_within(SIM_LK_PD, pds + 2 + 2, 5000));
+	/* (f's QP, CQ and PD and their backups; the two service channels of
+	 * each of e's and f's contexts (a UD QP, a CQ, a PD each) until they
+	 * close) */
+	assert_true(live_within(SIM_LK_QP, qps + 2 + 4, 5000));
+	assert_true(live_within(SIM_LK_CQ, cqs + 2 + 4, 5000));
+	assert_true(live_within(SIM_LK_PD, pds + 2 + 4, 5000));
 	sim_ep_close(e);
 	sim_ep_close(f);
 	assert_true(live_within(SIM_LK_QP, qps, 5000));
 }
 
-/* SHIFT's own MRs on each of the two backup NICs: its page of key
- * mailboxes (shadow/mbox.c) and its service channel's buffer (svc.c) */
-#define MBOX_MRS 4
+/* SHIFT's own MRs of each of the two contexts: its page of key mailboxes
+ * on the backup NIC (shadow/mbox.c) and the buffers of its two service
+ * channels (svc.c) */
+#define MBOX_MRS 6
 
 static void test_destroy_while_replaying(void **state)
 {

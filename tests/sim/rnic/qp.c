@@ -114,6 +114,15 @@ static struct ibv_qp *sim_qp_new(struct ibv_context *c, struct ibv_pd *pd,
 		errno = EOPNOTSUPP;
 		return NULL;
 	}
+	bool ud = ia->qp_type == IBV_QPT_UD;
+	unsigned free_ud = 0;
+
+	while (ud && free_ud < SIM_UD_QPS && d->ud_qps[free_ud])
+		free_ud++;
+	if (ud && free_ud == SIM_UD_QPS) {
+		errno = ENOMEM;
+		return NULL;
+	}
 	if (!pd || pd->context != c || !ia->send_cq || !ia->recv_cq ||
 	    ia->send_cq->context != c || ia->recv_cq->context != c ||
 	    (ia->srq && ia->srq->context != c) ||
@@ -151,10 +160,14 @@ static struct ibv_qp *sim_qp_new(struct ibv_context *c, struct ibv_pd *pd,
 		return NULL;
 	}
 	/* the lowest free slot, as before, without walking the taken ones
-	 * below the hint (N QPs' setup stays linear) */
-	for (slot = d->qps_hint; slot < d->nqps && d->qps[slot]; slot++)
+	 * below the hint (N QPs' setup stays linear); a UD QP's among their
+	 * own (its number apart: SIM_UD_QPN_BASE) */
+	for (slot = d->qps_hint; !ud && slot < d->nqps && d->qps[slot]; slot++)
 		;
-	if (slot == d->nqps) {
+	if (ud) {
+		slot = free_ud;
+		d->ud_qps[slot] = q;
+	} else if (slot == d->nqps) {
 		unsigned cap = d->nqps ? 2 * d->nqps : 16;
 		void *p = realloc(d->qps, cap * sizeof(*d->qps));
 
@@ -164,8 +177,10 @@ static struct ibv_qp *sim_qp_new(struct ibv_context *c, struct ibv_pd *pd,
 		memset(d->qps + d->nqps, 0, (cap - d->nqps) * sizeof(*d->qps));
 		d->nqps = cap;
 	}
-	d->qps[slot] = q;
-	d->qps_hint = slot + 1;
+	if (!ud) {
+		d->qps[slot] = q;
+		d->qps_hint = slot + 1;
+	}
 	q->ctx = ctx;
 	q->dev = d;
 	q->sq_sig_all = ia->sq_sig_all != 0;
@@ -180,7 +195,7 @@ static struct ibv_qp *sim_qp_new(struct ibv_context *c, struct ibv_pd *pd,
 	if (q->srq)
 		q->srq->nqps++;
 	q->qp.handle = slot;
-	q->qp.qp_num = SIM_QPN_BASE + slot;
+	q->qp.qp_num = (ud ? SIM_UD_QPN_BASE : SIM_QPN_BASE) + slot;
 	q->qp.state = IBV_QPS_RESET;
 	q->qp.qp_type = ia->qp_type;
 	pthread_mutex_init(&q->qp.mutex, NULL);
@@ -434,9 +449,13 @@ void sim_qp_free(struct sim_qp *q)
 		q->srq->nqps--;
 	sim_qp_clear_wire(q);
 	sim_world_del_qp(q->dev->w, q);
-	q->dev->qps[q->qp.handle] = NULL;
-	if (q->qp.handle < q->dev->qps_hint)
-		q->dev->qps_hint = q->qp.handle;
+	if (q->qp.qp_type == IBV_QPT_UD) {
+		q->dev->ud_qps[q->qp.handle] = NULL;
+	} else {
+		q->dev->qps[q->qp.handle] = NULL;
+		if (q->qp.handle < q->dev->qps_hint)
+			q->dev->qps_hint = q->qp.handle;
+	}
 	pthread_mutex_destroy(&q->qp.mutex);
 	pthread_cond_destroy(&q->qp.cond);
 	free(q->out);

@@ -38,6 +38,9 @@ static inline int32_t sim_psn_diff(uint32_t a, uint32_t b)
 struct sim_ctx;
 struct sim_qp;
 
+#define SIM_UD_QPN_BASE 0x800000u
+#define SIM_UD_QPS 8
+
 struct sim_dev {
 	struct ibv_device ibdev;	/* must be first */
 	struct sim_world *w;
@@ -54,6 +57,9 @@ struct sim_dev {
 	struct sim_mr **mrs;		/* index = key >> 8 */
 	unsigned nmrs;
 	struct sim_qp **qps;		/* index = qpn - SIM_QPN_BASE */
+	/* UD QPs, numbered apart (SIM_UD_QPN_BASE + index), so that RC QPs
+	 * keep the numbers a run without them gives (rnic/ud.c) */
+	struct sim_qp *ud_qps[SIM_UD_QPS];
 	unsigned nqps;
 	unsigned qps_hint;		/* no free slot in qps below this */
 	struct sim_ctx *ctxs;		/* open contexts, for async events */

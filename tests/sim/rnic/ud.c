@@ -11,7 +11,9 @@
  * has no receive posted. The send completes with success either way. The
  * receive gets 40 bytes of GRH first (source GID at byte 8, destination
  * at 24, as an IPv6 header), its completion the sender's QPN and
- * IBV_WC_GRH.
+ * IBV_WC_GRH. UD QPs are numbered apart from RC QPs (SIM_UD_QPN_BASE, at
+ * most SIM_UD_QPS a device), so that RC QPs keep the numbers a run
+ * without any UD QP gives them: traces that name them stay comparable.
  */
 #include <errno.h>
 #include <stdlib.h>
@@ -86,9 +88,9 @@ static struct sim_qp *ud_dest(struct sim_qp *q, const struct ibv_send_wr *wr)
 	uint32_t n = wr->wr.ud.remote_qpn;
 	struct sim_qp *dq;
 
-	if (!sim_path_ok(w, q->dev, dd) || n < SIM_QPN_BASE || n - SIM_QPN_BASE >= dd->nqps)
+	if (!sim_path_ok(w, q->dev, dd) || n < SIM_UD_QPN_BASE || n - SIM_UD_QPN_BASE >= SIM_UD_QPS)
 		return NULL;
-	dq = dd->qps[n - SIM_QPN_BASE];
+	dq = dd->ud_qps[n - SIM_UD_QPN_BASE];
 	/* (a Q_Key with its high bit set means the sender QP's own) */
 	uint32_t qkey = wr->wr.ud.remote_qkey & 0x80000000u ? q->attr.qkey : wr->wr.ud.remote_qkey;
 
