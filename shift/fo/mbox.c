@@ -103,18 +103,26 @@ bool fo_mbox_possible(const struct shift_dqp *d)
 	return q && q->mb && q->peer_bk.has_mb && (q->bk_access & IBV_ACCESS_REMOTE_WRITE);
 }
 
-/* ... and post on its backup QP now? */
-static bool can_post(const struct shift_dqp *d)
+/* ... and post on its backup QP now (the episode's, not reset since its
+ * handshake)? Then it answers the peer's requests: the peer's sends may
+ * still be on the backup path after mine came back (its WR to my memory
+ * waits for my key; before, such a request went unanswered and the WR
+ * failed after SHIFT_KV_WAIT_MS: the testbed's kv_killed_latemr_write). */
+static bool can_answer(const struct shift_dqp *d)
+{
+	return fo_mbox_possible(d) && d->bk && d->handshake_done && !d->bk_error &&
+	       !d->bk_flushing;
+}
+
+/* ... and ask: its own sends are on the backup path, failing back
+ * included (a WR held for its key is the backup's until it drains, and
+ * its key may come as the default path answers the probe again). */
+static bool can_ask(const struct shift_dqp *d)
 {
 	enum shift_send_state st = shift_dqp_send_state(d);
 
-	/* (on the backup path, failing back included: a WR held for its key
-	 * is the backup's until it drains, and its key may come as the
-	 * default path answers the probe again) */
-	return fo_mbox_possible(d) && d->bk && d->handshake_done && !d->bk_error &&
-	       !d->bk_flushing &&
-	       (st == SHIFT_SEND_FALLBACK || st == SHIFT_SEND_WAIT_SIGNALED ||
-		st == SHIFT_SEND_WAIT_DRAINED);
+	return can_answer(d) && (st == SHIFT_SEND_FALLBACK || st == SHIFT_SEND_WAIT_SIGNALED ||
+				 st == SHIFT_SEND_WAIT_DRAINED);
 }
 
 /* RDMA WRITE len bytes of my slot's staging at src into the peer's slot at
@@ -250,10 +258,12 @@ void fo_mbox_run(struct shift_ctx *s)
 	for (int i = 0; i < s->nfo; i++) {
 		struct shift_dqp *d = s->fo[i];
 
-		if (!d || !d->scq || !can_post(d))
+		if (!d || !d->scq || !can_answer(d))
 			continue;
 		any = true;
 		answer(s, d);
+		if (!can_ask(d))
+			continue;
 		if (d->shadow->mb_nonce)
 			take(d, now);
 		ask(d, now);

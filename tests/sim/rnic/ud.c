@@ -183,13 +183,9 @@ static int ud_send_one(struct sim_qp *q, struct ibv_send_wr *wr)
 	}
 	free(buf);
 	if ((wr->send_flags & IBV_SEND_SIGNALED) || q->sq_sig_all) {
-		struct ibv_wc wc;
+		struct ibv_wc wc = { .wr_id = wr->wr_id, .opcode = IBV_WC_SEND,
+				     .qp_num = q->qp.qp_num }; /* (IBV_WC_SUCCESS) */
 
-		memset(&wc, 0, sizeof(wc));
-		wc.wr_id = wr->wr_id;
-		wc.status = IBV_WC_SUCCESS;
-		wc.opcode = IBV_WC_SEND;
-		wc.qp_num = q->qp.qp_num;
 		sim_cq_push((struct sim_cq *)q->qp.send_cq, &wc, false);
 	}
 	return 0;
