@@ -35,6 +35,7 @@ struct status_row {
 	unsigned qpn, bkqpn, peer, gen;
 	int mrs; /* peer MR keys read ahead (-1: an older writer's line) */
 	char mbox[16]; /* key mailboxes: both, mine, peer, none ("": an older writer's) */
+	char dgram[16]; /* paths of its records as datagrams: both, backup, default, none */
 	unsigned long fo, fb, retx;
 	const char *note;
 };
@@ -94,10 +95,11 @@ static void row_print(struct status_out *o, struct status_row *r)
 		if (r->mrs >= 0)
 			snprintf(mrs, sizeof(mrs), "%d", r->mrs);
 		printf("%-7d %-8s %-8u %-6s %-11s %-8s %-8u %-6s %-8u %-9s %-8s %4lu %4lu %6lu %4u "
-		       "%-8s %-6s %8s %-5s %s\n", r->pid, plain(r->dev), r->qpn, plain(r->st),
+		       "%-8s %-6s %8s %-5s %-7s %s\n", r->pid, plain(r->dev), r->qpn, plain(r->st),
 		       plain(r->sh), plain(r->bk), r->bkqpn, plain(r->bks), r->peer, plain(r->ss),
 		       plain(r->rs), r->fo, r->fb, r->retx, r->gen, r->when, plain(r->wq), mrs,
-		       r->mbox[0] ? plain(r->mbox) : "-", plain((char *)r->note));
+		       r->mbox[0] ? plain(r->mbox) : "-", r->dgram[0] ? plain(r->dgram) : "-",
+		       plain((char *)r->note));
 		return;
 	}
 	printf("%s\n  {\"pid\": %d, \"dev\": ", o->rows ? "," : "", r->pid);
@@ -124,6 +126,10 @@ static void row_print(struct status_out *o, struct status_row *r)
 	if (r->mbox[0]) {
 		printf(", \"key_mailbox\": ");
 		json_str(r->mbox);
+	}
+	if (r->dgram[0]) {
+		printf(", \"datagrams\": ");
+		json_str(r->dgram);
 	}
 	printf(", \"note\": ");
 	json_str(r->note);
@@ -161,6 +167,11 @@ static void line_parse(struct status_out *o, char *line)
 		off += moff;
 	else
 		r.mbox[0] = '\0';
+	moff = 0;
+	if (off && sscanf(line + off, "dgram=%15s %n", r.dgram, &moff) == 1 && moff)
+		off += moff;
+	else
+		r.dgram[0] = '\0';
 	r.note = off ? line + off : "";
 	row_print(o, &r);
 	o->rows++;
@@ -270,9 +281,9 @@ static int status(int argc, char **argv)
 	}
 	if (!o.json)
 		printf("%-7s %-8s %-8s %-6s %-11s %-8s %-8s %-6s %-8s %-9s %-8s %4s %4s %6s %4s "
-		       "%-8s %-6s %8s %-5s %s\n", "PID", "DEV", "QPN", "STATE", "SHADOW", "BACKUP",
+		       "%-8s %-6s %8s %-5s %-7s %s\n", "PID", "DEV", "QPN", "STATE", "SHADOW", "BACKUP",
 		       "BK_QPN", "BK_ST", "PEER_BK", "SEND", "RECV", "FO", "FB", "RETX", "GEN",
-		       "SWITCHED", "WQ", "PEER_MRS", "MBOX", "NOTE");
+		       "SWITCHED", "WQ", "PEER_MRS", "MBOX", "DGRAM", "NOTE");
 	else
 		printf("[");
 	if (dir) {

@@ -5,6 +5,7 @@
  * shadow's state and the data path's view of it.
  */
 #include "shift/shadow/shadow_int.h"
+#include "shift/shadow/svc.h"
 #include "shift/base/config.h"
 #include "shift/dp/ctx.h"
 
@@ -114,7 +115,8 @@ void shift_status_write(struct shift_rnic *r)
 		const struct shift_dqp *d = shift_dqp_of_qp(q->app);
 		unsigned ss = d ? (unsigned)__atomic_load_n(&d->send_state, __ATOMIC_RELAXED) : 0;
 
-		fprintf(f, "%d %s %u %s %s %s %u %s %u %s %s %lu %lu %lu %u %llu %s mrs=%u mbox=%s %s\n",
+		fprintf(f, "%d %s %u %s %s %s %u %s %u %s %s %lu %lu %lu %u %llu %s mrs=%u mbox=%s "
+			"dgram=%s %s\n",
 			(int)getpid(),
 			r->name, q->app_qpn, state_name(q->app_state),
 			q->state == SHIFT_SHADOW_READY ? "ready" :
@@ -136,6 +138,11 @@ void shift_status_write(struct shift_rnic *r)
 			 * peer's only, none */
 			q->mb && q->peer_bk.has_mb ? "both" : q->mb ? "mine" :
 			q->peer_bk.has_mb ? "peer" : "none",
+			/* the paths its episode records take to the peer as
+			 * datagrams (svc.h) */
+			q->svc_ok[SHIFT_SVC_BACKUP] && q->svc_ok[SHIFT_SVC_DEFAULT] ? "both" :
+			q->svc_ok[SHIFT_SVC_BACKUP] ? "backup" :
+			q->svc_ok[SHIFT_SVC_DEFAULT] ? "default" : "none",
 			q->why ? q->why : "-");
 	}
 	pthread_mutex_unlock(&r->lock);

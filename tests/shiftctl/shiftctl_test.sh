@@ -41,13 +41,19 @@ printf '%s sim0 8 RTS ready sim1 9 RTS 11 default default 0 0 0 0 0 mirror mrs=1
 "$ctl" status --json "$tmp/st" >"$tmp/json2" 2>&1 || fail "status --json exit $?"
 python3 -c 'import json,sys; d={r["qpn"]: r for r in json.load(open(sys.argv[1]))}; assert d[8]["peer_mrs"]==12 and d[8]["note"]=="-", d' \
 	"$tmp/json2" || fail "status --json peer_mrs: $(cat "$tmp/json2")"
-"$ctl" status "$tmp/st" | grep -Eq " mirror +12 - +-$" || fail "PEER_MRS column: $("$ctl" status "$tmp/st")"
+"$ctl" status "$tmp/st" | grep -Eq " mirror +12 - +- +-$" || fail "PEER_MRS column: $("$ctl" status "$tmp/st")"
 # (and the key mailboxes of the connection, then the note)
 printf '%s sim0 9 RTS ready sim1 9 RTS 11 default default 0 0 0 0 0 mirror mrs=3 mbox=both -\n' $$ >"$tmp/st/shift-$$-sim2.status"
 "$ctl" status --json "$tmp/st" >"$tmp/json3" 2>&1 || fail "status --json exit $?"
 python3 -c 'import json,sys; d={r["qpn"]: r for r in json.load(open(sys.argv[1]))}; assert d[9]["key_mailbox"]=="both" and d[9]["peer_mrs"]==3 and d[9]["note"]=="-", d' \
 	"$tmp/json3" || fail "status --json key_mailbox: $(cat "$tmp/json3")"
-"$ctl" status "$tmp/st" | grep -Eq " mirror +3 both +-$" || fail "MBOX column: $("$ctl" status "$tmp/st")"
+"$ctl" status "$tmp/st" | grep -Eq " mirror +3 both +- +-$" || fail "MBOX column: $("$ctl" status "$tmp/st")"
+# (and the paths of its records as datagrams)
+printf '%s sim0 10 RTS ready sim1 9 RTS 11 default default 0 0 0 0 0 mirror mrs=3 mbox=both dgram=backup -\n' $$ >"$tmp/st/shift-$$-sim3.status"
+"$ctl" status --json "$tmp/st" >"$tmp/json4" 2>&1 || fail "status --json exit $?"
+python3 -c 'import json,sys; d={r["qpn"]: r for r in json.load(open(sys.argv[1]))}; assert d[10]["datagrams"]=="backup" and d[10]["key_mailbox"]=="both" and d[10]["note"]=="-" and "datagrams" not in d[9], d' \
+	"$tmp/json4" || fail "status --json datagrams: $(cat "$tmp/json4")"
+"$ctl" status "$tmp/st" | grep -Eq " mirror +3 both +backup +-$" || fail "DGRAM column: $("$ctl" status "$tmp/st")"
 
 chmod 0777 "$tmp/st"
 "$ctl" status "$tmp/st" >"$tmp/skip" 2>&1

@@ -397,7 +397,7 @@ static void index_read_ahead(unsigned long n)
  * that both ends of its connection have a key mailbox. */
 static void assert_status_mrs(unsigned want)
 {
-	char dir[] = "/tmp/shift-rkeys-XXXXXX", path[512], line[1024], tag[32];
+	char dir[] = "/tmp/shift-rkeys-XXXXXX", path[512], line[1024], tag[48];
 	FILE *f;
 
 	assert_non_null(mkdtemp(dir));
@@ -407,7 +407,7 @@ static void assert_status_mrs(unsigned want)
 	assert_non_null(f = fopen(path, "r"));
 	assert_non_null(fgets(line, sizeof(line), f));
 	fclose(f);
-	snprintf(tag, sizeof(tag), " mrs=%u mbox=both ", want);
+	snprintf(tag, sizeof(tag), " mrs=%u mbox=both dgram=both ", want);
 	assert_non_null(strstr(line, tag));
 	shift_status_remove(shift_rnic_of(a.ctx));
 	shift_config.status_dir[0] = '\0';
