@@ -219,6 +219,9 @@ static void sim_ctx_free(struct sim_ctx *ctx)
 		if (q->ctx == ctx)
 			sim_qp_free(q);
 	}
+	for (unsigned k = 0; k < SIM_UD_QPS; k++)
+		if (d->ud_qps[k] && d->ud_qps[k]->ctx == ctx)
+			sim_qp_free(d->ud_qps[k]);
 	for (unsigned i = 0; i < d->nmrs; i++) {
 		if (d->mrs[i] && d->mrs[i]->mr.context == &ctx->vctx.context) {
 			free(d->mrs[i]);

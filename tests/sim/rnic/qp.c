@@ -208,7 +208,10 @@ static struct ibv_qp *sim_qp_new(struct ibv_context *c, struct ibv_pd *pd,
 	q->attr.retry_cnt = 7;
 	q->attr.rnr_retry = 7;
 	ia->cap = q->cap;
-	sim_world_add_qp(d->w, q);
+	/* (a UD QP has nothing for a step: no transmission, timer or wire,
+	 * its datagrams delivered at their post; rnic/ud.c) */
+	if (!ud)
+		sim_world_add_qp(d->w, q);
 	return &q->qp;
 }
 
@@ -448,10 +451,10 @@ void sim_qp_free(struct sim_qp *q)
 	if (q->srq)
 		q->srq->nqps--;
 	sim_qp_clear_wire(q);
-	sim_world_del_qp(q->dev->w, q);
 	if (q->qp.qp_type == IBV_QPT_UD) {
 		q->dev->ud_qps[q->qp.handle] = NULL;
 	} else {
+		sim_world_del_qp(q->dev->w, q);
 		q->dev->qps[q->qp.handle] = NULL;
 		if (q->qp.handle < q->dev->qps_hint)
 			q->dev->qps_hint = q->qp.handle;

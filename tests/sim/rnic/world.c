@@ -377,6 +377,9 @@ void sim_dev_kill(struct sim_dev *d, int fatal)
 		for (struct sim_qp *q = w->qps; q; q = q->wnext)
 			if (q->dev == d && q->qp.state != IBV_QPS_RESET)
 				sim_qp_to_err(q);
+		for (unsigned k = 0; k < SIM_UD_QPS; k++)
+			if (d->ud_qps[k] && d->ud_qps[k]->qp.state != IBV_QPS_RESET)
+				sim_qp_to_err(d->ud_qps[k]);
 	}
 }
 
