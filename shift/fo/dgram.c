@@ -86,8 +86,13 @@ static void send_one(struct shift_ctx *s, struct shift_dqp *d, const char *key, 
 		memcpy(h.src_gid, &q->my_key.gid, sizeof(h.src_gid));
 		memcpy(msg, &h, sizeof(h));
 		memcpy(msg + sizeof(h), sealed, n);
+		/* (not into a port that is down: nothing to gain, and on the
+		 * testbed's virtio NICs a queue fed while the link is down is
+		 * what has left a rail dead after it came back) */
+		bool up[SHIFT_SVC_PATHS] = { fo_bk_port_active(s, d), fo_port_active(s, d) };
+
 		for (int p = 0; p < SHIFT_SVC_PATHS; p++)
-			if (q->svc_ok[p] &&
+			if (q->svc_ok[p] && up[p] &&
 			    !shift_svc_send(r, (enum shift_svc_path)p, &q->svc_ah[p],
 					    p == SHIFT_SVC_BACKUP ? q->peer_bk.svc : q->peer_bk.dsvc,
 					    msg, sizeof(h) + n))
