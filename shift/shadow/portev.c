@@ -22,7 +22,7 @@
 #include <fcntl.h>
 
 /* (the thread reads its fds only when poll() says so, and until empty) */
-static bool nonblocking(int fd)
+bool shift_fd_nonblocking(int fd)
 {
 	int fl = fcntl(fd, F_GETFL);
 
@@ -39,7 +39,7 @@ void shift_portev_open(struct shift_rnic *r)
 			   "pass", r->name);
 		return;
 	}
-	if (!nonblocking(r->ev_ctx->async_fd)) {
+	if (!shift_fd_nonblocking(r->ev_ctx->async_fd)) {
 		shift_lower->close_device(r->ev_ctx);
 		r->ev_ctx = NULL;
 	}
@@ -120,7 +120,7 @@ void shift_bkev_open(struct shift_rnic *r)
 			   r->name, r->bk_name);
 		return;
 	}
-	if (!nonblocking(r->bk_ev->fd)) {
+	if (!shift_fd_nonblocking(r->bk_ev->fd)) {
 		shift_lower->destroy_comp_channel(r->bk_ev);
 		r->bk_ev = NULL;
 	}
@@ -134,13 +134,18 @@ void shift_bkev_close(struct shift_rnic *r)
 	r->bk_ev = NULL;
 }
 
-void shift_bkev_drain(struct shift_rnic *r)
+void shift_comp_drain(struct ibv_comp_channel *ch)
 {
 	struct ibv_cq *cq;
 	void *ctx;
 
-	while (r->bk_ev && !shift_lower->get_cq_event(r->bk_ev, &cq, &ctx))
+	while (ch && !shift_lower->get_cq_event(ch, &cq, &ctx))
 		shift_lower->ack_cq_events(cq, 1);
+}
+
+void shift_bkev_drain(struct shift_rnic *r)
+{
+	shift_comp_drain(r->bk_ev);
 }
 
 void shift_rnic_arm_backup(struct shift_rnic *r, struct ibv_cq *bk)

@@ -46,6 +46,10 @@ void shift_portev_drain(struct shift_rnic *r);
 void shift_bkev_open(struct shift_rnic *r);
 void shift_bkev_close(struct shift_rnic *r);
 void shift_bkev_drain(struct shift_rnic *r);
+/* (portev.c) an fd made non-blocking (false: it cannot be); every event of
+ * a non-blocking completion channel acknowledged (NULL: none) */
+bool shift_fd_nonblocking(int fd);
+void shift_comp_drain(struct ibv_comp_channel *ch);
 /* replay.c: destroy the backup side of dead objects and unlink them. */
 void shift_rnic_reap(struct shift_rnic *r);
 

@@ -15,7 +15,6 @@
 #include "shift/base/lower.h"
 #include "shift/dp/ctx.h"
 
-#include <fcntl.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -65,16 +64,6 @@ static int post_recv(struct shift_svc *v, unsigned i)
 	return ibv_post_recv(v->qp, &wr, &bad);
 }
 
-/* Acknowledge the completion events of v's own channel. */
-static void own_drain(struct shift_svc *v)
-{
-	struct ibv_cq *cq;
-	void *ctx;
-
-	while (v->own_ch && !shift_lower->get_cq_event(v->ch, &cq, &ctx))
-		shift_lower->ack_cq_events(cq, 1);
-}
-
 static void svc_free(struct shift_rnic *r, struct shift_svc *v)
 {
 	if (v->qp)
@@ -82,10 +71,7 @@ static void svc_free(struct shift_rnic *r, struct shift_svc *v)
 	for (unsigned i = 0; i < v->nahs; i++)
 		shift_lower->destroy_ah(v->ahs[i].ah);
 	/* (its events acknowledged first: destroying a CQ waits for them) */
-	if (v->own_ch)
-		own_drain(v);
-	else
-		shift_bkev_drain(r);
+	shift_comp_drain(v->own_ch ? v->ch : r->bk_ev);
 	if (v->cq)
 		shift_lower->destroy_cq(v->cq);
 	if (v->mr)
@@ -139,12 +125,8 @@ static const char *svc_place(struct shift_rnic *r, enum shift_svc_path p, struct
 		return NULL;
 	v->ch = shift_lower->create_comp_channel(v->ctx);
 	v->own_ch = v->ch != NULL;
-	if (v->ch) {
-		int fl = fcntl(v->ch->fd, F_GETFL);
-
-		if (fl < 0 || fcntl(v->ch->fd, F_SETFL, fl | O_NONBLOCK) < 0)
-			return "its completion channel cannot be read without blocking";
-	}
+	if (v->ch && !shift_fd_nonblocking(v->ch->fd))
+		return "its completion channel cannot be read without blocking";
 	return NULL;
 }
 
@@ -357,6 +339,8 @@ int shift_svc_fd(const struct shift_rnic *r)
 
 void shift_svc_drain(struct shift_rnic *r)
 {
-	if (r->svc[SHIFT_SVC_DEFAULT])
-		own_drain(r->svc[SHIFT_SVC_DEFAULT]);
+	const struct shift_svc *v = r->svc[SHIFT_SVC_DEFAULT];
+
+	if (v && v->own_ch)
+		shift_comp_drain(v->ch);
 }
