@@ -10,6 +10,8 @@
  *                                 the per-user status directory (root: every
  *                                 user's); directories and files it does not
  *                                 trust are skipped with the reason
+ *   shiftctl stats [--json] [DIR] per process, SHIFT's counters (records read,
+ *                                 key mailbox, datagrams, WQEs read back...)
  */
 #include "shift/base/config.h"
 #include "shift/base/version.h"
@@ -42,8 +44,11 @@ struct status_row {
 
 struct status_out {
 	bool json;
+	bool stats; /* shiftctl stats: the #stats lines, once per process */
 	unsigned rows;
 	unsigned files;
+	unsigned nseen;
+	int seen[256]; /* processes whose counters were shown */
 };
 
 static int usage(FILE *out, int rc)
@@ -57,6 +62,8 @@ static int usage(FILE *out, int rc)
 		"  status [--json] [DIR]  each QP of each process using SHIFT: its state, backup\n"
 		"                         and failover counts (DIR: one status directory; default:\n"
 		"                         the caller's, and every user's for root)\n"
+		"  stats [--json] [DIR]   each process's counters: records read, key mailbox,\n"
+		"                         datagrams, WQEs read back (one line per counter)\n"
 		"  --help                 this text\n");
 	return rc;
 }
@@ -177,12 +184,66 @@ static void line_parse(struct status_out *o, char *line)
 	o->rows++;
 }
 
+/* A counter's name as SHIFT writes it: [a-z0-9_], 1..31 characters. */
+static bool stat_name_ok(const char *n, size_t len)
+{
+	if (!len || len > 31)
+		return false;
+	for (size_t i = 0; i < len; i++)
+		if (!((n[i] >= 'a' && n[i] <= 'z') || (n[i] >= '0' && n[i] <= '9') || n[i] == '_'))
+			return false;
+	return true;
+}
+
+/* A "#stats name=value ..." line of process pid's file: shown unless that
+ * process's counters were (each of its RNICs' files has a copy). A token
+ * that is not name=decimal ends the line (a file is not trusted). */
+static void stats_parse(struct status_out *o, int pid, char *line)
+{
+	char *save = NULL, *t;
+	unsigned shown = 0;
+
+	if (strncmp(line, "#stats ", 7))
+		return;
+	for (unsigned i = 0; i < o->nseen; i++)
+		if (o->seen[i] == pid)
+			return;
+	if (o->nseen == sizeof(o->seen) / sizeof(o->seen[0]))
+		return;
+	o->seen[o->nseen++] = pid;
+	line[strcspn(line, "\n")] = '\0';
+	for (t = strtok_r(line + 7, " ", &save); t && shown < 64; t = strtok_r(NULL, " ", &save)) {
+		char *eq = strchr(t, '='), *end;
+
+		if (!eq || !stat_name_ok(t, (size_t)(eq - t)) || eq[1] < '0' || eq[1] > '9')
+			break;
+		errno = 0;
+		unsigned long long v = strtoull(eq + 1, &end, 10);
+		if (*end || errno)
+			break;
+		*eq = '\0';
+		if (o->json) {
+			printf("%s", shown ? ", " : o->rows ? ",\n  {" : "\n  {");
+			if (!shown)
+				printf("\"pid\": %d, ", pid);
+			printf("\"%s\": %llu", t, v);
+		} else {
+			printf("%-7d %-24s %llu\n", pid, t, v);
+		}
+		shown++;
+	}
+	if (o->json && shown)
+		putchar('}');
+	if (shown)
+		o->rows++;
+}
+
 /* One status file of dfd, opened without following a link. */
 static void file_read(struct status_out *o, int dfd, const char *name)
 {
-	char line[1024];
+	char line[2048];
 	struct stat st;
-	int pid, fd;
+	int pid = 0, fd;
 
 	if (strncmp(name, "shift-", 6) || !strstr(name, ".status") || strstr(name, ".tmp"))
 		return;
@@ -200,8 +261,12 @@ static void file_read(struct status_out *o, int dfd, const char *name)
 		return;
 	}
 	o->files++;
-	while (fgets(line, sizeof(line), f))
-		line_parse(o, line);
+	while (fgets(line, sizeof(line), f)) {
+		if (o->stats)
+			stats_parse(o, pid, line);
+		else
+			line_parse(o, line);
+	}
 	fclose(f);
 }
 
@@ -266,9 +331,9 @@ static void dirs_of_all_users(struct status_out *o, const char *own)
 	}
 }
 
-static int status(int argc, char **argv)
+static int status(int argc, char **argv, bool stats)
 {
-	struct status_out o = { 0 };
+	struct status_out o = { .stats = stats };
 	const char *dir = NULL;
 
 	for (int i = 2; i < argc; i++) {
@@ -279,7 +344,9 @@ static int status(int argc, char **argv)
 		else
 			return usage(stderr, 2);
 	}
-	if (!o.json)
+	if (stats && !o.json)
+		printf("%-7s %-24s %s\n", "PID", "COUNTER", "VALUE");
+	else if (!o.json)
 		printf("%-7s %-8s %-8s %-6s %-11s %-8s %-8s %-6s %-8s %-9s %-8s %4s %4s %6s %4s "
 		       "%-8s %-6s %8s %-5s %-7s %s\n", "PID", "DEV", "QPN", "STATE", "SHADOW", "BACKUP",
 		       "BK_QPN", "BK_ST", "PEER_BK", "SEND", "RECV", "FO", "FB", "RETX", "GEN",
@@ -318,6 +385,8 @@ int main(int argc, char **argv)
 	if (!strcmp(argv[1], "check"))
 		return shiftctl_check();
 	if (!strcmp(argv[1], "status"))
-		return status(argc, argv);
+		return status(argc, argv, false);
+	if (!strcmp(argv[1], "stats"))
+		return status(argc, argv, true);
 	return usage(stderr, 2);
 }

@@ -84,6 +84,39 @@ static FILE *status_tmp_open(int dfd, const char *name)
 	return f;
 }
 
+/*
+ * The process's counters, on one line of every status file it writes
+ * ("#stats name=value ...": a line an older shiftctl skips). shiftctl
+ * stats shows them once per process; each file's copy is as of its
+ * writer's last pass.
+ */
+#define DP_STAT(n) { #n, &shift_stats.n }
+#define SH_STAT(n) { #n, &shift_shadow_counters.n }
+static const struct {
+	const char *name;
+	const unsigned long *v;
+} stats_shown[] = {
+	DP_STAT(contexts_attached), DP_STAT(contexts_unprotected), SH_STAT(qps_ready),
+	SH_STAT(qps_unprotected), SH_STAT(mrs_ready), SH_STAT(kv_errors),
+	SH_STAT(records_other), SH_STAT(peer_mrs_read), SH_STAT(peer_mri_bad),
+	DP_STAT(ep_records_read), DP_STAT(ep_read_commands), DP_STAT(rkeys_read),
+	DP_STAT(rkeys_waited), DP_STAT(rkeys_earlier), DP_STAT(rkeys_outside),
+	DP_STAT(mbox_asked), DP_STAT(mbox_taken), DP_STAT(mbox_answered),
+	DP_STAT(dgrams_sent), DP_STAT(dgrams_taken), DP_STAT(dgrams_refused),
+	DP_STAT(wqes_read_back), DP_STAT(wqes_unreadable), DP_STAT(compat_1_0_calls),
+};
+#undef DP_STAT
+#undef SH_STAT
+
+static void stats_line(FILE *f)
+{
+	fputs("#stats", f);
+	for (size_t i = 0; i < sizeof(stats_shown) / sizeof(stats_shown[0]); i++)
+		fprintf(f, " %s=%lu", stats_shown[i].name,
+			__atomic_load_n(stats_shown[i].v, __ATOMIC_RELAXED));
+	fputc('\n', f);
+}
+
 void shift_status_write(struct shift_rnic *r)
 {
 	char path[128], tmp[140];
@@ -104,6 +137,7 @@ void shift_status_write(struct shift_rnic *r)
 	}
 	static const char *const send_names[] = { "default", "fallback", "waitsig", "waitdrain",
 						  "unprot" };
+	stats_line(f);
 	pthread_mutex_lock(&r->lock);
 	for (struct shift_qp *q = r->qps; q; q = q->next) {
 		if (q->dead)

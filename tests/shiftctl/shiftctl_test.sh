@@ -17,6 +17,7 @@ done
 
 "$ctl" --help >"$tmp/help" 2>&1 || fail "--help exit $?"
 grep -q "status \[--json\]" "$tmp/help" || fail "--help text"
+grep -q "stats \[--json\]" "$tmp/help" || fail "--help text: stats"
 
 SHIFT_KV_URL="redis://job:$secret@kv.example:6379/1" "$ctl" config >"$tmp/cfg" 2>&1 ||
 	fail "config of good values exit $?"
@@ -54,6 +55,24 @@ printf '%s sim0 10 RTS ready sim1 9 RTS 11 default default 0 0 0 0 0 mirror mrs=
 python3 -c 'import json,sys; d={r["qpn"]: r for r in json.load(open(sys.argv[1]))}; assert d[10]["datagrams"]=="backup" and d[10]["key_mailbox"]=="both" and d[10]["note"]=="-" and "datagrams" not in d[9], d' \
 	"$tmp/json4" || fail "status --json datagrams: $(cat "$tmp/json4")"
 "$ctl" status "$tmp/st" | grep -Eq " mirror +3 both +backup +-$" || fail "DGRAM column: $("$ctl" status "$tmp/st")"
+
+# shiftctl stats: the process's counters once, though two of its files
+# carry them; a token that is not name=decimal ends what is shown
+printf '#stats contexts_attached=2 dgrams_sent=17 mbox_asked=3\n' >>"$tmp/st/shift-$$-sim0.status"
+printf '#stats contexts_attached=2 dgrams_sent=17 mbox_asked=3\n' >>"$tmp/st/shift-$$-sim1.status"
+"$ctl" stats "$tmp/st" >"$tmp/stats" 2>&1 || fail "stats exit $?"
+[ "$(grep -c "^$$ " "$tmp/stats")" = 3 ] || fail "stats not once per process: $(cat "$tmp/stats")"
+grep -Eq "^$$ +dgrams_sent +17$" "$tmp/stats" || fail "stats line: $(cat "$tmp/stats")"
+"$ctl" stats --json "$tmp/st" >"$tmp/sjson" 2>&1 || fail "stats --json exit $?"
+python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); assert len(d)==1 and d[0]["dgrams_sent"]==17 and d[0]["mbox_asked"]==3, d' \
+	"$tmp/sjson" || fail "stats --json: $(cat "$tmp/sjson")"
+rm "$tmp/st/shift-$$-sim1.status" "$tmp/st/shift-$$-sim2.status" "$tmp/st/shift-$$-sim3.status"
+printf '#stats rkeys_read=5 bad"name=1 dgrams_taken=2\n' >"$tmp/st/shift-$$-sim1.status"
+sed -i '/^#stats/d' "$tmp/st/shift-$$-sim0.status"
+"$ctl" stats --json "$tmp/st" >"$tmp/sjson2" 2>&1 || fail "stats --json exit $?"
+python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); assert d==[{"pid": int(sys.argv[2]), "rkeys_read": 5}], d' \
+	"$tmp/sjson2" $$ || fail "stats --json of a bad token: $(cat "$tmp/sjson2")"
+"$ctl" status "$tmp/st" | grep -q "^$$ .*sim0 " || fail "status with a #stats line: $("$ctl" status "$tmp/st")"
 
 chmod 0777 "$tmp/st"
 "$ctl" status "$tmp/st" >"$tmp/skip" 2>&1

@@ -1006,12 +1006,13 @@ static void test_backup_qp_fails_alone(void **state)
 
 /* The status file shiftctl reads: per QP, the data path's send and
  * receive states, failover and failback counts, WRs retransmitted, the
- * backup generation and the time of the last switch. */
+ * backup generation and the time of the last switch; and one line of the
+ * process's counters (shiftctl stats), as they are. */
 static void test_status_shows_failover(void **state)
 {
 	struct ibv_wc wa[64], wb[64];
 	int na = 0, nb = 0;
-	char dir[] = "/tmp/shift-status-XXXXXX", path[512], line[512];
+	char dir[] = "/tmp/shift-status-XXXXXX", path[512], line[2048];
 	(void)state;
 
 	assert_non_null(mkdtemp(dir));
@@ -1029,9 +1030,28 @@ static void test_status_shows_failover(void **state)
 	snprintf(path, sizeof(path), "%s/shift-%d-%s.status", dir, (int)getpid(), "sim0_0");
 	FILE *f = fopen(path, "r");
 	assert_non_null(f);
-	bool seen = false;
+	bool seen = false, stats = false;
 	while (fgets(line, sizeof(line), f)) {
 		unsigned qpn, gen;
+		const char *c = strstr(line, " contexts_attached="), *q = strstr(line, " qps_ready=");
+
+		if (!strncmp(line, "#stats ", 7)) {
+			assert_false(stats);
+			stats = true;
+			assert_non_null(c);
+			assert_non_null(q);
+			assert_int_equal(strtoul(c + 19, NULL, 10), shift_stats.contexts_attached);
+			struct shift_shadow_stats sh;
+
+			shift_shadow_stats_get(&sh);
+			assert_int_equal(strtoul(q + 11, NULL, 10), sh.qps_ready);
+			assert_true(shift_stats.contexts_attached >= 2);
+			assert_non_null(strstr(line, " dgrams_sent="));
+			assert_non_null(strstr(line, " mbox_asked="));
+			assert_non_null(strstr(line, " wqes_read_back="));
+			assert_int_equal(line[strlen(line) - 1], '\n');
+			continue;
+		}
 		char ss[16], rs[16];
 		unsigned long fo, fb, retx;
 		unsigned long long last;
@@ -1052,6 +1072,7 @@ static void test_status_shows_failover(void **state)
 	unlink(path);
 	rmdir(dir);
 	assert_true(seen);
+	assert_true(stats);
 }
 
 /* Read path into buf (at most size - 1 bytes); "" if it cannot be opened. */
@@ -1072,7 +1093,7 @@ static void slurp(const char *path, char *buf, size_t size)
 static void test_status_symlink_untouched(void **state)
 {
 	char dir[] = "/tmp/shift-status-XXXXXX", vdir[] = "/tmp/shift-victim-XXXXXX";
-	char victim[512], link1[512], link2[600], buf[256];
+	char victim[512], link1[512], link2[600], buf[4096];
 	struct shift_rnic *r = shift_rnic_of(a.qp->context);
 	(void)state;
 
