@@ -86,32 +86,33 @@ struct shift_dqp *shift_dqp_create(struct ibv_qp *qp, const struct ibv_qp_cap *c
 	/* twice the capacity: see dqp.h on syncs */
 	d->sq_size = pow2_at_least(2 * (cap->max_send_wr ? cap->max_send_wr : 1));
 	d->rq_size = pow2_at_least(cap->max_recv_wr ? cap->max_recv_wr : 1);
-	/* power-of-two strides (8-byte aligned entries): an entry's offset is
-	 * a multiply and a mask */
-	d->sq_stride = pow2_at_least((uint32_t)(sizeof(struct shift_swqe) +
-						d->max_send_sge * sizeof(struct ibv_sge) +
-						d->max_inline));
-	d->rq_stride = pow2_at_least((uint32_t)(sizeof(struct shift_rwqe) +
-						d->max_recv_sge * sizeof(struct ibv_sge)));
-	/* (ring offsets are 32-bit: a QP asking for more runs unprotected) */
-	if ((uint64_t)d->sq_size * d->sq_stride > UINT32_MAX ||
-	    (uint64_t)d->rq_size * d->rq_stride > UINT32_MAX) {
+	/* strides of what an entry holds, 8-byte aligned, not rounded to a
+	 * power of two (a one-SGE send entry is 72 bytes, not 128): an
+	 * entry's offset is a mask and a multiply either way */
+	uint64_t sst = sizeof(struct shift_swqe) + (uint64_t)d->max_send_sge * sizeof(struct ibv_sge) +
+		       ((uint64_t)d->max_inline + 7) / 8 * 8;
+	uint64_t rst = sizeof(struct shift_rwqe) + (uint64_t)d->max_recv_sge * sizeof(struct ibv_sge);
+
+	/* (rings of at most 4 GB: a QP asking for more runs unprotected) */
+	if (d->sq_size * sst > UINT32_MAX || d->rq_size * rst > UINT32_MAX) {
 		free(d);
 		return NULL;
 	}
-	d->sq_bmask = d->sq_size * d->sq_stride - 1;
+	d->sq_stride = (uint32_t)sst;
+	d->rq_stride = (uint32_t)rst;
+	d->sq_mask = d->sq_size - 1;
 	if (offsetof(struct shift_swqe, sge[d->max_send_sge]) <= UINT16_MAX) {
 		d->inl_off = (uint16_t)offsetof(struct shift_swqe, sge[d->max_send_sge]);
 		d->inl_max = (uint16_t)(d->max_inline < 64 ? d->max_inline : 64);
 	}
-	d->rq_bmask = d->rq_size * d->rq_stride - 1;
+	d->rq_mask = d->rq_size - 1;
 	d->sq_limit = d->sq_size;
 	d->rq_limit = d->rq_size;
 	/* not zeroed: an entry is written by the post that mirrors it before
 	 * anything reads it, so a ring costs memory only as far as the QP's
 	 * posts reach (no memset of 2 x max_send_wr entries at create) */
-	/* one block, the receive ring after the send ring (both strides
-	 * powers of two, at least 32 bytes: the receive ring stays aligned) */
+	/* one block, the receive ring after the send ring (strides of 8-byte
+	 * multiples: the receive ring stays aligned) */
 	d->sq = malloc((size_t)d->sq_size * d->sq_stride + (size_t)d->rq_size * d->rq_stride);
 	if (!d->sq) {
 		free(d);

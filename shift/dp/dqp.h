@@ -162,12 +162,12 @@ struct shift_dqp {
 		uint8_t *rq;
 		uint64_t rq_head;     /* posted */
 		uint64_t rq_limit;    /* a recent rq_tail + rq_size in Default (states 0), else 0 */
-		uint32_t rq_stride;   /* a power of two */
-		uint32_t rq_bmask;    /* rq_size * rq_stride - 1 */
+		uint32_t rq_stride;   /* bytes, a multiple of 8 */
+		uint32_t rq_mask;     /* rq_size - 1 (a power of two) */
 		uint32_t rq_size;
 		/* the send mirror's geometry */
-		uint32_t sq_stride;   /* a power of two */
-		uint32_t sq_bmask;    /* sq_size * sq_stride - 1 */
+		uint32_t sq_stride;   /* bytes, a multiple of 8 (rings < 4 GB: 32-bit offsets) */
+		uint32_t sq_mask;     /* sq_size - 1 (a power of two) */
 		/* a single inline WR's fast path (post.c): where an entry's
 		 * inline bytes start (after max_send_sge SGEs), and the most
 		 * it copies (max_inline, at most 64: shift_copy64()) */
@@ -349,12 +349,12 @@ enum { SHIFT_DFLT_OK, SHIFT_DFLT_ERR, SHIFT_DFLT_READY, SHIFT_DFLT_PROBING };
 
 static inline struct shift_swqe *shift_dqp_swqe(struct shift_dqp *d, uint64_t i)
 {
-	return (struct shift_swqe *)(d->sq + ((i * d->sq_stride) & d->sq_bmask));
+	return (struct shift_swqe *)(d->sq + (((uint32_t)i & d->sq_mask) * d->sq_stride));
 }
 
 static inline struct shift_rwqe *shift_dqp_rwqe(struct shift_dqp *d, uint64_t i)
 {
-	return (struct shift_rwqe *)(d->rq + ((i * d->rq_stride) & d->rq_bmask));
+	return (struct shift_rwqe *)(d->rq + (((uint32_t)i & d->rq_mask) * d->rq_stride));
 }
 
 static inline bool shift_wr_is_atomic(unsigned opcode)

@@ -206,7 +206,7 @@ static __attribute__((noinline, cold)) int post_recv_refused(struct shift_dqp *d
 /* The inline WR just mirrored (one SGE): its bytes after the SGEs, as the
  * general path copies them (the application may reuse the buffer once the
  * post returns). False if they do not fit (the general path says why). */
-static inline bool record_inline(struct shift_dqp *d, const struct ibv_send_wr *wr)
+static __attribute__((noinline)) bool record_inline(struct shift_dqp *d, const struct ibv_send_wr *wr)
 {
 	struct shift_swqe *e = shift_dqp_swqe(d, d->sq_head - 1);
 	uint32_t len = wr->sg_list[0].length;

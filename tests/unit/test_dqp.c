@@ -86,11 +86,13 @@ static void test_geometry(void **state)
 
 	assert_int_equal(d->sq_size, 16); /* twice max_send_wr: see dqp.h on syncs */
 	assert_int_equal(d->rq_size, 8);
-	/* power-of-two strides holding the header, the SGEs and inline bytes */
-	assert_int_equal(d->sq_stride & (d->sq_stride - 1), 0);
-	assert_true(d->sq_stride >= sizeof(struct shift_swqe) + 3 * sizeof(struct ibv_sge) + 40);
-	assert_int_equal(d->rq_stride & (d->rq_stride - 1), 0);
-	assert_true(d->rq_stride >= sizeof(struct shift_rwqe) + 2 * sizeof(struct ibv_sge));
+	/* strides of exactly the header, the SGEs and the inline bytes (8-byte
+	 * aligned), not rounded up to a power of two */
+	assert_int_equal(d->sq_stride, sizeof(struct shift_swqe) + 3 * sizeof(struct ibv_sge) + 40);
+	assert_int_equal(d->rq_stride, sizeof(struct shift_rwqe) + 2 * sizeof(struct ibv_sge));
+	assert_int_equal(d->sq_stride % 8, 0);
+	assert_int_equal((uintptr_t)d->rq % 8, 0);
+	assert_ptr_equal(d->rq, d->sq + d->sq_size * d->sq_stride);
 	/* index i and i + size share an entry; neighbours do not overlap */
 	for (uint64_t i = 0; i < 3 * d->sq_size; i++) {
 		uint8_t *e = (uint8_t *)shift_dqp_swqe(d, i);
