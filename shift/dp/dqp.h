@@ -195,9 +195,9 @@ struct shift_dqp {
 	struct shift_cq *scq, *rcq;   /* shadows of its send and receive CQs */
 	struct ibv_cq *scq_app, *rcq_app; /* ... and the application's CQs they shadow */
 	struct ibv_qp *bk;            /* the backup QP, once failed over */
-	bool ctrl_sent;               /* my handshake message of this epoch */
-	bool handshake_done;          /* both messages seen: post on the backup */
-	bool ctrl_pending;            /* the peer's arrived, not yet acted on */
+	/* my handshake message of this epoch sent; both seen (post on the
+	 * backup); the peer's arrived, not yet acted on */
+	bool ctrl_sent, handshake_done, ctrl_pending;
 	uint32_t peer_recv_count;     /* ... and the receive counter it carried */
 	/* the peer's backup rkeys, read ahead by the background thread
 	 * (fo/kvq.c): under rk_lock, which nobody holds across I/O */
@@ -300,27 +300,27 @@ struct shift_dqp {
 	/* the application's error unprotected it in Default (fo/apperr.c):
 	 * my record says the connection ended (the background publishes it) */
 	bool app_error_end, app_error_published;
-	uint64_t doomed;              /* 1 + the sq index of the application's WR whose
-				       * remote key the peer never had, 0: none (it
-				       * completes as refused, fo/common.c) */
-	bool dflt_path_err;           /* one of SHIFT's WRs on the default QP failed as a
-				       * path does since its last reset */
+	uint64_t doomed; /* 1 + the sq index of the application's WR whose remote key the
+			  * peer never had (it completes as refused, fo/common.c), or 0 */
+	bool dflt_path_err; /* a WR of SHIFT's on the default QP failed as paths do, since reset */
 	bool port_was_down;           /* the port watch saw its port down, and the QP
 				       * may have failed with the device since */
-	/* the application's retry_cnt, when SHIFT gave the QP another */
-	bool retry_cnt_changed;
-	uint8_t app_retry_cnt;
+	bool retry_cnt_changed; /* SHIFT gave the QP another retry_cnt than ... */
+	uint8_t app_retry_cnt;  /* ... the application's */
 
 	/* on an SRQ (dp/dsrq.h): its receives are the SRQ's, rq_tail counts
 	 * those this QP consumed (the handshake's receive counter) */
 	struct shift_dsrq *dsrq;
 	void *fo_bounce;              /* the failover layer's (fo/srq.c) */
 
-	/* statistics (shiftctl, logs) */
-	unsigned long failovers, failbacks, retransmitted;
-	bool atomic_boundary_hit;
+	unsigned long failovers, failbacks, retransmitted; /* statistics (shiftctl, logs) */
+	bool atomic_boundary_hit, timing_said;
 	uint64_t t_error_us;          /* the error that started the last failover */
 	uint64_t switch_us, fallback_us; /* of the last failover; 0 = not yet */
+	/* its phases (fo_timing_say): started, my message out, the peer's in, held for
+	 * keys since; us start to my message, to the peer's, reposting, in posts, held */
+	uint64_t t_start_us, t_sent_us, t_peer_us, t_held_us;
+	uint32_t start_us, wait_us, retx_us, post_us, held_us;
 	uint64_t last_switch_s;       /* wall clock of the last transition */
 	uint64_t own_tag;             /* the wr_ids of SHIFT's WRs on this QP (above) */
 };
@@ -357,9 +357,9 @@ static inline struct shift_rwqe *shift_dqp_rwqe(struct shift_dqp *d, uint64_t i)
 	return (struct shift_rwqe *)(d->rq + (((uint32_t)i & d->rq_mask) * d->rq_stride));
 }
 
+/* (the masked atomics are only reachable through ibv_qp_ex) */
 static inline bool shift_wr_is_atomic(unsigned opcode)
 {
-	/* the masked atomics are only reachable through ibv_qp_ex */
 	return opcode == IBV_WR_ATOMIC_CMP_AND_SWP || opcode == IBV_WR_ATOMIC_FETCH_AND_ADD;
 }
 

@@ -397,6 +397,8 @@ static int bk_hold(struct shift_dqp *d, uint64_t idx)
 	 * background pass (fo/kvq.c), which this wakes */
 	d->sq_held_from = idx;
 	__atomic_store_n(&d->sq_held, true, __ATOMIC_RELEASE);
+	if (!d->t_held_us && !d->timing_said)
+		d->t_held_us = shift_clock_us();
 	shift_debug("%s QP %u: WR %llu waits for the peer's backup key", d->dev, d->qpn,
 		    (unsigned long long)idx);
 	shift_rnic_wake(shift_rnic_of(d->qp->context));
@@ -432,8 +434,14 @@ int fo_chain_flush(struct shift_dqp *d, struct fo_chain *ch)
 	if (!n)
 		return 0;
 	ch->wr[n - 1].next = NULL;
+	/* (the time in the provider's post, until the failover's timing is
+	 * said: soft-RoCE transmits inside it) */
+	uint64_t t0 = ch->dflt || d->timing_said ? 0 : shift_clock_us();
 	int rc = ch->dflt ? d->prov_post_send(d->qp, &ch->wr[0], &bad) :
 			    ibv_post_send(d->bk, &ch->wr[0], &bad);
+
+	if (t0)
+		d->post_us += (uint32_t)(shift_clock_us() - t0);
 
 	posted = !rc ? n : bad >= ch->wr && bad < ch->wr + n ? (unsigned)(bad - ch->wr) : 0;
 	for (unsigned i = 0; i < posted; i++)

@@ -156,6 +156,16 @@ static inline struct shift_dqp *fo_dqp_again(struct shift_ctx *s, const struct s
 	return x == d && x->serial == serial ? x : NULL;
 }
 void fo_held_release(struct shift_dqp *d);
+/*
+ * The failover's timing line, once its switch time (every outstanding WR
+ * reposted on the backup) and its first success on the backup are known:
+ * switch_us and fallback_us from the error, and its phases: start_us (its
+ * start to my handshake message), wait_us (to the peer's, if it came
+ * after mine), retx_us (reposting, after both), post_us (of that, in the
+ * provider's post_send: soft-RoCE transmits inside it), held_us (WRs held
+ * for the peer's backup keys). scripts/testbed collects the lines.
+ */
+void fo_timing_say(struct shift_dqp *d);
 int fo_post_bk_recv(struct shift_dqp *d, uint64_t idx);
 void fo_give_up(struct shift_dqp *d, const char *why);
 void fo_from_default_batch(struct shift_ctx *s, struct ibv_wc *wc, size_t n, struct out *o);

@@ -64,7 +64,7 @@ void fo_complete_executed(struct shift_dqp *d, struct out *os, uint64_t i)
 /* Both messages exchanged: retransmit what the peer has not executed. */
 void fo_retransmit(struct shift_dqp *d, struct out *o)
 {
-	uint64_t rd, i;
+	uint64_t rd, i, t0 = shift_clock_us();
 	/* executed at the peer, ACK lost: complete them, do not send again
 	 * (on the send CQ: o may be the receive CQ's, when they differ) */
 	struct out so = { .wc = NULL, .n = 0, .max = 0, .c = d->scq };
@@ -113,12 +113,25 @@ void fo_retransmit(struct shift_dqp *d, struct out *o)
 		fo_give_up_late(d, o, "cannot post a WR on the backup QP");
 		return;
 	}
-	d->switch_us = shift_clock_us() - d->t_error_us;
+	uint64_t now = shift_clock_us();
+
+	/* its phases (fo_timing_say): the peer's message is used up here */
+	d->retx_us = (uint32_t)(now - t0);
+	d->start_us = d->t_sent_us > d->t_start_us ? (uint32_t)(d->t_sent_us - d->t_start_us) : 0;
+	d->wait_us = d->t_peer_us > d->t_sent_us && d->t_sent_us ?
+			     (uint32_t)(d->t_peer_us - d->t_sent_us) : 0;
+	d->t_peer_us = 0;
+	/* (WRs held for their keys: every WR is reposted once they go,
+	 * fo_held_release) */
+	uint64_t sw = now - d->t_error_us;
+
+	d->switch_us = d->sq_held ? 0 : sw ? sw : 1;
 	shift_info("%s QP %u: on backup QP %u (failover %lu): %lu WRs retransmitted, %llu already "
-		   "executed at the peer completed, switch time %llu us", d->dev, d->qpn, d->bk->qp_num,
-		   d->failovers, SHIFT_STAT(d->retransmitted) - before,
-		   (unsigned long long)skipped,
-		   (unsigned long long)d->switch_us);
+		   "executed at the peer completed, %s %llu us", d->dev, d->qpn, d->bk->qp_num,
+		   d->failovers, SHIFT_STAT(d->retransmitted) - before, (unsigned long long)skipped,
+		   d->sq_held ? "the rest held for the peer's backup keys after" : "switch time",
+		   (unsigned long long)(now - d->t_error_us));
+	fo_timing_say(d);
 }
 
 /* The peer's handshake message arrived for d. */

@@ -77,6 +77,7 @@ static void ctrl_received(struct shift_ctx *s, struct shift_dqp *d, struct ibv_w
 		    (int)wc->status, d ? d->qpn : 0, app);
 	if (!d || wc->status != IBV_WC_SUCCESS)
 		return;
+	d->t_peer_us = shift_clock_us();
 	d->peer_recv_count = be32toh(wc->imm_data);
 	d->peer_nosend = !!(d->peer_recv_count & CTRL_NOSEND);
 	d->peer_recv_count &= ~CTRL_NOSEND;
@@ -123,10 +124,19 @@ static void backup_works(struct shift_dqp *d)
 		d->fallback_us = shift_clock_us() - d->t_error_us;
 		if (!d->fallback_us)
 			d->fallback_us = 1;
-		shift_info("%s QP %u: failover-timing dev=%s qp=%u switch_us=%llu fallback_us=%llu",
-			   d->dev, d->qpn, d->dev, d->qpn, (unsigned long long)d->switch_us,
-			   (unsigned long long)d->fallback_us);
+		fo_timing_say(d);
 	}
+}
+
+void fo_timing_say(struct shift_dqp *d)
+{
+	if (d->timing_said || !d->switch_us || !d->fallback_us)
+		return;
+	d->timing_said = true;
+	shift_info("%s QP %u: failover-timing dev=%s qp=%u switch_us=%llu fallback_us=%llu "
+		   "start_us=%u wait_us=%u retx_us=%u post_us=%u held_us=%u", d->dev, d->qpn, d->dev,
+		   d->qpn, (unsigned long long)d->switch_us, (unsigned long long)d->fallback_us,
+		   d->start_us, d->wait_us, d->retx_us, d->post_us, d->held_us);
 }
 
 /* A backup completion of the application's WR: its wr_id and QP number. */

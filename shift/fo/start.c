@@ -256,6 +256,12 @@ static void stop_default(struct shift_ctx *s, struct shift_dqp *d, bool again)
 {
 	struct ibv_qp_attr a = { .qp_state = IBV_QPS_ERR };
 
+	/* (its phases, fo_timing_say(); t_peer_us is the peer's message's,
+	 * which may have come first) */
+	d->t_start_us = shift_clock_us();
+	d->t_sent_us = d->t_held_us = 0;
+	d->start_us = d->wait_us = d->retx_us = d->post_us = d->held_us = 0;
+	d->timing_said = false;
 	/* what d completed is counted before it is judged: a poll of another
 	 * thread that entered the fast path before the context went slow may
 	 * hold completions of it not yet counted (dp/poll.h); it leaves
@@ -485,4 +491,6 @@ void fo_send_my_ctrl(struct shift_ctx *s, struct shift_dqp *d)
 		return;
 	}
 	d->ctrl_sent = true;
+	if (!d->t_sent_us)
+		d->t_sent_us = shift_clock_us();
 }

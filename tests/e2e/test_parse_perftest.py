@@ -56,6 +56,26 @@ def main():
         bad.append("stall_window %r, want (13.281, 14.122)" % (win,))
     if tb.stall_window(inj[:2]) is not None:
         bad.append("stall_window without a repair: %r" % (tb.stall_window(inj[:2]),))
+    # SHIFT's failover-timing lines: with the switch's phases (2026-11-29),
+    # and without (an older SHIFT's), after a local port event
+    log = ("shift: info: 2026-11-29T11:55:56.150Z hostA[249] rxe0: port 1 left ACTIVE (async event)\n"
+           "shift: info: 2026-11-29T11:55:56.197Z hostA[249] rxe0 QP 20: failover-timing dev=rxe0 qp=20 "
+           "switch_us=16634 fallback_us=31196 start_us=3026 wait_us=8889 retx_us=4918 post_us=3100 "
+           "held_us=700\n"
+           "shift: info: 2026-11-29T11:55:57.000Z hostA[249] rxe0 QP 21: failover-timing dev=rxe0 qp=21 "
+           "switch_us=100 fallback_us=200\n")
+    t0 = tb.log_time("2026-11-29T11:55:56.000")
+    fos = tb.parse_failover_timing(log, 0.0, t0, "client", "A")
+    want = [{"role": "client", "host": "A", "t": 0.197, "dev": "rxe0", "qp": 20, "switch_us": 16634,
+             "fallback_us": 31196, "start_us": 3026, "wait_us": 8889, "retx_us": 4918, "post_us": 3100,
+             "held_us": 700, "port_gap_ms": 47.0},
+            {"role": "client", "host": "A", "t": 1.0, "dev": "rxe0", "qp": 21, "switch_us": 100,
+             "fallback_us": 200, "port_gap_ms": 850.0}]
+    if fos != want:
+        bad.append("parse_failover_timing %r, want %r" % (fos, want))
+    ph = tb.phase_summary(fos)
+    if ph["n"] != 1 or ph["wait_us"]["p50"] != 8889 or ph["post_us"]["max"] != 3100:
+        bad.append("phase_summary %r" % ph)
     for b in bad:
         print("FAIL:", b)
     print("parse_perftest: %s" % ("FAIL" if bad else "ok"))

@@ -134,6 +134,36 @@ static void write_survives(uint32_t rkey, uint8_t pattern)
 	assert_written(pattern);
 }
 
+/* SHIFT's log lines while it runs (stderr into a file; info level). */
+static FILE *log_cap;
+static int log_saved = -1;
+static enum shift_log_level log_level_was;
+
+static void log_capture(void)
+{
+	assert_non_null(log_cap = tmpfile());
+	fflush(stderr);
+	log_saved = dup(STDERR_FILENO);
+	assert_true(log_saved >= 0);
+	assert_true(dup2(fileno(log_cap), STDERR_FILENO) >= 0);
+	log_level_was = shift_log_level;
+	shift_log_level = SHIFT_LOG_INFO;
+}
+
+static void log_captured(char *buf, size_t size)
+{
+	size_t n;
+
+	shift_log_level = log_level_was;
+	fflush(stderr);
+	dup2(log_saved, STDERR_FILENO);
+	close(log_saved);
+	rewind(log_cap);
+	n = fread(buf, 1, size - 1, log_cap);
+	buf[n] = '\0';
+	fclose(log_cap);
+}
+
 /* The store is down while A fails over: the failover runs (its handshake
  * needs nothing from the store), the write waits for its key (of an MR B
  * registered while the store was down: in no index), no error reaches the
@@ -144,12 +174,14 @@ static void test_write_waits_for_its_key(void **state)
 {
 	struct ibv_wc wc[4];
 	unsigned long waited = shift_stats.rkeys_waited;
+	static char log[1 << 16];
 	(void)state;
 
 	open_pair_kv_only();
 	assert_int_equal(shift_kv_mem_set_down(kvname, true), 0);
 	struct ibv_mr *mr2 = b_mr2();
 
+	log_capture();
 	write_after_failure(mr2->rkey, 0x5a);
 	assert_int_equal(drive(wc, 4, 50, 2000), 0);
 	assert_true(shift_stats.rkeys_waited > waited);
@@ -158,9 +190,30 @@ static void test_write_waits_for_its_key(void **state)
 	/* (A's pass runs before B's: A reads the key absent, B has not
 	 * published it again yet; A reads it again, the write is not refused) */
 	assert_int_equal(drive(wc, 4, 50, 5000), 1);
+	log_captured(log, sizeof(log));
 	assert_int_equal(wc[0].wr_id, 91);
 	assert_int_equal(wc[0].status, IBV_WC_SUCCESS);
 	assert_written(0x5a);
+	/* A's failover-timing line: its switch time (every WR reposted on
+	 * the backup) counts the time its WR waited for the key, and says so;
+	 * the wait for the peer's message came after A's own */
+	char tag[64];
+	unsigned long long sw, fb;
+	unsigned start, wait, retx, post, held;
+
+	snprintf(tag, sizeof(tag), "QP %u: failover-timing ", a.qp->qp_num);
+	const char *t = strstr(log, tag);
+
+	assert_non_null(t);
+	assert_null(strstr(t + 1, tag)); /* (once) */
+	assert_int_equal(sscanf(t, "QP %*u: failover-timing dev=%*s qp=%*u switch_us=%llu "
+				   "fallback_us=%llu start_us=%u wait_us=%u retx_us=%u post_us=%u "
+				   "held_us=%u", &sw, &fb, &start, &wait, &retx, &post, &held), 7);
+	assert_true(held > 0);
+	assert_true(sw >= held);
+	assert_true(fb >= sw);
+	assert_true(post <= retx + held);
+	assert_non_null(strstr(log, "the rest held for the peer's backup keys after"));
 	assert_int_equal(b.v->dereg_mr(mr2), 0);
 	sim_pair_close(&pair);
 }
