@@ -294,6 +294,9 @@ struct shift_stats {
 	/* peers' backup rkeys read by the background thread, and lookups
 	 * on the failover paths that found theirs not read yet (fo/kvq.c) */
 	unsigned long rkeys_read, rkeys_waited, rkeys_earlier, rkeys_outside;
+	/* keys a failover used at once (known before it), and those its
+	 * confirming read found changed (fo/kvq.c) */
+	unsigned long rkeys_at_once, rkeys_changed;
 	/* the key mailbox (fo/mbox.c): requests I sent, answers I took, the
 	 * peers' requests I answered */
 	unsigned long mbox_asked, mbox_taken, mbox_answered;

@@ -102,12 +102,12 @@ struct shift_rkey {
 	uint32_t app;
 	uint8_t st;        /* SHIFT_RK_* */
 	bool has_prev;     /* prev: the fallback when the store cannot tell */
-	bool ahead;        /* wanted by the read-ahead, not by a failover */
-	bool ask;          /* the store cannot give it: asked of the peer (fo/mbox.c) */
+	/* wanted by the read-ahead, not by a failover; the store cannot give it:
+	 * asked of the peer (fo/mbox.c); known before this failover: read again */
+	bool ahead, ask, confirm;
 	struct shift_rkey_val v;    /* SHIFT_RK_KNOWN: the one in use */
 	struct shift_rkey_val prev; /* the one an earlier read gave (has_prev) */
-	uint64_t at_ms;    /* when its read was issued (known, absent) */
-	uint64_t want_ms;  /* since when it is wanted */
+	uint64_t at_ms, want_ms; /* its read issued (known, absent); wanted since */
 };
 enum { SHIFT_RK_WANT, SHIFT_RK_KNOWN, SHIFT_RK_ABSENT };
 

@@ -113,6 +113,13 @@ int fo_chain_flush(struct shift_dqp *d, struct fo_chain *ch);
 int fo_rk_lookup(struct shift_dqp *d, uint32_t app, uint64_t addr, uint64_t len, uint32_t *bk);
 bool fo_rk_any(struct shift_dqp *d, uint32_t *bk);
 void fo_rk_failover(struct shift_dqp *d);
+/* the cache's part of a read (fo/rkeys.c, for fo/kvq.c): a record's key;
+ * the store cannot give e's (the one read before, if any); its log line;
+ * the read-ahead of d's newest send WRs' keys */
+struct shift_rkey_val fo_rk_val(const struct shift_mr_value *mv);
+bool fo_rk_earlier(struct shift_dqp *d, struct shift_rkey *e, uint64_t now, bool *say);
+void fo_rk_earlier_say(const struct shift_dqp *d, uint32_t app, bool known);
+void fo_rk_read_ahead(struct shift_dqp *d, uint64_t now);
 void fo_kvq_publish(struct shift_ctx *s, struct shift_dqp *d, const char *key,
 		    const char *val, unsigned len);
 void fo_kvq_poke(struct shift_ctx *s, struct shift_dqp *d, const char *key, const char *val,

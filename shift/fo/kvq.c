@@ -1,6 +1,7 @@
 /*
  * What a failover needs from the KV store, moved off the application's
- * threads: the peer's backup rkeys and my episode record.
+ * threads: the peer's backup rkeys (the cache of fo/rkeys.c) and my
+ * episode record.
  *
  * No verb of the application (post, poll, modify) does KV I/O. A failover
  * on an application thread only notes what it needs: the backup key of each
@@ -9,211 +10,10 @@
  * QP). The background pass of the context collects that under slow_lock,
  * drops every lock for the KV commands themselves, and takes the results in
  * under slow_lock again, for the QPs that still exist (fo_kvq_run()).
- *
- * A send WR whose peer key is not read yet is held, with every WR after it
- * (fo_post_bk_send()): the WRs are in the mirror, the post succeeds, and the
- * background pass posts them on the backup once the key is read
- * (fo_held_release()). A key read after the failover started is used; one
- * read before it is stale (the peer may have registered its memory anew)
- * and read again. A key still unread SHIFT_KV_WAIT_MS after it was first
- * wanted (the store gone, slow or empty; or the key absent while the store
- * failed within SHIFT_KV_WAIT_MS, as the peer may not have written its
- * records again yet) counts as absent: the WR fails as a key the peer
- * never published fails on the default path, no wait without bound. A
- * key absent from a store that kept answering fails at once. One the
- * store cannot give, with none read before, is also asked of the peer
- * itself over the backup path (the key mailbox, fo/mbox.c).
- *
- * The read-ahead: once a second the background pass notes the peer keys of
- * the newest send WRs in each Default-state QP's mirror and reads them, so
- * that a failover while the store is gone, dripping, emptied or garbled
- * still has a backup key: the one read before (prev) is used when the
- * store cannot give one now (an error, the wait above, a key now absent or
- * unreadable). It cannot send data anywhere else: a backup key names a
- * backup MR of the same peer process and PD, on the same virtual memory as
- * the application's MR; one the peer has deregistered since fails at its
- * NIC (remote access error), as the application's stale key would.
  */
 #include "shift/fo/fo_int.h"
-#include "shift/dp/nwq.h"
 
-#define RK_MAX 4096       /* keys one QP keeps */
 #define KVQ_PUBS 64       /* records one pass writes */
-#define RK_AHEAD_MS 1000  /* read-ahead period, per QP */
-#define RK_AHEAD_WALK 64  /* newest mirrored send WRs one read-ahead looks at */
-
-/* A send WR that names a peer key. */
-static bool remote_op(unsigned opcode)
-{
-	return opcode == IBV_WR_RDMA_WRITE || opcode == IBV_WR_RDMA_WRITE_WITH_IMM ||
-	       opcode == IBV_WR_RDMA_READ || shift_wr_is_atomic(opcode);
-}
-
-static struct shift_rkey_val rk_val(const struct shift_mr_value *mv)
-{
-	return (struct shift_rkey_val){ .bk = mv->bk_rkey, .ranged = mv->has_range,
-					.addr = mv->addr, .len = mv->len };
-}
-
-static struct shift_rkey *rk_add(struct shift_dqp *d, uint32_t app)
-{
-	if (d->rk_n == d->rk_cap) {
-		unsigned cap = d->rk_cap ? d->rk_cap * 2 : 8;
-		struct shift_rkey *n;
-
-		if (cap > RK_MAX || !(n = realloc(d->rk, cap * sizeof(*n))))
-			return NULL;
-		d->rk = n;
-		d->rk_cap = cap;
-	}
-	struct shift_rkey *e = &d->rk[d->rk_n++];
-	struct shift_mr_value mv;
-
-	memset(e, 0, sizeof(*e));
-	e->app = app;
-	e->st = SHIFT_RK_WANT;
-	e->want_ms = shift_clock_ms();
-	/* (a key the peer's MR index led the RNIC's thread to read ahead:
-	 * as one read before, the fallback when the store cannot tell) */
-	if (d->shadow && shift_shadow_peer_mr(d->shadow, app, &mv)) {
-		e->prev = rk_val(&mv);
-		e->has_prev = true;
-	}
-	return e;
-}
-
-/*
- * The store cannot give e's backup key now (unreachable, too slow, the key
- * absent or unreadable): use the one an earlier read gave, if any (see the
- * read-ahead above); else e is absent. rk_lock held. True if known now;
- * *say: the caller logs it (rk_earlier_say(), after rk_lock), the first of
- * this failover.
- */
-static bool rk_earlier(struct shift_dqp *d, struct shift_rkey *e, uint64_t now, bool *say)
-{
-	*say = !d->rk_earlier_said;
-	d->rk_earlier_said = true;
-	e->at_ms = now;
-	if (!e->has_prev) {
-		e->st = SHIFT_RK_ABSENT;
-		return false;
-	}
-	e->st = SHIFT_RK_KNOWN;
-	e->v = e->prev;
-	__atomic_fetch_add(&shift_stats.rkeys_earlier, 1, __ATOMIC_RELAXED);
-	return true;
-}
-
-static void rk_earlier_say(const struct shift_dqp *d, uint32_t app, bool known)
-{
-	shift_warn("%s QP %u: the KV store cannot give the peer's backup key for rkey %u now: "
-		   "%s (and for any other such key of this failover)", d->dev, d->qpn, app,
-		   known ? "the one read before the failover is used" :
-			   "none was read before, its WR fails as on the default path");
-}
-
-/* [addr, addr + len) inside the range v's MR answers to (if it told)? */
-static bool rk_covers(const struct shift_rkey_val *v, uint64_t addr, uint64_t len)
-{
-	return !v->ranged || (addr >= v->addr && len <= v->len && addr - v->addr <= v->len - len);
-}
-
-int fo_rk_lookup(struct shift_dqp *d, uint32_t app, uint64_t addr, uint64_t len, uint32_t *bk)
-{
-	struct shift_rkey *e;
-	bool timed_out = false, say = false, outside = false;
-	int rc;
-
-	pthread_mutex_lock(&d->rk_lock);
-	/* (read under the lock: an entry another thread made is never newer) */
-	uint64_t now = shift_clock_ms();
-
-	e = fo_rk_find(d, app);
-	if (e && e->st != SHIFT_RK_WANT && e->at_ms >= d->rk_since_ms) {
-		rc = e->st == SHIFT_RK_KNOWN ? 0 : -1;
-		*bk = e->v.bk;
-	} else if (!e && !(e = rk_add(d, app))) {
-		rc = -1;
-	} else {
-		if (e->st != SHIFT_RK_WANT || e->ahead) { /* (stale: read it again) */
-			e->st = SHIFT_RK_WANT;
-			e->want_ms = now;
-			e->ahead = false;
-			e->ask = false;
-		}
-		rc = now >= e->want_ms && now - e->want_ms >= shift_config.kv_wait_ms ? -1 : 1;
-		if (rc > 0) {
-			d->rk_want = true;
-		} else { /* (given up for this failover: said once) */
-			timed_out = !rk_earlier(d, e, now, &say);
-			rc = timed_out ? -1 : 0;
-			*bk = e->v.bk;
-		}
-	}
-	if (rc == 0 && len && !rk_covers(&e->v, addr, len)) {
-		/* (not memory of that MR: refused as the peer's NIC refuses
-		 * it on the default path, whatever the backup key allows) */
-		outside = true;
-		rc = -1;
-	}
-	pthread_mutex_unlock(&d->rk_lock);
-	if (outside) {
-		__atomic_fetch_add(&shift_stats.rkeys_outside, 1, __ATOMIC_RELAXED);
-		shift_debug("%s QP %u: %llu bytes at %#llx are outside the peer's MR of rkey %u: "
-			    "refused", d->dev, d->qpn, (unsigned long long)len,
-			    (unsigned long long)addr, app);
-	}
-	if (rc < 0 && !e)
-		shift_warn("%s QP %u: more than %u peer keys: rkey %u counts as unknown", d->dev,
-			   d->qpn, RK_MAX, app);
-	else if (timed_out)
-		shift_warn("%s QP %u: the peer's backup key for rkey %u could not be read from the "
-			   "KV store within %u ms (SHIFT_KV_WAIT_MS): its WR fails as on the "
-			   "default path", d->dev, d->qpn, app, shift_config.kv_wait_ms);
-	else if (say)
-		rk_earlier_say(d, app, true);
-	if (rc > 0)
-		__atomic_fetch_add(&shift_stats.rkeys_waited, 1, __ATOMIC_RELAXED);
-	return rc;
-}
-
-/* Any backup key of the peer's known (for fo/common.c's reject_remotely). */
-bool fo_rk_any(struct shift_dqp *d, uint32_t *bk)
-{
-	bool found = false;
-
-	pthread_mutex_lock(&d->rk_lock);
-	for (unsigned i = 0; i < d->rk_n && !found; i++) {
-		if (d->rk[i].st == SHIFT_RK_KNOWN && d->rk[i].at_ms >= d->rk_since_ms) {
-			*bk = d->rk[i].v.bk;
-			found = true;
-		}
-	}
-	pthread_mutex_unlock(&d->rk_lock);
-	return found;
-}
-
-/* A failover starts (its CQs locked): keys read before now are stale; the
- * keys of its outstanding WRs are wanted now, read while the handshake
- * runs. */
-void fo_rk_failover(struct shift_dqp *d)
-{
-	uint32_t bk;
-
-	pthread_mutex_lock(&d->rk_lock);
-	d->rk_since_ms = shift_clock_ms();
-	d->rk_earlier_said = false;
-	pthread_mutex_unlock(&d->rk_lock);
-	shift_dqp_lock(d);
-	shift_dqp_sync_locked(d);
-	for (uint64_t i = d->sq_tail; i < d->sq_head; i++) {
-		struct shift_swqe *e = shift_dqp_swqe(d, i);
-
-		if (remote_op(e->opcode) && e->num_sge != SHIFT_WQE_NATIVE)
-			(void)fo_rk_lookup(d, e->rkey, 0, 0, &bk);
-	}
-	shift_dqp_unlock(d);
-}
 
 /* ---- the background's KV commands ------------------------------------------ */
 
@@ -238,61 +38,6 @@ struct kvq {
 	bool more; /* left for the next pass */
 };
 
-/*
- * The read-ahead (see the top; background, slow_lock): the peer keys of the
- * newest send WRs mirrored since the last one (outstanding or completed),
- * wanted if new, and those still unread wanted again. It holds post_lock
- * for a walk of at most RK_AHEAD_WALK entries, no I/O.
- */
-static void rk_read_ahead(struct shift_dqp *d, uint64_t now)
-{
-	if (!d->shadow || shift_dqp_send_state(d) != SHIFT_SEND_DEFAULT || now < d->rk_scan_at)
-		return;
-	d->rk_scan_at = now + RK_AHEAD_MS;
-	shift_dqp_lock(d);
-	/* (completed WRs too: the ring keeps the last sq_size WRs posted) */
-	uint64_t head = d->sq_head, walk = d->sq_size < RK_AHEAD_WALK ? d->sq_size : RK_AHEAD_WALK;
-	uint64_t from = head > walk ? head - walk : 0;
-
-	if (from < d->rk_scan_head)
-		from = d->rk_scan_head;
-	d->rk_scan_head = head;
-	pthread_mutex_lock(&d->rk_lock);
-	for (unsigned i = 0; i < d->rk_n; i++) {
-		struct shift_rkey *e = &d->rk[i];
-
-		/* (read again: a read that failed, a key the peer had not
-		 * published yet) */
-		if (e->ahead && e->st == SHIFT_RK_ABSENT)
-			e->st = SHIFT_RK_WANT;
-		if (e->st == SHIFT_RK_WANT)
-			d->rk_want = true;
-	}
-	uint32_t last = 0;
-	bool any = false;
-
-	/* (native: read back first; those whose WQE was reused are skipped) */
-	shift_dqp_native_fill(d, from, d->rq_head);
-	for (uint64_t i = from; i < head; i++) {
-		const struct shift_swqe *w = shift_dqp_swqe(d, i);
-		struct shift_rkey *e;
-
-		if (!remote_op(w->opcode) || w->num_sge == SHIFT_WQE_NATIVE ||
-		    (any && w->rkey == last))
-			continue;
-		last = w->rkey;
-		any = true;
-		if (fo_rk_find(d, w->rkey))
-			continue;
-		if (!(e = rk_add(d, w->rkey)))
-			break;
-		e->ahead = true;
-		d->rk_want = true;
-	}
-	pthread_mutex_unlock(&d->rk_lock);
-	shift_dqp_unlock(d);
-}
-
 /* A slot of d's to write, if changed (rk_lock held). */
 static void collect_pub(struct shift_dqp *d, const struct shift_kv_slot *sl, struct kvq *q,
 			bool poke)
@@ -315,7 +60,7 @@ static void collect_pub(struct shift_dqp *d, const struct shift_kv_slot *sl, str
 
 static void collect_qp(struct shift_dqp *d, struct kvq *q, uint64_t now)
 {
-	rk_read_ahead(d, now);
+	fo_rk_read_ahead(d, now);
 	pthread_mutex_lock(&d->rk_lock);
 	collect_pub(d, &d->ep_pub, q, false);
 	collect_pub(d, &d->poke_pub, q, true);
@@ -325,7 +70,7 @@ static void collect_qp(struct shift_dqp *d, struct kvq *q, uint64_t now)
 		for (unsigned i = 0; i < d->rk_n; i++) {
 			struct shift_rkey *e = &d->rk[i];
 
-			if (e->st != SHIFT_RK_WANT)
+			if (e->st != SHIFT_RK_WANT && !e->confirm)
 				continue;
 			if (q->nrk == SHIFT_KV_MGET_MAX) {
 				d->rk_want = q->more = true;
@@ -450,14 +195,26 @@ static void apply_rk(struct shift_ctx *s, struct shift_dqp *d, struct kvq_item *
 {
 	struct shift_mr_value mv;
 	bool known = it->v && !shift_exchange_mr_decode(it->v, it->vlen, &mv), say = false;
-	bool e_known = false;
+	bool e_known = false, changed = false;
+	struct shift_rkey_val was = { 0 };
 
 	pthread_mutex_lock(&d->rk_lock);
 	struct shift_rkey *e = fo_rk_find(d, it->app);
 
-	if (e && e->st == SHIFT_RK_WANT) {
+	if (e && e->confirm) {
+		/* (the key in use since the failover started, read again: a
+		 * new one is used from now on; none or no answer keeps it) */
+		e->confirm = false;
+		was = e->v;
+		changed = known && (fo_rk_val(&mv).bk != e->v.bk || fo_rk_val(&mv).addr != e->v.addr ||
+				    fo_rk_val(&mv).len != e->v.len);
+		if (known)
+			fo_rk_known(e, fo_rk_val(&mv), it->at);
+		else
+			e->at_ms = it->at;
+	} else if (e && e->st == SHIFT_RK_WANT) {
 		if (known) {
-			fo_rk_known(e, rk_val(&mv), it->at);
+			fo_rk_known(e, fo_rk_val(&mv), it->at);
 		} else if (e->ahead) {
 			/* (read ahead: absent is absent; an error is read again
 			 * at the next read-ahead) */
@@ -469,7 +226,7 @@ static void apply_rk(struct shift_ctx *s, struct shift_dqp *d, struct kvq_item *
 			   (!it->rc && !kv_failed_lately(s, it->at) && !fo_mbox_possible(d))) {
 			/* (absent or unreadable now, or the store cannot answer:
 			 * the key read before, if any; none: absent, refused) */
-			e_known = rk_earlier(d, e, it->at, &say);
+			e_known = fo_rk_earlier(d, e, it->at, &say);
 		} else if (fo_mbox_possible(d)) {
 			/* (the store cannot answer, or says absent, none read
 			 * before: the peer itself is asked over the backup path,
@@ -487,7 +244,17 @@ static void apply_rk(struct shift_ctx *s, struct shift_dqp *d, struct kvq_item *
 	}
 	pthread_mutex_unlock(&d->rk_lock);
 	if (say)
-		rk_earlier_say(d, it->app, e_known);
+		fo_rk_earlier_say(d, it->app, e_known);
+	if (changed) {
+		__atomic_fetch_add(&shift_stats.rkeys_changed, 1, __ATOMIC_RELAXED);
+		shift_warn("%s QP %u: the peer's backup key for rkey %u changed since it was read "
+			   "(backup key %u for %#llx+%llu, was %u for %#llx+%llu: the peer registered "
+			   "its memory anew): the new one from now on; a WR of this failover sent "
+			   "with the old one fails at the peer as a stale rkey would", d->dev, d->qpn,
+			   it->app, fo_rk_val(&mv).bk, (unsigned long long)fo_rk_val(&mv).addr,
+			   (unsigned long long)fo_rk_val(&mv).len, was.bk,
+			   (unsigned long long)was.addr, (unsigned long long)was.len);
+	}
 	shift_debug("%s QP %u: the peer's backup key for rkey %u: %s (%d)", d->dev, d->qpn,
 		    it->app, it->rc ? "not read" : known ? "read" : "none", it->rc);
 	__atomic_fetch_add(&shift_stats.rkeys_read, 1, __ATOMIC_RELAXED);

@@ -101,6 +101,7 @@ static const struct {
 	SH_STAT(records_other), SH_STAT(peer_mrs_read), SH_STAT(peer_mri_bad),
 	DP_STAT(ep_records_read), DP_STAT(ep_read_commands), DP_STAT(rkeys_read),
 	DP_STAT(rkeys_waited), DP_STAT(rkeys_earlier), DP_STAT(rkeys_outside),
+	DP_STAT(rkeys_at_once), DP_STAT(rkeys_changed),
 	DP_STAT(mbox_asked), DP_STAT(mbox_taken), DP_STAT(mbox_answered),
 	DP_STAT(dgrams_sent), DP_STAT(dgrams_taken), DP_STAT(dgrams_refused),
 	DP_STAT(wqes_read_back), DP_STAT(wqes_unreadable), DP_STAT(compat_1_0_calls),

@@ -397,11 +397,12 @@ static void write_and_read_ahead(void)
 }
 
 /* The key was read ahead, then the store goes (down: how) before A's NIC
- * dies: the failover's write uses the key read before and completes with
- * its data, no error reaches the application. */
+ * dies: the failover's write uses the key read before at once (never held
+ * for the store) and completes with its data, no error reaches the
+ * application. */
 static void earlier_key_used(bool down)
 {
-	unsigned long earlier = shift_stats.rkeys_earlier;
+	unsigned long at_once = shift_stats.rkeys_at_once, waited = shift_stats.rkeys_waited;
 
 	open_pair();
 	write_and_read_ahead();
@@ -410,9 +411,45 @@ static void earlier_key_used(bool down)
 	else
 		assert_int_equal(shift_kv_mem_clear(kvname), 0);
 	write_survives(b.mr->rkey, 0x6b);
-	assert_true(shift_stats.rkeys_earlier > earlier);
+	assert_true(shift_stats.rkeys_at_once > at_once);
+	assert_int_equal(shift_stats.rkeys_waited, waited);
 	if (down)
 		assert_int_equal(shift_kv_mem_set_down(kvname, false), 0);
+	sim_pair_close(&pair);
+}
+
+/* The store answers: the failover's write still goes at once with the key
+ * read ahead, not held for the store's answer (its failover-timing line
+ * says held_us=0); the confirming read follows. */
+static void test_read_ahead_key_used_at_once(void **state)
+{
+	unsigned long at_once = shift_stats.rkeys_at_once, waited = shift_stats.rkeys_waited;
+	static char log[1 << 16];
+	char tag[64];
+	(void)state;
+
+	open_pair();
+	write_and_read_ahead();
+	unsigned long read = shift_stats.rkeys_read;
+
+	log_capture();
+	write_survives(b.mr->rkey, 0x6c);
+	uint64_t end = now_ms() + 5000;
+
+	while (shift_stats.rkeys_read == read && now_ms() < end) {
+		sim_world_step(pair.world);
+		shift_rnic_pass_all();
+	}
+	log_captured(log, sizeof(log));
+	assert_true(shift_stats.rkeys_read > read); /* (the confirming read) */
+	assert_true(shift_stats.rkeys_at_once > at_once);
+	assert_int_equal(shift_stats.rkeys_waited, waited);
+	snprintf(tag, sizeof(tag), "QP %u: failover-timing ", a.qp->qp_num);
+	const char *t = strstr(log, tag);
+
+	assert_non_null(t);
+	assert_non_null(strstr(t, " held_us=0\n"));
+	assert_null(strstr(log, "changed since it was read"));
 	sim_pair_close(&pair);
 }
 
@@ -471,10 +508,10 @@ static void assert_status_mrs(unsigned want)
 
 /* A never addressed B's second MR before its failure, and the store goes
  * (down: how) before A's NIC dies: the key B's MR index led A to read
- * ahead is used, the write completes with its data. */
+ * ahead is used at once, the write completes with its data. */
 static void index_key_used(bool down)
 {
-	unsigned long earlier = shift_stats.rkeys_earlier;
+	unsigned long at_once = shift_stats.rkeys_at_once, waited = shift_stats.rkeys_waited;
 
 	open_pair();
 	struct ibv_mr *mr2 = b_mr2();
@@ -487,9 +524,67 @@ static void index_key_used(bool down)
 	else
 		assert_int_equal(shift_kv_mem_clear(kvname), 0);
 	write_survives(mr2->rkey, 0x3c);
-	assert_true(shift_stats.rkeys_earlier > earlier);
+	assert_true(shift_stats.rkeys_at_once > at_once);
+	assert_int_equal(shift_stats.rkeys_waited, waited);
 	if (down)
 		assert_int_equal(shift_kv_mem_set_down(kvname, false), 0);
+	assert_int_equal(b.v->dereg_mr(mr2), 0);
+	sim_pair_close(&pair);
+}
+
+/* The key A read ahead changed before A's failover (here: B's record for
+ * its first MR now names the backup key of its second, over the same
+ * memory, as after B registered it anew): the failover's write goes at
+ * once with the key known before; the confirming read behind it finds the
+ * new one, says so once, and A's next write uses it. */
+static void test_key_changed_found_by_confirm(void **state)
+{
+	shift_kv *h;
+	union ibv_gid gid;
+	char k1[SHIFT_EXCHANGE_KEY_MAX], k2[SHIFT_EXCHANGE_KEY_MAX];
+	void *v = NULL;
+	size_t len;
+	struct ibv_wc wc[4];
+	unsigned long changed = shift_stats.rkeys_changed, waited = shift_stats.rkeys_waited;
+	(void)state;
+
+	open_pair();
+	struct ibv_mr *mr2 = b_mr2();
+
+	index_read_ahead(3);
+	assert_int_equal(shift_kv_open_from_env(NULL, &h), 0);
+	assert_int_equal(shift_lower->query_gid(b.ctx, 1, 1, &gid), 0);
+	shift_exchange_mr_key(&gid, b.mr->rkey, k1, sizeof(k1));
+	shift_exchange_mr_key(&gid, mr2->rkey, k2, sizeof(k2));
+	assert_int_equal(shift_kv_get(h, k2, &v, &len), 0);
+	assert_non_null(v);
+	assert_int_equal(shift_kv_put(h, k1, v, len, 0), 0);
+	free(v);
+	shift_kv_close(h);
+	write_survives(b.mr->rkey, 0x71); /* (with the key read before) */
+	assert_int_equal(shift_stats.rkeys_waited, waited);
+	uint64_t end = now_ms() + 10000;
+
+	while (shift_stats.rkeys_changed == changed && now_ms() < end) {
+		sim_world_step(pair.world);
+		shift_rnic_pass_all();
+	}
+	assert_int_equal(shift_stats.rkeys_changed, changed + 1);
+	/* A's next write: the new key (B's second MR's backup), same memory */
+	struct ibv_send_wr *bad;
+	struct ibv_sge sg = { .addr = (uintptr_t)a.buf + 4096, .length = 512, .lkey = a.mr->lkey };
+	struct ibv_send_wr wr = { .wr_id = 92, .sg_list = &sg, .num_sge = 1,
+				  .opcode = IBV_WR_RDMA_WRITE, .send_flags = IBV_SEND_SIGNALED,
+				  .wr.rdma = { .remote_addr = (uintptr_t)b.buf + 4096,
+					       .rkey = b.mr->rkey } };
+
+	memset(a.buf + 4096, 0x72, 512);
+	assert_int_equal(ibv_post_send(a.qp, &wr, &bad), 0);
+	assert_int_equal(drive(wc, 1, 1000000, 5000), 1);
+	assert_int_equal(wc[0].wr_id, 92);
+	assert_int_equal(wc[0].status, IBV_WC_SUCCESS);
+	assert_written(0x72);
+	assert_int_equal(shift_stats.rkeys_changed, changed + 1);
 	assert_int_equal(b.v->dereg_mr(mr2), 0);
 	sim_pair_close(&pair);
 }
@@ -619,11 +714,12 @@ static void narrow_record(void)
 /* A failover's write to bytes outside the range the peer's MR record
  * tells is refused, as the peer's NIC refuses a write outside the MR on
  * the default path, though the backup key (registered over the whole
- * buffer here) would take it. */
+ * buffer here) would take it. (A read the record before it was narrowed:
+ * the failover's confirming read finds it changed before the write goes.) */
 static void test_write_outside_the_peer_mr_refused(void **state)
 {
 	struct ibv_wc wc[4];
-	unsigned long outside = shift_stats.rkeys_outside;
+	unsigned long outside = shift_stats.rkeys_outside, changed = shift_stats.rkeys_changed;
 	(void)state;
 
 	open_pair();
@@ -635,6 +731,7 @@ static void test_write_outside_the_peer_mr_refused(void **state)
 	assert_int_not_equal(wc[0].status, IBV_WC_SUCCESS);
 	assert_int_equal(b.buf[4096], 0);
 	assert_true(shift_stats.rkeys_outside > outside);
+	assert_true(shift_stats.rkeys_changed > changed);
 	sim_pair_close(&pair);
 }
 
@@ -648,9 +745,11 @@ int main(void)
 		cmocka_unit_test(test_key_not_in_the_store_yet_asked_of_the_peer),
 		cmocka_unit_test(test_key_from_the_peer_store_down),
 		cmocka_unit_test(test_key_the_peer_lacks_refused),
+		cmocka_unit_test(test_read_ahead_key_used_at_once),
 		cmocka_unit_test(test_read_ahead_key_used_store_down),
 		cmocka_unit_test(test_read_ahead_key_used_store_emptied),
 		cmocka_unit_test(test_write_outside_the_peer_mr_refused),
+		cmocka_unit_test(test_key_changed_found_by_confirm),
 		cmocka_unit_test(test_index_key_used_store_down),
 		cmocka_unit_test(test_index_key_used_store_emptied),
 		cmocka_unit_test(test_index_garbled_keeps_what_was_read),
