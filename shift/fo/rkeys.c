@@ -114,7 +114,9 @@ static bool rk_at_once(struct shift_rkey *e)
 {
 	if (e->confirm)
 		return e->st == SHIFT_RK_KNOWN;
-	if (e->st == SHIFT_RK_WANT && e->has_prev && !e->ask) {
+	/* (never read itself: prev is the MR index's; one read absent since,
+	 * or asked of the peer, waits for its answer) */
+	if (e->st == SHIFT_RK_WANT && e->has_prev && !e->ask && !e->at_ms) {
 		e->st = SHIFT_RK_KNOWN;
 		e->v = e->prev;
 	}
