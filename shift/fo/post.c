@@ -182,7 +182,9 @@ void fo_held_release(struct shift_dqp *d)
 		rc = fo_post_bk_sends(d, i, &failed);
 	if (rc)
 		fo_fail_mark(d, "cannot post a WR on the backup QP", FO_BY_STATE, FO_BY_STATE);
-	if (!rc && !d->sq_held && d->t_held_us) {
+	bool released = !rc && !d->sq_held && d->t_held_us;
+
+	if (released) {
 		/* (a failover's retransmission held for keys: all out now) */
 		uint64_t now = shift_clock_us();
 
@@ -190,9 +192,10 @@ void fo_held_release(struct shift_dqp *d)
 		d->t_held_us = 0;
 		if (!d->switch_us && d->handshake_done && d->t_error_us)
 			d->switch_us = now > d->t_error_us ? now - d->t_error_us : 1;
-		fo_timing_say(d);
 	}
 	shift_dqp_unlock(d);
+	if (released)
+		fo_timing_say(d); /* (its log line: not under post_lock) */
 	struct out o = { .wc = NULL, .n = 0, .max = 0, .c = d->scq };
 
 	fo_fail_pending(d, &o);
