@@ -7,6 +7,7 @@
 #include "shift/dp/dsrq.h"
 #include "shift/dp/limbo.h"
 
+#include <sched.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -180,6 +181,44 @@ void shift_dqp_sync_locked(struct shift_dqp *d)
 		d->sig_synced = st;
 	}
 	d->sq_limit = shift_dqp_send_state(d) == SHIFT_SEND_DEFAULT ? d->sq_tail + d->sq_size : 0;
+}
+
+uint32_t shift_dqp_consumers_posted(const struct shift_dqp *d)
+{
+	uint32_t n = 0;
+
+	for (unsigned op = 0; op < 12; op++)
+		if (shift_wr_consumes_recv(op))
+			n += d->posted_by_op[op];
+	return n;
+}
+
+/*
+ * post_lock held by another thread: spin a little, then yield the CPU at
+ * each look. The holder may be in a long system call on this very CPU:
+ * soft-RoCE transmits a post's data inside post_send, and a failover
+ * spinning behind an application's post of large sends on a one-CPU host
+ * took the holder's CPU for whole time slices (the testbed's send
+ * failovers: up to 16 ms to stop the default QP, docs/failover.md). A post
+ * holds the lock for a few hundred instructions, the provider's included,
+ * on a NIC that does not transmit inside it: the spins cover that.
+ */
+#define SHIFT_DQP_SPINS 256u
+
+void shift_dqp_lock_wait(struct shift_dqp *d)
+{
+	unsigned spins = 0;
+
+	do {
+		while (__atomic_load_n(&d->post_lock, __ATOMIC_RELAXED)) {
+			if (spins < SHIFT_DQP_SPINS) {
+				spins++;
+				shift_cpu_relax();
+			} else {
+				sched_yield();
+			}
+		}
+	} while (!shift_dqp_trylock(d));
 }
 
 void shift_dqp_sync(struct shift_dqp *d)

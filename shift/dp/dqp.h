@@ -321,6 +321,11 @@ struct shift_dqp {
 	 * keys since; us start to my message, to the peer's, reposting, in posts, held */
 	uint64_t t_start_us, t_sent_us, t_peer_us, t_held_us;
 	uint32_t start_us, wait_us, retx_us, post_us, held_us;
+	/* the start's own: the peer's message (come first) to my start, to
+	 * the default QP in ERR, drained, receives reposted; by a pass? */
+	uint64_t t_drained_us;
+	uint32_t react_us, stop_us, drain_us, rrecv_us;
+	bool start_bg;
 	uint64_t last_switch_s;       /* wall clock of the last transition */
 	uint64_t own_tag;             /* the wr_ids of SHIFT's WRs on this QP (above) */
 };
@@ -412,15 +417,7 @@ void shift_dqp_unrecord_recv(struct shift_dqp *d, const struct ibv_recv_wr *wr,
 
 /* Send WRs posted so far that consume a receive at the peer
  * (shift_wr_consumes_recv()). post_lock held; off the data path. */
-static inline uint32_t shift_dqp_consumers_posted(const struct shift_dqp *d)
-{
-	uint32_t n = 0;
-
-	for (unsigned op = 0; op < 12; op++)
-		if (shift_wr_consumes_recv(op))
-			n += d->posted_by_op[op];
-	return n;
-}
+uint32_t shift_dqp_consumers_posted(const struct shift_dqp *d);
 
 /*
  * The only writers of the send and receive states (shift/dp/state.h has
@@ -481,11 +478,14 @@ static inline bool shift_dqp_trylock(struct shift_dqp *d)
 #endif
 }
 
+/* post_lock, waited for out of line (dqp.c: spins, then yields the CPU);
+ * the fast posts only try it (post.c, FAST_LOCK_OR). */
+void shift_dqp_lock_wait(struct shift_dqp *d) __attribute__((noinline, cold));
+
 static inline void shift_dqp_lock(struct shift_dqp *d)
 {
-	while (shift_unlikely(!shift_dqp_trylock(d)))
-		while (__atomic_load_n(&d->post_lock, __ATOMIC_RELAXED))
-			shift_cpu_relax();
+	if (shift_unlikely(!shift_dqp_trylock(d)))
+		shift_dqp_lock_wait(d);
 }
 
 static inline void shift_dqp_unlock(struct shift_dqp *d)

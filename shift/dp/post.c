@@ -45,6 +45,18 @@ UNPROTECTED_POST(post_send, ibv_send_wr)
 UNPROTECTED_POST(post_recv, ibv_recv_wr)
 
 /*
+ * The fast paths' lock: post_lock taken at once, else (another poster, or a
+ * failover, holds it) the general path, which waits for it, yielding the
+ * CPU (shift_dqp_lock). A tail call: nothing of the fast path stays live
+ * across the wait, which a call inside it would make it keep (dqp.h).
+ */
+#define FAST_LOCK_OR(d, general)                              \
+	do {                                                  \
+		if (shift_unlikely(!shift_dqp_trylock(d)))    \
+			return general;                       \
+	} while (0)
+
+/*
  * Default state: mirror the WRs, then the provider's post. The mirror and
  * the provider see the same WRs in the same order (post_lock), and WRs the
  * provider refuses are forgotten again. The common case takes the fast
@@ -233,7 +245,7 @@ static __attribute__((noinline)) int post_send_chain(struct shift_dqp *d, struct
 	uint64_t head;
 	int rc;
 
-	shift_dqp_lock(d);
+	FAST_LOCK_OR(d, shift_post_send(qp, wr, bad_wr));
 	head = d->sq_head;
 	for (const struct ibv_send_wr *w = wr; w; w = w->next) {
 		if (shift_unlikely(w->num_sge != 1 || (unsigned)w->opcode > IBV_WR_RDMA_READ ||
@@ -276,7 +288,7 @@ post_send_one(struct shift_dqp *d, struct ibv_qp *qp, struct ibv_send_wr *wr,
 {
 	uint32_t n = kind == ONE_INLINE ? wr->sg_list[0].length : (uint32_t)wr->num_sge;
 
-	shift_dqp_lock(d);
+	FAST_LOCK_OR(d, shift_post_send(qp, wr, bad_wr));
 	/* (the bound is 0 in any other state than Default; a mirror that
 	 * looks full goes to shift_post_send(), which syncs) */
 	if (shift_likely(d->sq_head < d->sq_limit &&
@@ -358,7 +370,7 @@ post_recv_fast(struct shift_dqp *d, struct ibv_qp *qp, struct ibv_recv_wr *wr,
 {
 	uint32_t ns = n == RECV_SGES ? (uint32_t)wr->num_sge : n;
 
-	shift_dqp_lock(d);
+	FAST_LOCK_OR(d, shift_post_recv(qp, wr, bad_wr));
 	/* (rq_room fails unless both states are Default) */
 	if (shift_likely((n != RECV_SGES || ns <= d->max_recv_sge) && shift_dqp_rq_room(d))) {
 		int rc;
@@ -484,7 +496,7 @@ static __attribute__((noinline)) int native_post_send(struct shift_dqp *d, struc
 	struct shift_swqe *e;
 	int rc;
 
-	shift_dqp_lock(d);
+	FAST_LOCK_OR(d, shift_post_send(qp, wr, bad_wr));
 	if (shift_unlikely(d->sq_head >= d->sq_limit)) {
 		shift_dqp_unlock(d);
 		return shift_post_send(qp, wr, bad_wr);
@@ -528,7 +540,7 @@ static __attribute__((noinline)) int native_post_recv(struct shift_dqp *d, struc
 	uint32_t idx;
 	int rc;
 
-	shift_dqp_lock(d);
+	FAST_LOCK_OR(d, shift_post_recv(qp, wr, bad_wr));
 	head = d->rq_head;
 	idx = shift_nwq_index(d->rq_dbrec);
 	for (const struct ibv_recv_wr *w = wr; w; w = w->next) {

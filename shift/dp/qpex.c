@@ -29,6 +29,20 @@ struct shift_qpx *qpx_lost(void)
 
 /* ---- the batch --------------------------------------------------------------- */
 
+static inline __attribute__((always_inline)) void wr_start_locked(struct ibv_qp_ex *q,
+								   struct shift_qpx *x,
+								   struct shift_dqp *d);
+
+/* post_lock held by another thread: waited for here (a tail call from
+ * qpx_wr_start, which keeps nothing live across the wait) */
+static __attribute__((noinline, cold)) void wr_start_wait(struct ibv_qp_ex *q,
+							   struct shift_qpx *x,
+							   struct shift_dqp *d)
+{
+	shift_dqp_lock_wait(d);
+	wr_start_locked(q, x, d);
+}
+
 void qpx_wr_start(struct ibv_qp_ex *q)
 {
 	struct shift_qpx *x = qpx_find(q);
@@ -37,7 +51,17 @@ void qpx_wr_start(struct ibv_qp_ex *q)
 	if (!x)
 		return;
 	d = x->d;
-	shift_dqp_lock(d);
+	if (shift_unlikely(!shift_dqp_trylock(d))) {
+		wr_start_wait(q, x, d);
+		return;
+	}
+	wr_start_locked(q, x, d);
+}
+
+static inline __attribute__((always_inline)) void wr_start_locked(struct ibv_qp_ex *q,
+								   struct shift_qpx *x,
+								   struct shift_dqp *d)
+{
 	x->bad = false;
 	x->head = d->sq_head;
 	switch (__atomic_load_n(&d->send_state, __ATOMIC_ACQUIRE)) {

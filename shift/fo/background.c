@@ -183,18 +183,28 @@ bool shift_failover_waiting(void)
 	return w;
 }
 
+/* (inside a background pass on this thread: fo_on_background) */
+static _Thread_local bool in_pass;
+
+bool fo_on_background(void)
+{
+	return in_pass;
+}
+
 void shift_failover_background(struct shift_ctx *s)
 {
 	if (!s->rnic)
 		return;
 	pthread_mutex_lock(&bg_lock);
 	pthread_mutex_lock(&s->slow_lock);
+	in_pass = true;
 	/* the KV store's share (fo/kvq.c), which drops slow_lock around its
 	 * commands: the peers' records this pass follows, then what it wrote */
 	shift_clock_tick(); /* (the failback clock: one per pass in synchronous mode) */
 	fo_kvq_run(s, true);
 	background(s);
 	fo_kvq_run(s, false);
+	in_pass = false;
 	pthread_mutex_unlock(&s->slow_lock);
 	pthread_mutex_unlock(&bg_lock);
 }

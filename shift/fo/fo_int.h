@@ -173,6 +173,8 @@ void fo_held_release(struct shift_dqp *d);
  * for the peer's backup keys). scripts/testbed collects the lines.
  */
 void fo_timing_say(struct shift_dqp *d);
+/* Is this thread inside a background pass (shift_failover_background)? */
+bool fo_on_background(void);
 int fo_post_bk_recv(struct shift_dqp *d, uint64_t idx);
 void fo_give_up(struct shift_dqp *d, const char *why);
 void fo_from_default_batch(struct shift_ctx *s, struct ibv_wc *wc, size_t n, struct out *o);

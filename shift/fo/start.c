@@ -259,8 +259,12 @@ static void stop_default(struct shift_ctx *s, struct shift_dqp *d, bool again)
 	/* (its phases, fo_timing_say(); t_peer_us is the peer's message's,
 	 * which may have come first) */
 	d->t_start_us = shift_clock_us();
-	d->t_sent_us = d->t_held_us = 0;
+	d->t_sent_us = d->t_held_us = d->t_drained_us = 0;
 	d->start_us = d->wait_us = d->retx_us = d->post_us = d->held_us = 0;
+	d->react_us = d->t_peer_us && d->t_peer_us <= d->t_start_us ?
+			      (uint32_t)(d->t_start_us - d->t_peer_us) : 0;
+	d->stop_us = d->drain_us = d->rrecv_us = 0;
+	d->start_bg = fo_on_background();
 	d->timing_said = false;
 	/* what d completed is counted before it is judged: a poll of another
 	 * thread that entered the fast path before the context went slow may
@@ -286,6 +290,7 @@ static void stop_default(struct shift_ctx *s, struct shift_dqp *d, bool again)
 	shift_lower->modify_qp(d->qp, &a, IBV_QP_STATE);
 	fo_rk_failover(d); /* (the peer's keys read while the handshake runs) */
 	d->t_error_us = shift_clock_us();
+	d->stop_us = (uint32_t)(d->t_error_us - d->t_start_us);
 	d->switch_us = d->fallback_us = 0;
 	d->dflt = SHIFT_DFLT_ERR;
 	d->probe_fails = 0;
@@ -391,6 +396,8 @@ int fo_start(struct shift_ctx *s, struct shift_dqp *d, struct out *o,
 		return -2; /* the application's: as it came */
 	if (atomic_in_flight(d, o, err))
 		return -2;
+	d->t_drained_us = shift_clock_us();
+	d->drain_us = (uint32_t)(d->t_drained_us - d->t_error_us);
 	if (d->dsrq && !shift_dsrq_moved(d->dsrq))
 		fo_srq_move(s, d); /* the SRQ's other QPs leave the default SRQ too */
 	if (reads_outstanding(d)) {
@@ -447,6 +454,8 @@ int fo_finish_start(struct shift_ctx *s, struct shift_dqp *d, bool reset)
 	}
 	d->recv_hold = false;
 	shift_dqp_unlock(d);
+	if (d->t_drained_us)
+		d->rrecv_us = (uint32_t)(shift_clock_us() - d->t_drained_us);
 	if (d->dsrq && fo_srq_post_bounce(d)) {
 		fo_fail_mark(d, "cannot post receives on the backup QP", FO_BY_STATE, FO_BY_STATE);
 		return -1;

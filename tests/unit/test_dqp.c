@@ -4,11 +4,14 @@
  * completion retires, the receive-consumer count, and the single bound the
  * fast paths test (room and the Default state at once).
  */
+#include <pthread.h>
+#include <sched.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <cmocka.h>
 
 #include "shift/dp/dqp.h"
@@ -408,6 +411,75 @@ static void test_state_machine(void **state)
 	assert_string_equal(shift_recv_state_name(SHIFT_RECV_FALLBACK), "fallback");
 }
 
+static double clock_ms(clockid_t c)
+{
+	struct timespec ts;
+
+	clock_gettime(c, &ts);
+	return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
+}
+
+struct holder {
+	struct shift_dqp *d;
+	cpu_set_t cpu;
+	int locked;
+};
+
+/* holds post_lock for 150 ms of its own CPU time (a poster inside a
+ * provider that transmits in post_send, as soft-RoCE does) */
+static void *hold_lock(void *arg)
+{
+	struct holder *h = arg;
+
+	pthread_setaffinity_np(pthread_self(), sizeof(h->cpu), &h->cpu);
+	shift_dqp_lock(h->d);
+	__atomic_store_n(&h->locked, 1, __ATOMIC_RELEASE);
+	double until = clock_ms(CLOCK_THREAD_CPUTIME_ID) + 150;
+
+	while (clock_ms(CLOCK_THREAD_CPUTIME_ID) < until)
+		;
+	shift_dqp_unlock(h->d);
+	return NULL;
+}
+
+/*
+ * A thread waiting for post_lock on the CPU its holder runs on gives the
+ * holder that CPU: its own CPU time while it waits is a small share of the
+ * wait. A waiter that only spun took its fair half of the CPU for the
+ * whole wait (a failover behind an application's post on a one-CPU guest,
+ * docs/failover.md).
+ */
+static void test_lock_wait_yields(void **state)
+{
+	struct fixture *f = *state;
+	struct holder h = { .d = f->d };
+	cpu_set_t mine;
+	pthread_t t;
+
+	assert_int_equal(sched_getaffinity(0, sizeof(mine), &mine), 0);
+	CPU_ZERO(&h.cpu);
+	for (int c = 0; c < CPU_SETSIZE; c++)
+		if (CPU_ISSET(c, &mine)) {
+			CPU_SET(c, &h.cpu);
+			break;
+		}
+	assert_int_equal(pthread_setaffinity_np(pthread_self(), sizeof(h.cpu), &h.cpu), 0);
+	assert_int_equal(pthread_create(&t, NULL, hold_lock, &h), 0);
+	while (!__atomic_load_n(&h.locked, __ATOMIC_ACQUIRE))
+		sched_yield();
+	double w0 = clock_ms(CLOCK_MONOTONIC), c0 = clock_ms(CLOCK_THREAD_CPUTIME_ID);
+
+	shift_dqp_lock(f->d);
+	double waited = clock_ms(CLOCK_MONOTONIC) - w0, spent = clock_ms(CLOCK_THREAD_CPUTIME_ID) - c0;
+
+	shift_dqp_unlock(f->d);
+	pthread_join(t, NULL);
+	pthread_setaffinity_np(pthread_self(), sizeof(mine), &mine);
+	print_message("waited %.1f ms for post_lock, %.1f ms of it on the CPU\n", waited, spent);
+	assert_true(waited > 100);
+	assert_true(spent < waited / 4);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -419,6 +491,7 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_bound_follows_state, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_receive_overflow, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_state_machine, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_lock_wait_yields, setup, teardown),
 	};
 
 	return test_env_run_group_tests(tests);
