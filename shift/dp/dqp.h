@@ -324,7 +324,7 @@ struct shift_dqp {
 	/* the start's own: the peer's message (come first) to my start, to
 	 * the default QP in ERR, drained, receives reposted; by a pass? */
 	uint64_t t_drained_us;
-	uint32_t react_us, stop_us, drain_us, rrecv_us;
+	uint32_t react_us, stop_us, err_us, drain_us, rrecv_us; /* (err: in modify_qp) */
 	bool start_bg;
 	uint64_t last_switch_s;       /* wall clock of the last transition */
 	uint64_t own_tag;             /* the wr_ids of SHIFT's WRs on this QP (above) */

@@ -263,7 +263,7 @@ static void stop_default(struct shift_ctx *s, struct shift_dqp *d, bool again)
 	d->start_us = d->wait_us = d->retx_us = d->post_us = d->held_us = 0;
 	d->react_us = d->t_peer_us && d->t_peer_us <= d->t_start_us ?
 			      (uint32_t)(d->t_start_us - d->t_peer_us) : 0;
-	d->stop_us = d->drain_us = d->rrecv_us = 0;
+	d->stop_us = d->err_us = d->drain_us = d->rrecv_us = 0;
 	d->start_bg = fo_on_background();
 	d->timing_said = false;
 	/* what d completed is counted before it is judged: a poll of another
@@ -287,10 +287,13 @@ static void stop_default(struct shift_ctx *s, struct shift_dqp *d, bool again)
 	shift_dqp_sync_locked(d);
 	shift_dqp_native_fill(d, d->sq_tail, SHIFT_LOAD(d->rq_tail));
 	shift_dqp_unlock(d);
+	uint64_t t_err = shift_clock_us();
+
 	shift_lower->modify_qp(d->qp, &a, IBV_QP_STATE);
 	fo_rk_failover(d); /* (the peer's keys read while the handshake runs) */
 	d->t_error_us = shift_clock_us();
 	d->stop_us = (uint32_t)(d->t_error_us - d->t_start_us);
+	d->err_us = (uint32_t)(d->t_error_us - t_err);
 	d->switch_us = d->fallback_us = 0;
 	d->dflt = SHIFT_DFLT_ERR;
 	d->probe_fails = 0;

@@ -66,7 +66,7 @@ def main():
            "switch_us=100 fallback_us=200\n"
            "shift: info: 2026-11-29T11:55:58.000Z hostA[249] rxe0 QP 22: failover-timing dev=rxe0 qp=22 "
            "switch_us=9000 fallback_us=9500 start_us=2000 wait_us=3000 retx_us=4000 post_us=1000 "
-           "held_us=0 react_us=600 stop_us=700 drain_us=800 rrecv_us=90 by=pass\n")
+           "held_us=0 react_us=600 stop_us=700 err_us=300 drain_us=800 rrecv_us=90 by=pass\n")
     t0 = tb.log_time("2026-11-29T11:55:56.000")
     fos = tb.parse_failover_timing(log, 0.0, t0, "client", "A")
     want = [{"role": "client", "host": "A", "t": 0.197, "dev": "rxe0", "qp": 20, "switch_us": 16634,
@@ -76,7 +76,7 @@ def main():
              "fallback_us": 200, "port_gap_ms": 850.0},
             {"role": "client", "host": "A", "t": 2.0, "dev": "rxe0", "qp": 22, "switch_us": 9000,
              "fallback_us": 9500, "start_us": 2000, "wait_us": 3000, "retx_us": 4000, "post_us": 1000,
-             "held_us": 0, "react_us": 600, "stop_us": 700, "drain_us": 800, "rrecv_us": 90,
+             "held_us": 0, "react_us": 600, "stop_us": 700, "err_us": 300, "drain_us": 800, "rrecv_us": 90,
              "by": "pass", "port_gap_ms": 1850.0}]
     if fos != want:
         bad.append("parse_failover_timing %r, want %r" % (fos, want))
