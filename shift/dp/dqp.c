@@ -4,10 +4,10 @@
  * work SHIFT adds to a post; it touches preallocated memory only.
  */
 #include "shift/dp/dqp.h"
+#include "shift/base/backoff.h"
 #include "shift/dp/dsrq.h"
 #include "shift/dp/limbo.h"
 
-#include <sched.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -194,30 +194,22 @@ uint32_t shift_dqp_consumers_posted(const struct shift_dqp *d)
 }
 
 /*
- * post_lock held by another thread: spin a little, then yield the CPU at
- * each look. The holder may be in a long system call on this very CPU:
- * soft-RoCE transmits a post's data inside post_send, and a failover
- * spinning behind an application's post of large sends on a one-CPU host
- * took the holder's CPU for whole time slices (the testbed's send
- * failovers: up to 16 ms to stop the default QP, docs/failover.md). A post
- * holds the lock for a few hundred instructions, the provider's included,
- * on a NIC that does not transmit inside it: the spins cover that.
+ * post_lock held by another thread: spin a little, then give the holder
+ * the CPU (shift_backoff). The holder may be in a long system call on this
+ * very CPU: soft-RoCE transmits a post's data inside post_send, and a
+ * failover spinning behind an application's post of large sends on a
+ * one-CPU host took the holder's CPU for whole time slices (the testbed's
+ * send failovers: up to 16 ms to stop the default QP, docs/failover.md).
+ * A post holds the lock for a few hundred instructions, the provider's
+ * included, on a NIC that does not transmit inside it: the spins cover it.
  */
-#define SHIFT_DQP_SPINS 256u
-
 void shift_dqp_lock_wait(struct shift_dqp *d)
 {
-	unsigned spins = 0;
+	unsigned looks = 0;
 
 	do {
-		while (__atomic_load_n(&d->post_lock, __ATOMIC_RELAXED)) {
-			if (spins < SHIFT_DQP_SPINS) {
-				spins++;
-				shift_cpu_relax();
-			} else {
-				sched_yield();
-			}
-		}
+		while (__atomic_load_n(&d->post_lock, __ATOMIC_RELAXED))
+			shift_backoff(&looks);
 	} while (!shift_dqp_trylock(d));
 }
 

@@ -10,6 +10,7 @@
  */
 #include "shift/dp/poll.h"
 #include "shift/dp/ctx.h"
+#include "shift/base/backoff.h"
 
 #include <errno.h>
 #include <sched.h>
@@ -74,12 +75,19 @@ bool shift_dp_fast_polls_out(struct shift_ctx *s)
 
 void shift_dp_fast_polls_wait(struct shift_ctx *s)
 {
-	for (unsigned i = 0; !shift_dp_fast_polls_out(s); i++) {
-		if (i < 64)
-			shift_cpu_relax();
-		else
-			sched_yield(); /* (a poller preempted inside: let it run) */
+	/* (a poller preempted inside: let it run) */
+	for (unsigned looks = 0; !shift_dp_fast_polls_out(s);)
+		shift_backoff(&looks);
+}
+
+bool shift_dp_fast_polls_out_within(struct shift_ctx *s, unsigned max_looks)
+{
+	for (unsigned looks = 0; !shift_dp_fast_polls_out(s);) {
+		if (looks >= max_looks)
+			return false;
+		shift_backoff(&looks);
 	}
+	return true;
 }
 
 void shift_dp_poll_fork_child(void)

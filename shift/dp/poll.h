@@ -35,6 +35,9 @@ int *shift_dp_poll_busy(struct shift_ctx *s);
 void shift_dp_poll_mark_slow(struct shift_ctx *s, bool slow);
 bool shift_dp_fast_polls_out(struct shift_ctx *s);
 void shift_dp_fast_polls_wait(struct shift_ctx *s);
+/* ... for at most max_looks looks of shift_backoff() (base/backoff.h):
+ * false if a poll is still inside then */
+bool shift_dp_fast_polls_out_within(struct shift_ctx *s, unsigned max_looks);
 void shift_dp_poll_release(int *busy);
 /* A poll into the fast path counted by busy (one locked add): false, and
  * out again, if the context is slow; shift_dp_poll_leave once what it took

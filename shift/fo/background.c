@@ -5,6 +5,7 @@
  * seen here, then the failback work of every failed-over QP.
  */
 #include "shift/fo/fo_int.h"
+#include "shift/base/backoff.h"
 
 static void background(struct shift_ctx *s);
 
@@ -230,14 +231,21 @@ static void publish_app_end(struct shift_ctx *s, struct shift_dqp *d)
 
 /* A peer's handshake message the background thread noticed (a passive
  * application's, which may never poll): answered at once, on the switch's
- * path. A poll still inside the fast path is waited for (fo_start,
- * shift_dp_fast_polls_wait, which yields the CPU to it), where the pass
- * used to come back a millisecond later: on a one-CPU host, whenever the
- * scheduler took the CPU from the poller (the testbed's passive ends:
- * 0.5-2.9 ms from the message to their start). */
-static void answer_peer(struct shift_ctx *s, struct shift_dqp *d)
+ * path. A poll still inside the fast path is waited for a little, giving
+ * it the CPU (shift_dp_fast_polls_out_within: spins, yields, then sleeps,
+ * about 2 ms in all), where the pass came back a millisecond
+ * later, which on a one-CPU host meant whenever the scheduler took the CPU
+ * from the poller (the testbed's passive ends: 0.5-2.9 ms from the message
+ * to their start). A poll still inside after that (a thread stopped in
+ * it) is left to the next pass, as before: the pass never waits for an
+ * application's thread without a bound. */
+#define ANSWER_POLL_LOOKS (SHIFT_BACKOFF_SPINS + SHIFT_BACKOFF_YIELDS + 12u)
+
+static void answer_peer(struct shift_ctx *s, struct shift_dqp *d, uint64_t now)
 {
 	if (!d->ctrl_pending)
+		return;
+	if (!shift_dp_fast_polls_out_within(s, ANSWER_POLL_LOOKS) && !polls_out(s, now))
 		return;
 	fo_lock_cqs(d);
 	if (d->ctrl_pending) {
@@ -371,8 +379,8 @@ static void background(struct shift_ctx *s)
 	 * A passive application (a perftest server waiting on its socket)
 	 * may never poll: answer the peer here. The context went to the slow
 	 * path when the message was seen; a poll of the application still
-	 * inside the fast path is waited for (fo_start), so the default CQ
-	 * is ours under dp_lock.
+	 * inside the fast path is waited for (answer_peer, a bound), so the
+	 * default CQ is ours under dp_lock.
 	 */
 	uint64_t now = shift_clock_ms();
 	watch_ports(s, now);
@@ -382,7 +390,7 @@ static void background(struct shift_ctx *s)
 		     d = shift_dqp_next(d)) {
 			if (!d->scq)
 				continue;
-			answer_peer(s, d);
+			answer_peer(s, d, now);
 			publish_app_end(s, d);
 			fail_over_refused(s, d, now);
 			fo_join_peer(s, d, now);

@@ -261,7 +261,10 @@ static void stop_default(struct shift_ctx *s, struct shift_dqp *d, bool again)
 	d->t_start_us = shift_clock_us();
 	d->t_sent_us = d->t_held_us = d->t_drained_us = 0;
 	d->start_us = d->wait_us = d->retx_us = d->post_us = d->held_us = 0;
-	d->react_us = d->t_peer_us && d->t_peer_us <= d->t_start_us ?
+	/* (a message of an episode that ended without its retransmission
+	 * is not this one's: older than 10 s) */
+	d->react_us = d->t_peer_us && d->t_peer_us <= d->t_start_us &&
+				      d->t_start_us - d->t_peer_us < 10000000u ?
 			      (uint32_t)(d->t_start_us - d->t_peer_us) : 0;
 	d->stop_us = d->err_us = d->drain_us = d->rrecv_us = 0;
 	d->start_bg = fo_on_background();
@@ -290,10 +293,10 @@ static void stop_default(struct shift_ctx *s, struct shift_dqp *d, bool again)
 	uint64_t t_err = shift_clock_us();
 
 	shift_lower->modify_qp(d->qp, &a, IBV_QP_STATE);
+	d->err_us = (uint32_t)(shift_clock_us() - t_err);
 	fo_rk_failover(d); /* (the peer's keys read while the handshake runs) */
 	d->t_error_us = shift_clock_us();
 	d->stop_us = (uint32_t)(d->t_error_us - d->t_start_us);
-	d->err_us = (uint32_t)(d->t_error_us - t_err);
 	d->switch_us = d->fallback_us = 0;
 	d->dflt = SHIFT_DFLT_ERR;
 	d->probe_fails = 0;
@@ -418,6 +421,7 @@ int fo_start(struct shift_ctx *s, struct shift_dqp *d, struct out *o,
 		 * it has stopped it (it follows my record) */
 		shift_dqp_set_ep_wait(d, SHIFT_EP_WAIT_RESET, "the peer's old backup may still send");
 		d->kv_at = 0;
+		d->t_drained_us = 0; /* (rrecv_us: not the wait's) */
 		fo_ep_publish(s, d);
 		shift_info("%s QP %u: failover %lu waits for the peer to stop its backup QP", d->dev,
 			   d->qpn, d->failovers);
