@@ -478,7 +478,7 @@ static inline bool shift_dqp_trylock(struct shift_dqp *d)
 #endif
 }
 
-/* post_lock, waited for out of line (dqp.c: spins, then yields the CPU);
+/* post_lock, waited for out of line (dqp.c: spins, then sleeps, backoff.h);
  * the fast posts only try it (post.c, FAST_LOCK_OR). */
 void shift_dqp_lock_wait(struct shift_dqp *d) __attribute__((noinline, cold));
 

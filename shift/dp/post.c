@@ -46,8 +46,8 @@ UNPROTECTED_POST(post_recv, ibv_recv_wr)
 
 /*
  * The fast paths' lock: post_lock taken at once, else (another poster, or a
- * failover, holds it) the general path, which waits for it, yielding the
- * CPU (shift_dqp_lock). A tail call: nothing of the fast path stays live
+ * failover, holds it) the general path, which waits for it, backing off to
+ * sleeps (shift_dqp_lock). A tail call: nothing of the fast path stays live
  * across the wait, which a call inside it would make it keep (dqp.h).
  */
 #define FAST_LOCK_OR(d, general)                              \
