@@ -13,7 +13,6 @@
 #include "shift/base/backoff.h"
 
 #include <errno.h>
-#include <sched.h>
 #include <stddef.h>
 
 /*
@@ -75,9 +74,9 @@ bool shift_dp_fast_polls_out(struct shift_ctx *s)
 
 void shift_dp_fast_polls_wait(struct shift_ctx *s)
 {
-	/* (a poller preempted inside: let it run) */
-	for (unsigned looks = 0; !shift_dp_fast_polls_out(s);)
-		shift_backoff(&looks);
+	/* (a poller preempted inside: let it run; shift_backoff's count
+	 * stops short of the bound) */
+	(void)shift_dp_fast_polls_out_within(s, UINT_MAX);
 }
 
 bool shift_dp_fast_polls_out_within(struct shift_ctx *s, unsigned max_looks)

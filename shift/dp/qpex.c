@@ -29,9 +29,26 @@ struct shift_qpx *qpx_lost(void)
 
 /* ---- the batch --------------------------------------------------------------- */
 
+/* wr_start with post_lock held */
 static inline __attribute__((always_inline)) void wr_start_locked(struct ibv_qp_ex *q,
 								   struct shift_qpx *x,
-								   struct shift_dqp *d);
+								   struct shift_dqp *d)
+{
+	x->bad = false;
+	x->head = d->sq_head;
+	switch (__atomic_load_n(&d->send_state, __ATOMIC_ACQUIRE)) {
+	case SHIFT_SEND_DEFAULT:
+		x->mode = QPX_REC;
+		break;
+	case SHIFT_SEND_UNPROTECTED:
+		x->mode = QPX_PASS;
+		break;
+	default:
+		qpx_hold_begin(x);
+		return;
+	}
+	x->fn.wr_start(q);
+}
 
 /* post_lock held by another thread: waited for here (a tail call from
  * qpx_wr_start, which keeps nothing live across the wait) */
@@ -56,26 +73,6 @@ void qpx_wr_start(struct ibv_qp_ex *q)
 		return;
 	}
 	wr_start_locked(q, x, d);
-}
-
-static inline __attribute__((always_inline)) void wr_start_locked(struct ibv_qp_ex *q,
-								   struct shift_qpx *x,
-								   struct shift_dqp *d)
-{
-	x->bad = false;
-	x->head = d->sq_head;
-	switch (__atomic_load_n(&d->send_state, __ATOMIC_ACQUIRE)) {
-	case SHIFT_SEND_DEFAULT:
-		x->mode = QPX_REC;
-		break;
-	case SHIFT_SEND_UNPROTECTED:
-		x->mode = QPX_PASS;
-		break;
-	default:
-		qpx_hold_begin(x);
-		return;
-	}
-	x->fn.wr_start(q);
 }
 
 /* A REC batch the provider refused, or one the mirror could not hold. */
