@@ -7,6 +7,14 @@
 #include <sched.h>
 #include <time.h>
 
+static __thread unsigned yielded, slept;
+
+void shift_backoff_counts(unsigned *yields, unsigned *sleeps)
+{
+	*yields = yielded;
+	*sleeps = slept;
+}
+
 void shift_backoff(unsigned *looks)
 {
 	unsigned n = (*looks)++;
@@ -14,6 +22,7 @@ void shift_backoff(unsigned *looks)
 	if (n < SHIFT_BACKOFF_SPINS) {
 		shift_cpu_relax();
 	} else if (n < SHIFT_BACKOFF_SPINS + SHIFT_BACKOFF_YIELDS) {
+		yielded++;
 		sched_yield();
 	} else {
 		/* 20, 40, 80, 160 us, then 200 us a look: each wake takes the
@@ -24,6 +33,7 @@ void shift_backoff(unsigned *looks)
 
 		if (k >= 4)
 			*looks = n; /* (no wrap) */
+		slept++;
 		nanosleep(&ts, NULL);
 	}
 }

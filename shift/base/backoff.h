@@ -24,4 +24,8 @@
  */
 void shift_backoff(unsigned *looks);
 
+/* How many looks of this thread's waits yielded and slept so far (a
+ * failover's timing line says how often its start waited so). */
+void shift_backoff_counts(unsigned *yields, unsigned *sleeps);
+
 #endif /* SHIFT_BASE_BACKOFF_H */

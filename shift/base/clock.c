@@ -5,6 +5,7 @@
 #include "shift/base/clock.h"
 
 #include <stddef.h>
+#include <sys/resource.h>
 #include <time.h>
 
 static uint64_t sys_mono_us(void *arg)
@@ -60,4 +61,18 @@ void shift_clock_tick(void)
 
 	if (c->tick)
 		c->tick(c->arg);
+}
+
+void shift_clock_thread(uint64_t *cpu_us, uint32_t *preempted)
+{
+	struct rusage ru;
+
+	if (getrusage(RUSAGE_THREAD, &ru)) {
+		*cpu_us = 0;
+		*preempted = 0;
+		return;
+	}
+	*cpu_us = (uint64_t)(ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) * 1000000u +
+		  (uint64_t)(ru.ru_utime.tv_usec + ru.ru_stime.tv_usec);
+	*preempted = (uint32_t)ru.ru_nivcsw;
 }

@@ -33,4 +33,11 @@ uint64_t shift_clock_ms(void);
 uint64_t shift_clock_wall_s(void);
 void shift_clock_tick(void);
 
+/* The calling thread's CPU time so far (user and system, microseconds)
+ * and how often the kernel took the CPU from it (involuntary context
+ * switches), by getrusage(RUSAGE_THREAD): how much of an interval the
+ * thread spent running. Always the system's, whatever clock is installed;
+ * zeros where the system cannot tell. */
+void shift_clock_thread(uint64_t *cpu_us, uint32_t *preempted);
+
 #endif /* SHIFT_BASE_CLOCK_H */

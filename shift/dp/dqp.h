@@ -321,11 +321,11 @@ struct shift_dqp {
 	 * keys since; us start to my message, to the peer's, reposting, in posts, held */
 	uint64_t t_start_us, t_sent_us, t_peer_us, t_held_us;
 	uint32_t start_us, wait_us, retx_us, post_us, held_us;
-	/* the start's own: the peer's message (come first) to my start, to
-	 * the default QP in ERR, drained, receives reposted; by a pass? */
-	uint64_t t_drained_us;
+	/* the start's own: the peer's message (come first) to my start, to ERR, drained,
+	 * receives reposted; by a pass? its thread's CPU and preemptions to my message */
+	uint64_t t_drained_us, cpu0_us;
 	uint32_t react_us, stop_us, err_us, drain_us, rrecv_us; /* (err: in modify_qp) */
-	bool start_bg;
+	uint32_t csw0, cpu_us, csw, yields0, sleeps0, yields, sleeps; bool start_bg;
 	uint64_t last_switch_s;       /* wall clock of the last transition */
 	uint64_t own_tag;             /* the wr_ids of SHIFT's WRs on this QP (above) */
 };

@@ -123,14 +123,16 @@ void fo_retransmit(struct shift_dqp *d, struct out *o)
 	d->t_peer_us = 0;
 	/* (WRs held for their keys: every WR is reposted once they go,
 	 * fo_held_release) */
-	uint64_t sw = now - d->t_error_us;
+	/* (from the failover's start: the first error seen, or the message,
+	 * the port's event or the refused post that started it) */
+	uint64_t sw = now - d->t_start_us;
 
 	d->switch_us = d->sq_held ? 0 : sw ? sw : 1;
 	shift_info("%s QP %u: on backup QP %u (failover %lu): %lu WRs retransmitted, %llu already "
 		   "executed at the peer completed, %s %llu us", d->dev, d->qpn, d->bk->qp_num,
 		   d->failovers, SHIFT_STAT(d->retransmitted) - before, (unsigned long long)skipped,
 		   d->sq_held ? "the rest held for the peer's backup keys after" : "switch time",
-		   (unsigned long long)(now - d->t_error_us));
+		   (unsigned long long)sw);
 	fo_timing_say(d);
 }
 

@@ -135,10 +135,11 @@ void fo_timing_say(struct shift_dqp *d)
 	d->timing_said = true;
 	shift_info("%s QP %u: failover-timing dev=%s qp=%u switch_us=%llu fallback_us=%llu "
 		   "start_us=%u wait_us=%u retx_us=%u post_us=%u held_us=%u react_us=%u stop_us=%u "
-		   "err_us=%u drain_us=%u rrecv_us=%u by=%s", d->dev, d->qpn, d->dev, d->qpn,
-		   (unsigned long long)d->switch_us, (unsigned long long)d->fallback_us, d->start_us,
-		   d->wait_us, d->retx_us, d->post_us, d->held_us, d->react_us, d->stop_us,
-		   d->err_us, d->drain_us, d->rrecv_us, d->start_bg ? "pass" : "poll");
+		   "err_us=%u drain_us=%u rrecv_us=%u cpu_us=%u preempted=%u yields=%u sleeps=%u by=%s",
+		   d->dev, d->qpn, d->dev, d->qpn, (unsigned long long)d->switch_us,
+		   (unsigned long long)d->fallback_us, d->start_us, d->wait_us, d->retx_us,
+		   d->post_us, d->held_us, d->react_us, d->stop_us, d->err_us, d->drain_us,
+		   d->rrecv_us, d->cpu_us, d->csw, d->yields, d->sleeps, d->start_bg ? "pass" : "poll");
 }
 
 /* A backup completion of the application's WR: its wr_id and QP number. */

@@ -190,8 +190,8 @@ void fo_held_release(struct shift_dqp *d)
 
 		d->held_us += (uint32_t)(now - d->t_held_us);
 		d->t_held_us = 0;
-		if (!d->switch_us && d->handshake_done && d->t_error_us)
-			d->switch_us = now > d->t_error_us ? now - d->t_error_us : 1;
+		if (!d->switch_us && d->handshake_done && d->t_start_us)
+			d->switch_us = now > d->t_start_us ? now - d->t_start_us : 1;
 	}
 	shift_dqp_unlock(d);
 	if (released)

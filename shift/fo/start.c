@@ -35,6 +35,7 @@
  * over, refused posts), common.c (shared helpers). fo_int.h is their
  * internal interface. docs/architecture.md has the path of one failover.
  */
+#include "shift/base/backoff.h"
 #include "shift/fo/fo_int.h"
 #include "shift/dp/nwq.h"
 
@@ -266,8 +267,11 @@ static void stop_default(struct shift_ctx *s, struct shift_dqp *d, bool again)
 	d->react_us = d->t_peer_us && d->t_peer_us <= d->t_start_us &&
 				      d->t_start_us - d->t_peer_us < 10000000u ?
 			      (uint32_t)(d->t_start_us - d->t_peer_us) : 0;
-	d->stop_us = d->err_us = d->drain_us = d->rrecv_us = 0;
+	d->stop_us = d->err_us = d->drain_us = d->rrecv_us = d->cpu_us = d->csw = 0;
+	d->yields = d->sleeps = 0;
 	d->start_bg = fo_on_background();
+	shift_clock_thread(&d->cpu0_us, &d->csw0);
+	shift_backoff_counts(&d->yields0, &d->sleeps0);
 	d->timing_said = false;
 	/* what d completed is counted before it is judged: a poll of another
 	 * thread that entered the fast path before the context went slow may
@@ -276,6 +280,20 @@ static void stop_default(struct shift_ctx *s, struct shift_dqp *d, bool again)
 	shift_ctx_set_slow(s, true);
 	shift_dp_fast_polls_wait(s);
 	d->bk = d->shadow->bk;
+	/* The default QP to ERR before post_lock is taken: a poster inside the
+	 * provider's post_send holds it, and soft-RoCE transmits a post's data
+	 * inside that call (up to its window, milliseconds under emulation,
+	 * longer when it retransmits); ERR ends that at once. A post that
+	 * reaches the provider before the lock is mirrored as any other
+	 * (recorded before the provider's call): flushed by the provider, or
+	 * refused and taken (shift_failover_post_refused), it is
+	 * retransmitted from the mirror. Its WQE stays whole until its
+	 * completion is polled, which only the drain below does (native
+	 * access reads it back first). */
+	uint64_t t_err = shift_clock_us();
+
+	shift_lower->modify_qp(d->qp, &a, IBV_QP_STATE);
+	d->err_us = (uint32_t)(shift_clock_us() - t_err);
 	/* posters hold everything from here: sends until the handshake,
 	 * receives until they are reposted below, in order */
 	shift_dqp_lock(d);
@@ -290,10 +308,6 @@ static void stop_default(struct shift_ctx *s, struct shift_dqp *d, bool again)
 	shift_dqp_sync_locked(d);
 	shift_dqp_native_fill(d, d->sq_tail, SHIFT_LOAD(d->rq_tail));
 	shift_dqp_unlock(d);
-	uint64_t t_err = shift_clock_us();
-
-	shift_lower->modify_qp(d->qp, &a, IBV_QP_STATE);
-	d->err_us = (uint32_t)(shift_clock_us() - t_err);
 	fo_rk_failover(d); /* (the peer's keys read while the handshake runs) */
 	d->t_error_us = shift_clock_us();
 	d->stop_us = (uint32_t)(d->t_error_us - d->t_start_us);
@@ -421,13 +435,15 @@ int fo_start(struct shift_ctx *s, struct shift_dqp *d, struct out *o,
 		 * it has stopped it (it follows my record) */
 		shift_dqp_set_ep_wait(d, SHIFT_EP_WAIT_RESET, "the peer's old backup may still send");
 		d->kv_at = 0;
-		d->t_drained_us = 0; /* (rrecv_us: not the wait's) */
+		d->t_drained_us = d->cpu0_us = 0; /* (rrecv_us, cpu_us: not the wait's) */
 		fo_ep_publish(s, d);
 		shift_info("%s QP %u: failover %lu waits for the peer to stop its backup QP", d->dev,
 			   d->qpn, d->failovers);
 		return 0;
 	}
-	if (fo_finish_start(s, d, again)) {
+	rc = fo_finish_start(s, d, again);
+	d->cpu0_us = 0; /* (a message sent later is not this start's: cpu_us) */
+	if (rc) {
 		/* the default QP's flushes were dropped above: the
 		 * application gets its outstanding WRs back with errors */
 		if (d->fail_why)
@@ -507,6 +523,22 @@ void fo_send_my_ctrl(struct shift_ctx *s, struct shift_dqp *d)
 		return;
 	}
 	d->ctrl_sent = true;
-	if (!d->t_sent_us)
+	if (!d->t_sent_us) {
+		uint64_t cpu;
+		uint32_t csw;
+
 		d->t_sent_us = shift_clock_us();
+		/* (inside fo_start(), on the thread that started it; not a
+		 * message that waited for the peer) */
+		shift_clock_thread(&cpu, &csw);
+		if (d->cpu0_us && cpu >= d->cpu0_us) {
+			unsigned y, z;
+
+			shift_backoff_counts(&y, &z);
+			d->cpu_us = (uint32_t)(cpu - d->cpu0_us);
+			d->csw = csw - d->csw0;
+			d->yields = y - d->yields0;
+			d->sleeps = z - d->sleeps0;
+		}
+	}
 }

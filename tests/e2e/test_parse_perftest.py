@@ -66,7 +66,11 @@ def main():
            "switch_us=100 fallback_us=200\n"
            "shift: info: 2026-11-29T11:55:58.000Z hostA[249] rxe0 QP 22: failover-timing dev=rxe0 qp=22 "
            "switch_us=9000 fallback_us=9500 start_us=2000 wait_us=3000 retx_us=4000 post_us=1000 "
-           "held_us=0 react_us=600 stop_us=700 err_us=300 drain_us=800 rrecv_us=90 by=pass\n")
+           "held_us=0 react_us=600 stop_us=700 err_us=300 drain_us=800 rrecv_us=90 by=pass\n"
+           "shift: info: 2026-11-29T11:55:59.000Z hostA[249] rxe0 QP 23: failover-timing dev=rxe0 qp=23 "
+           "switch_us=7000 fallback_us=7500 start_us=2500 wait_us=2000 retx_us=3000 post_us=900 "
+           "held_us=0 react_us=0 stop_us=500 err_us=200 drain_us=400 rrecv_us=80 cpu_us=1200 "
+           "preempted=3 yields=64 sleeps=2 by=pass\n")
     t0 = tb.log_time("2026-11-29T11:55:56.000")
     fos = tb.parse_failover_timing(log, 0.0, t0, "client", "A")
     want = [{"role": "client", "host": "A", "t": 0.197, "dev": "rxe0", "qp": 20, "switch_us": 16634,
@@ -77,15 +81,20 @@ def main():
             {"role": "client", "host": "A", "t": 2.0, "dev": "rxe0", "qp": 22, "switch_us": 9000,
              "fallback_us": 9500, "start_us": 2000, "wait_us": 3000, "retx_us": 4000, "post_us": 1000,
              "held_us": 0, "react_us": 600, "stop_us": 700, "err_us": 300, "drain_us": 800, "rrecv_us": 90,
-             "by": "pass", "port_gap_ms": 1850.0}]
+             "by": "pass", "port_gap_ms": 1850.0},
+            {"role": "client", "host": "A", "t": 3.0, "dev": "rxe0", "qp": 23, "switch_us": 7000,
+             "fallback_us": 7500, "start_us": 2500, "wait_us": 2000, "retx_us": 3000, "post_us": 900,
+             "held_us": 0, "react_us": 0, "stop_us": 500, "err_us": 200, "drain_us": 400, "rrecv_us": 80,
+             "cpu_us": 1200, "preempted": 3, "yields": 64, "sleeps": 2, "by": "pass", "port_gap_ms": 2850.0}]
     if fos != want:
         bad.append("parse_failover_timing %r, want %r" % (fos, want))
     ph = tb.phase_summary(fos)
-    if ph["n"] != 2 or ph["wait_us"]["p50"] != 8889 or ph["post_us"]["max"] != 3100:
+    if ph["n"] != 3 or ph["wait_us"]["p50"] != 3000 or ph["post_us"]["max"] != 3100:
         bad.append("phase_summary %r" % ph)
     sb = ph.get("start_by_pass")
-    if not sb or sb["n"] != 1 or sb["stop_us"]["p50"] != 700 or sb["rrecv_us"]["max"] != 90 \
-            or "start_by_poll" in ph:
+    if not sb or sb["n"] != 2 or sb["stop_us"]["max"] != 700 or sb["rrecv_us"]["max"] != 90 \
+            or "start_by_poll" in ph or sb.get("cpu_us", {}).get("max") != 1200 \
+            or sb["preempted"]["p50"] != 3 or sb["sleeps"]["max"] != 2:
         bad.append("phase_summary's starts by pass %r" % ph)
     for b in bad:
         print("FAIL:", b)

@@ -555,6 +555,125 @@ static void test_failover_waits_for_a_poll_inside(void **state)
 	pair_close(&p);
 }
 
+/*
+ * A failover while the application's post is inside the provider's
+ * post_send (holding SHIFT's post_lock): soft-RoCE transmits a post's data
+ * inside that call, retransmitting for as long as the QP lives. The hook
+ * stands for that: the post stays inside until its QP is in ERR (3 s at
+ * most). The failover must move the QP to ERR without waiting for the
+ * post (it waited for post_lock first until stop 45: here 3 s, on the
+ * testbed up to 14 ms), and the write must still complete once, with its
+ * data, on the backup.
+ */
+static __thread bool inside_poster_here;
+static struct ibv_qp *inside_qp;
+static int inside_armed, inside_in, inside_saw_err;
+
+static void inside_hook(const char *op, struct ibv_context *ctx, bool inside)
+{
+	int one = 1;
+
+	(void)ctx;
+	if (strcmp(op, "post_send") || inside || !inside_poster_here ||
+	    !__atomic_compare_exchange_n(&inside_armed, &one, 0, false, __ATOMIC_ACQ_REL,
+					 __ATOMIC_ACQUIRE))
+		return;
+	__atomic_store_n(&inside_in, 1, __ATOMIC_RELEASE);
+	for (uint64_t end = now_ms() + 3000; now_ms() < end;) {
+		sim_locked_enter();
+		bool err = inside_qp->state == IBV_QPS_ERR;
+
+		sim_locked_leave();
+		if (err) {
+			__atomic_store_n(&inside_saw_err, 1, __ATOMIC_RELEASE);
+			return;
+		}
+		usleep(1000);
+	}
+}
+
+struct inside_post {
+	struct sim_ep *a, *b;
+	int rc;
+};
+
+static void *inside_poster(void *arg)
+{
+	struct inside_post *ip = arg;
+	struct ibv_sge sge = { .addr = (uintptr_t)ip->a->buf, .length = 64, .lkey = ip->a->mr->lkey };
+	struct ibv_send_wr wr = {
+		.wr_id = 2000, .sg_list = &sge, .num_sge = 1, .opcode = IBV_WR_RDMA_WRITE,
+		.send_flags = IBV_SEND_SIGNALED,
+		.wr.rdma = { .remote_addr = (uintptr_t)ip->b->buf + 2048, .rkey = ip->b->mr->rkey },
+	}, *bad;
+
+	inside_poster_here = true;
+	ip->rc = ibv_post_send(ip->a->qp, &wr, &bad);
+	return NULL;
+}
+
+static void test_failover_stops_a_post_inside(void **state)
+{
+	struct pair p;
+	struct inside_post ip = { .rc = -1 };
+	unsigned seen = 0;
+	(void)state;
+
+	test_setenv("SHIFT_PORT_DOWN_MS", "20000");
+	pair_open(&p, "insidepost");
+	struct shift_dqp *d = shift_dqp_of_qp(p.a.qp);
+
+	assert_non_null(d);
+	memset(p.a.buf, 0x5a, 64);
+	ip.a = &p.a;
+	ip.b = &p.b;
+	inside_qp = p.a.qp;
+	__atomic_store_n(&inside_in, 0, __ATOMIC_RELEASE);
+	__atomic_store_n(&inside_saw_err, 0, __ATOMIC_RELEASE);
+	__atomic_store_n(&inside_armed, 1, __ATOMIC_RELEASE);
+	__atomic_store_n(&sim_locked.hook, inside_hook, __ATOMIC_RELEASE);
+	pthread_t t;
+
+	assert_int_equal(pthread_create(&t, NULL, inside_poster, &ip), 0);
+	for (uint64_t end = now_ms() + 5000; !__atomic_load_n(&inside_in, __ATOMIC_ACQUIRE);) {
+		assert_true(now_ms() < end);
+		usleep(1000);
+	}
+	uint64_t t0 = now_ms();
+
+	kill_default_nic(&p);
+	assert_int_equal(pthread_join(t, NULL), 0);
+	uint64_t took = now_ms() - t0;
+
+	__atomic_store_n(&sim_locked.hook, NULL, __ATOMIC_RELEASE);
+	print_message("the post inside the provider saw its QP in ERR after %llu ms\n",
+		      (unsigned long long)took);
+	assert_true(__atomic_load_n(&inside_saw_err, __ATOMIC_ACQUIRE));
+	assert_int_equal(ip.rc, 0);
+	/* the write completes once, successfully, with its data at B */
+	for (uint64_t end = now_ms() + 10000; now_ms() < end && !seen;) {
+		struct ibv_wc wc;
+
+		step(p.w);
+		int n = ibv_poll_cq(p.a.cq, 1, &wc);
+
+		assert_true(n >= 0);
+		if (n) {
+			assert_int_equal(wc.wr_id, 2000);
+			assert_int_equal(wc.status, IBV_WC_SUCCESS);
+			seen++;
+		}
+	}
+	assert_int_equal(seen, 1);
+	assert_int_not_equal(__atomic_load_n(&d->send_state, __ATOMIC_ACQUIRE), SHIFT_SEND_DEFAULT);
+	assert_int_equal((uint8_t)p.b.buf[2048], 0x5a);
+	struct ibv_wc wc = write_one(p.w, &p.a, &p.b, 5);
+
+	assert_int_equal(wc.status, IBV_WC_SUCCESS);
+	assert_int_equal(wc.wr_id, 1005);
+	pair_close(&p);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -565,6 +684,7 @@ int main(void)
 		cmocka_unit_test(test_flaps_with_real_threads),
 		cmocka_unit_test(test_idle_threads_sleep),
 		cmocka_unit_test(test_failover_waits_for_a_poll_inside),
+		cmocka_unit_test(test_failover_stops_a_post_inside),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);
