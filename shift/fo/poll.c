@@ -121,7 +121,8 @@ static void backup_works(struct shift_dqp *d)
 {
 	d->bk_restarts = 0;
 	if (!d->fallback_us && d->t_error_us) {
-		d->fallback_us = shift_clock_us() - d->t_error_us;
+		/* (from the failover's start, as the switch time) */
+		d->fallback_us = shift_clock_us() - d->t_start_us;
 		if (!d->fallback_us)
 			d->fallback_us = 1;
 		fo_timing_say(d);
