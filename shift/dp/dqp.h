@@ -315,8 +315,7 @@ struct shift_dqp {
 
 	unsigned long failovers, failbacks, retransmitted; /* statistics (shiftctl, logs) */
 	bool atomic_boundary_hit, timing_said;
-	uint64_t t_error_us;          /* the error that started the last failover */
-	uint64_t switch_us, fallback_us; /* of the last failover; 0 = not yet */
+	uint64_t t_error_us, switch_us, fallback_us; /* the last failover's ERR; 0 = not yet */
 	/* its phases (fo_timing_say): started, my message out, the peer's in, held for
 	 * keys since; us start to my message, to the peer's, reposting, in posts, held */
 	uint64_t t_start_us, t_sent_us, t_peer_us, t_held_us;
@@ -325,7 +324,8 @@ struct shift_dqp {
 	 * receives reposted; by a pass? its thread's CPU and preemptions to my message */
 	uint64_t t_drained_us, cpu0_us;
 	uint32_t react_us, stop_us, err_us, drain_us, rrecv_us; /* (err: in modify_qp) */
-	uint32_t csw0, cpu_us, csw, yields0, sleeps0, yields, sleeps; bool start_bg;
+	uint32_t csw0, cpu_us, csw, yields0, sleeps0, yields, sleeps;
+	bool start_bg, stopping; /* (stopping: in ERR by SHIFT, posts not held yet) */
 	uint64_t last_switch_s;       /* wall clock of the last transition */
 	uint64_t own_tag;             /* the wr_ids of SHIFT's WRs on this QP (above) */
 };

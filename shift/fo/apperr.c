@@ -442,7 +442,10 @@ void shift_failover_query_qp(struct shift_dqp *d, struct ibv_qp_attr *attr, int 
 
 	if ((mask & IBV_QP_RETRY_CNT) && d->retry_cnt_changed)
 		attr->retry_cnt = d->app_retry_cnt;
-	if (ss == SHIFT_SEND_UNPROTECTED || (ss == SHIFT_SEND_DEFAULT && rs == SHIFT_RECV_DEFAULT) ||
+	/* (stopping: SHIFT's own ERR, before the posts are held) */
+	if (ss == SHIFT_SEND_UNPROTECTED ||
+	    (ss == SHIFT_SEND_DEFAULT && rs == SHIFT_RECV_DEFAULT &&
+	     !__atomic_load_n(&d->stopping, __ATOMIC_ACQUIRE)) ||
 	    !d->shadow || !r)
 		return;
 	pthread_mutex_lock(&r->lock);

@@ -38,9 +38,11 @@ bool fo_take_refused(struct shift_dqp *d, int rc, uint64_t sq_from, uint64_t rq_
 	if (!d->post_failed) {
 		d->sq_taken = sq_from;
 		d->rq_taken = rq_from;
-		shift_info("%s QP %u: the provider refused a post (%s) on a failed QP (%s): "
-			   "SHIFT keeps the WRs for its backup QP", d->dev, d->qpn, strerror(rc),
-			   q ? "cannot query it" : "ERR");
+		/* (not a failure of its own: SHIFT's failover stopped it) */
+		if (!__atomic_load_n(&d->stopping, __ATOMIC_ACQUIRE))
+			shift_info("%s QP %u: the provider refused a post (%s) on a failed QP "
+				   "(%s): SHIFT keeps the WRs for its backup QP", d->dev, d->qpn,
+				   strerror(rc), q ? "cannot query it" : "ERR");
 		__atomic_store_n(&d->post_failed, true, __ATOMIC_RELEASE);
 	}
 	shift_ctx_set_slow(s, true);

@@ -150,7 +150,7 @@ void fo_ret_finish(struct shift_ctx *s, struct shift_dqp *d, struct out *o)
 	d->dflt = SHIFT_DFLT_OK;
 	SHIFT_STAT_ADD(d->failbacks, 1);
 	d->failback_fails = 0;
-	d->switch_us = d->t_error_us ? shift_clock_us() - d->t_error_us : 0;
+	d->switch_us = d->t_error_us ? shift_clock_us() - d->t_start_us : 0; /* (from the start) */
 	SHIFT_STAT_SET(d->last_switch_s, shift_clock_wall_s());
 	shift_info("%s QP %u: back on the default QP after the backup failed (failover %lu): %llu "
 		   "WRs moved there, %llu already executed at the peer completed", d->dev, d->qpn,

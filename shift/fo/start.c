@@ -251,13 +251,11 @@ static int start_possible(struct shift_ctx *s, struct shift_dqp *d, struct out *
 	return 0;
 }
 
-/* Stop the default QP and hold every post (again: the backup served the
- * last failover and was not reset since). */
-static void stop_default(struct shift_ctx *s, struct shift_dqp *d, bool again)
+/* A start's timing (fo_timing_say()) begins: its phases, its thread's
+ * CPU time and waits so far. */
+static void timing_start(struct shift_dqp *d)
 {
-	struct ibv_qp_attr a = { .qp_state = IBV_QPS_ERR };
-
-	/* (its phases, fo_timing_say(); t_peer_us is the peer's message's,
+	/* (t_peer_us is the peer's message's,
 	 * which may have come first) */
 	d->t_start_us = shift_clock_us();
 	d->t_sent_us = d->t_held_us = d->t_drained_us = 0;
@@ -272,6 +270,17 @@ static void stop_default(struct shift_ctx *s, struct shift_dqp *d, bool again)
 	d->start_bg = fo_on_background();
 	shift_clock_thread(&d->cpu0_us, &d->csw0);
 	shift_backoff_counts(&d->yields0, &d->sleeps0);
+}
+
+/* Stop the default QP and hold every post (again: the backup served the
+ * last failover and was not reset since). True if the provider refused a
+ * post SHIFT took (shift_failover_post_refused), before the start or
+ * between the QP's ERR and the posts held. */
+static bool stop_default(struct shift_ctx *s, struct shift_dqp *d, bool again)
+{
+	struct ibv_qp_attr a = { .qp_state = IBV_QPS_ERR };
+
+	timing_start(d);
 	d->timing_said = false;
 	/* what d completed is counted before it is judged: a poll of another
 	 * thread that entered the fast path before the context went slow may
@@ -292,11 +301,15 @@ static void stop_default(struct shift_ctx *s, struct shift_dqp *d, bool again)
 	 * access reads it back first). */
 	uint64_t t_err = shift_clock_us();
 
+	/* (the application's query_qp says its own state meanwhile) */
+	__atomic_store_n(&d->stopping, true, __ATOMIC_RELEASE);
 	shift_lower->modify_qp(d->qp, &a, IBV_QP_STATE);
 	d->err_us = (uint32_t)(shift_clock_us() - t_err);
 	/* posters hold everything from here: sends until the handshake,
 	 * receives until they are reposted below, in order */
 	shift_dqp_lock(d);
+	bool refused = d->post_failed; /* (sq_taken, rq_taken: the judge's) */
+
 	d->handshake_done = false;
 	d->recv_hold = true;
 	d->post_failed = false; /* (its WRs are in the mirror like the others) */
@@ -307,6 +320,7 @@ static void stop_default(struct shift_ctx *s, struct shift_dqp *d, bool again)
 	 * queues while they are whole (atomic_in_flight() checks them) */
 	shift_dqp_sync_locked(d);
 	shift_dqp_native_fill(d, d->sq_tail, SHIFT_LOAD(d->rq_tail));
+	__atomic_store_n(&d->stopping, false, __ATOMIC_RELEASE);
 	shift_dqp_unlock(d);
 	fo_rk_failover(d); /* (the peer's keys read while the handshake runs) */
 	d->t_error_us = shift_clock_us();
@@ -330,6 +344,7 @@ static void stop_default(struct shift_ctx *s, struct shift_dqp *d, bool again)
 		fo_flush_backup(s, d, true);
 	}
 	d->need_rearm = true;
+	return refused;
 }
 
 /*
@@ -409,7 +424,10 @@ int fo_start(struct shift_ctx *s, struct shift_dqp *d, struct out *o,
 		.direct = o->n < o->max && o->c->kept_head == o->c->kept_tail,
 		.at = o->c->kept_head - o->c->kept_tail,
 	};
-	stop_default(s, d, again);
+	/* (a post refused once the QP was in ERR is taken as one before:
+	 * if the judge finds no failover, its WRs flush, fo_judge_start) */
+	if (stop_default(s, d, again))
+		sc.refused = true;
 	if (d->dsrq)
 		fo_srq_release(d); /* (its reset default QP's, older than the drain's) */
 	if (drain_judged(s, d, o, &sc))

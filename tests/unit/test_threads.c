@@ -563,11 +563,14 @@ static void test_failover_waits_for_a_poll_inside(void **state)
  * most). The failover must move the QP to ERR without waiting for the
  * post (it waited for post_lock first until stop 45: here 3 s, on the
  * testbed up to 14 ms), and the write must still complete once, with its
- * data, on the backup.
+ * data, on the backup, whether the provider then takes the post (and
+ * flushes it) or refuses it (refuse_posts_in_err). Meanwhile the
+ * application's query_qp says RTS, as before the failover (not SHIFT's
+ * ERR: the failover waits for this post's post_lock all along).
  */
 static __thread bool inside_poster_here;
 static struct ibv_qp *inside_qp;
-static int inside_armed, inside_in, inside_saw_err;
+static int inside_armed, inside_in, inside_saw_err, inside_state = -1;
 
 static void inside_hook(const char *op, struct ibv_context *ctx, bool inside)
 {
@@ -585,6 +588,11 @@ static void inside_hook(const char *op, struct ibv_context *ctx, bool inside)
 
 		sim_locked_leave();
 		if (err) {
+			struct ibv_qp_attr a;
+			struct ibv_qp_init_attr ia;
+
+			if (!shift_verbs.query_qp(inside_qp, &a, IBV_QP_STATE, &ia))
+				__atomic_store_n(&inside_state, (int)a.qp_state, __ATOMIC_RELEASE);
 			__atomic_store_n(&inside_saw_err, 1, __ATOMIC_RELEASE);
 			return;
 		}
@@ -612,15 +620,17 @@ static void *inside_poster(void *arg)
 	return NULL;
 }
 
-static void test_failover_stops_a_post_inside(void **state)
+static void stops_a_post_inside(bool refuse)
 {
 	struct pair p;
 	struct inside_post ip = { .rc = -1 };
 	unsigned seen = 0;
-	(void)state;
 
 	test_setenv("SHIFT_PORT_DOWN_MS", "20000");
-	pair_open(&p, "insidepost");
+	pair_open(&p, refuse ? "insiderefused" : "insidepost");
+	sim_locked_enter();
+	sim_world_set_refuse_posts_in_err(p.w, refuse);
+	sim_locked_leave();
 	struct shift_dqp *d = shift_dqp_of_qp(p.a.qp);
 
 	assert_non_null(d);
@@ -630,6 +640,7 @@ static void test_failover_stops_a_post_inside(void **state)
 	inside_qp = p.a.qp;
 	__atomic_store_n(&inside_in, 0, __ATOMIC_RELEASE);
 	__atomic_store_n(&inside_saw_err, 0, __ATOMIC_RELEASE);
+	__atomic_store_n(&inside_state, -1, __ATOMIC_RELEASE);
 	__atomic_store_n(&inside_armed, 1, __ATOMIC_RELEASE);
 	__atomic_store_n(&sim_locked.hook, inside_hook, __ATOMIC_RELEASE);
 	pthread_t t;
@@ -646,11 +657,13 @@ static void test_failover_stops_a_post_inside(void **state)
 	uint64_t took = now_ms() - t0;
 
 	__atomic_store_n(&sim_locked.hook, NULL, __ATOMIC_RELEASE);
-	print_message("the post inside the provider saw its QP in ERR after %llu ms\n",
-		      (unsigned long long)took);
+	print_message("the post inside the provider (%s) saw its QP in ERR after %llu ms\n",
+		      refuse ? "refusing" : "taking", (unsigned long long)took);
 	assert_true(__atomic_load_n(&inside_saw_err, __ATOMIC_ACQUIRE));
+	assert_int_equal(__atomic_load_n(&inside_state, __ATOMIC_ACQUIRE), IBV_QPS_RTS);
 	assert_int_equal(ip.rc, 0);
-	/* the write completes once, successfully, with its data at B */
+	/* the write completes once, successfully, with its data at B (and
+	 * nothing else comes: the next write's completion is the next) */
 	for (uint64_t end = now_ms() + 10000; now_ms() < end && !seen;) {
 		struct ibv_wc wc;
 
@@ -674,6 +687,18 @@ static void test_failover_stops_a_post_inside(void **state)
 	pair_close(&p);
 }
 
+static void test_failover_stops_a_post_inside(void **state)
+{
+	(void)state;
+	stops_a_post_inside(false);
+}
+
+static void test_failover_stops_a_refused_post_inside(void **state)
+{
+	(void)state;
+	stops_a_post_inside(true);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -685,6 +710,7 @@ int main(void)
 		cmocka_unit_test(test_idle_threads_sleep),
 		cmocka_unit_test(test_failover_waits_for_a_poll_inside),
 		cmocka_unit_test(test_failover_stops_a_post_inside),
+		cmocka_unit_test(test_failover_stops_a_refused_post_inside),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);
