@@ -266,8 +266,12 @@ int fo_judge_start(struct shift_ctx *s, struct shift_dqp *d, struct out *o,
 	if (!d->failovers)
 		fo_remove(s, d);
 	put_back(d, o, sc, st);
+	/* the WRs the provider never had (refused, or posted while the start
+	 * held posts): flushed, as plain flushes a post on a QP in ERR */
 	if (sc->refused)
 		fo_flush_held(d, o, NULL, d->sq_taken, d->rq_taken);
+	else if (d->sq_head > sc->sq_stop || (!d->dsrq && d->rq_head > sc->rq_stop))
+		fo_flush_held(d, o, NULL, sc->sq_stop, d->dsrq ? d->rq_head : sc->rq_stop);
 	return -2;
 }
 

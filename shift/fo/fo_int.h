@@ -272,6 +272,7 @@ struct fo_start_ctx {
 	bool again, unsure, refused;
 	bool direct;              /* err could go straight to the caller's array */
 	uint64_t at;              /* else its place in the caller's CQ's kept */
+	uint64_t sq_stop, rq_stop; /* the first WRs posts held (stop_default) */
 };
 int fo_judge_start(struct shift_ctx *s, struct shift_dqp *d, struct out *o,
 		   const struct fo_start_ctx *sc, struct shift_fo_stash *st);

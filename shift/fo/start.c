@@ -275,8 +275,10 @@ static void timing_start(struct shift_dqp *d)
 /* Stop the default QP and hold every post (again: the backup served the
  * last failover and was not reset since). True if the provider refused a
  * post SHIFT took (shift_failover_post_refused), before the start or
- * between the QP's ERR and the posts held. */
-static bool stop_default(struct shift_ctx *s, struct shift_dqp *d, bool again)
+ * between the QP's ERR and the posts held. sc->sq_stop, rq_stop: where the
+ * held posts begin (the provider has every WR before them). */
+static bool stop_default(struct shift_ctx *s, struct shift_dqp *d, bool again,
+			 struct fo_start_ctx *sc)
 {
 	struct ibv_qp_attr a = { .qp_state = IBV_QPS_ERR };
 
@@ -309,6 +311,9 @@ static bool stop_default(struct shift_ctx *s, struct shift_dqp *d, bool again)
 	 * receives until they are reposted below, in order */
 	shift_dqp_lock(d);
 	bool refused = d->post_failed; /* (sq_taken, rq_taken: the judge's) */
+
+	sc->sq_stop = d->sq_head;
+	sc->rq_stop = d->rq_head;
 
 	d->handshake_done = false;
 	d->recv_hold = true;
@@ -426,7 +431,7 @@ int fo_start(struct shift_ctx *s, struct shift_dqp *d, struct out *o,
 	};
 	/* (a post refused once the QP was in ERR is taken as one before:
 	 * if the judge finds no failover, its WRs flush, fo_judge_start) */
-	if (stop_default(s, d, again))
+	if (stop_default(s, d, again, &sc))
 		sc.refused = true;
 	if (d->dsrq)
 		fo_srq_release(d); /* (its reset default QP's, older than the drain's) */

@@ -699,6 +699,117 @@ static void test_failover_stops_a_refused_post_inside(void **state)
 	stops_a_post_inside(true);
 }
 
+/*
+ * A start that finds the application's own error: A's port dies while the
+ * error of A's write with a bad rkey waits in its CQ, unpolled. A's thread
+ * starts a failover, drains the CQ, finds the application's error, and
+ * gives up: no failover, the QP unprotected, everything as plain gives it.
+ * A send another application thread posted while that start drained (the
+ * posts are held then) never reached the provider. It must complete
+ * flushed, after the error, as plain flushes a post on a QP in ERR. Before
+ * stop 45 it never completed. The hook holds the drain's first poll until
+ * that post has returned.
+ */
+static __thread bool window_app_thread;
+static struct shift_dqp *window_d;
+static int window_armed, window_posted;
+
+static void window_hook(const char *op, struct ibv_context *ctx, bool inside)
+{
+	int one = 1;
+
+	(void)ctx;
+	if (strcmp(op, "poll_cq") || inside || window_app_thread || !window_d ||
+	    __atomic_load_n(&window_d->send_state, __ATOMIC_ACQUIRE) == SHIFT_SEND_DEFAULT ||
+	    !__atomic_compare_exchange_n(&window_armed, &one, 2, false, __ATOMIC_ACQ_REL,
+					 __ATOMIC_ACQUIRE))
+		return;
+	for (uint64_t end = now_ms() + 3000;
+	     !__atomic_load_n(&window_posted, __ATOMIC_ACQUIRE) && now_ms() < end;)
+		usleep(1000);
+}
+
+static void *window_poster(void *arg)
+{
+	struct inside_post *ip = arg;
+	struct ibv_sge sge = { .addr = (uintptr_t)ip->a->buf, .length = 64, .lkey = ip->a->mr->lkey };
+	struct ibv_send_wr wr = {
+		.wr_id = 3001, .sg_list = &sge, .num_sge = 1, .opcode = IBV_WR_RDMA_WRITE,
+		.send_flags = IBV_SEND_SIGNALED,
+		.wr.rdma = { .remote_addr = (uintptr_t)ip->b->buf + 2048, .rkey = ip->b->mr->rkey },
+	}, *bad;
+
+	window_app_thread = true;
+	for (uint64_t end = now_ms() + 5000;
+	     __atomic_load_n(&window_armed, __ATOMIC_ACQUIRE) != 2 && now_ms() < end;)
+		usleep(500);
+	ip->rc = ibv_post_send(ip->a->qp, &wr, &bad);
+	__atomic_store_n(&window_posted, 1, __ATOMIC_RELEASE);
+	return NULL;
+}
+
+static void test_app_error_flushes_a_post_held_by_its_start(void **state)
+{
+	struct pair p;
+	struct inside_post ip = { .rc = -1 };
+	unsigned err_seen = 0, flush_seen = 0;
+	(void)state;
+
+	test_setenv("SHIFT_PORT_DOWN_MS", "20000");
+	pair_open(&p, "heldapperr");
+	window_d = shift_dqp_of_qp(p.a.qp);
+	assert_non_null(window_d);
+	window_app_thread = true;
+	ip.a = &p.a;
+	ip.b = &p.b;
+	struct ibv_sge sge = { .addr = (uintptr_t)p.a.buf, .length = 64, .lkey = p.a.mr->lkey };
+	struct ibv_send_wr wr = {
+		.wr_id = 3000, .sg_list = &sge, .num_sge = 1, .opcode = IBV_WR_RDMA_WRITE,
+		.send_flags = IBV_SEND_SIGNALED,
+		.wr.rdma = { .remote_addr = (uintptr_t)p.b.buf + 2048, .rkey = p.b.mr->rkey + 77 },
+	}, *bad;
+
+	assert_int_equal(ibv_post_send(p.a.qp, &wr, &bad), 0);
+	for (unsigned i = 0; i < 200; i++)
+		step(p.w); /* (its error in A's CQ, unpolled) */
+	__atomic_store_n(&window_posted, 0, __ATOMIC_RELEASE);
+	__atomic_store_n(&window_armed, 1, __ATOMIC_RELEASE);
+	__atomic_store_n(&sim_locked.hook, window_hook, __ATOMIC_RELEASE);
+	pthread_t t;
+
+	assert_int_equal(pthread_create(&t, NULL, window_poster, &ip), 0);
+	kill_default_nic(&p);
+	assert_int_equal(pthread_join(t, NULL), 0);
+	__atomic_store_n(&sim_locked.hook, NULL, __ATOMIC_RELEASE);
+	print_message("the start's drain %s the post\n",
+		      __atomic_load_n(&window_armed, __ATOMIC_ACQUIRE) == 2 ? "held for" : "missed");
+	assert_int_equal(__atomic_load_n(&window_armed, __ATOMIC_ACQUIRE), 2);
+	assert_int_equal(ip.rc, 0);
+	for (uint64_t end = now_ms() + 5000; now_ms() < end && !flush_seen;) {
+		struct ibv_wc wc;
+
+		step(p.w);
+		int n = ibv_poll_cq(p.a.cq, 1, &wc);
+
+		assert_true(n >= 0);
+		if (!n)
+			continue;
+		if (wc.wr_id == 3000) {
+			assert_int_equal(wc.status, IBV_WC_REM_ACCESS_ERR);
+			err_seen++;
+		} else {
+			assert_int_equal(wc.wr_id, 3001);
+			assert_int_equal(wc.status, IBV_WC_WR_FLUSH_ERR);
+			assert_int_equal(err_seen, 1); /* (after the error, as plain's) */
+			flush_seen++;
+		}
+	}
+	window_d = NULL;
+	assert_int_equal(err_seen, 1);
+	assert_int_equal(flush_seen, 1);
+	pair_close(&p);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -711,6 +822,7 @@ int main(void)
 		cmocka_unit_test(test_failover_waits_for_a_poll_inside),
 		cmocka_unit_test(test_failover_stops_a_post_inside),
 		cmocka_unit_test(test_failover_stops_a_refused_post_inside),
+		cmocka_unit_test(test_app_error_flushes_a_post_held_by_its_start),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);
