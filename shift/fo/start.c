@@ -273,11 +273,11 @@ static void timing_start(struct shift_dqp *d)
 }
 
 /* Stop the default QP and hold every post (again: the backup served the
- * last failover and was not reset since). True if the provider refused a
- * post SHIFT took (shift_failover_post_refused), before the start or
- * between the QP's ERR and the posts held. sc->sq_stop, rq_stop: where the
- * held posts begin (the provider has every WR before them). */
-static bool stop_default(struct shift_ctx *s, struct shift_dqp *d, bool again,
+ * last failover and was not reset since). For the judge (fo_judge_start):
+ * sc->refused also when the provider refused a post SHIFT took between the
+ * QP's ERR and the posts held; sc->sq_stop, rq_stop where the held posts
+ * begin (the provider has every WR before them). */
+static void stop_default(struct shift_ctx *s, struct shift_dqp *d, bool again,
 			 struct fo_start_ctx *sc)
 {
 	struct ibv_qp_attr a = { .qp_state = IBV_QPS_ERR };
@@ -310,8 +310,8 @@ static bool stop_default(struct shift_ctx *s, struct shift_dqp *d, bool again,
 	/* posters hold everything from here: sends until the handshake,
 	 * receives until they are reposted below, in order */
 	shift_dqp_lock(d);
-	bool refused = d->post_failed; /* (sq_taken, rq_taken: the judge's) */
-
+	if (d->post_failed)
+		sc->refused = true; /* (sq_taken, rq_taken: the judge's) */
 	sc->sq_stop = d->sq_head;
 	sc->rq_stop = d->rq_head;
 
@@ -349,7 +349,6 @@ static bool stop_default(struct shift_ctx *s, struct shift_dqp *d, bool again,
 		fo_flush_backup(s, d, true);
 	}
 	d->need_rearm = true;
-	return refused;
 }
 
 /*
@@ -429,10 +428,7 @@ int fo_start(struct shift_ctx *s, struct shift_dqp *d, struct out *o,
 		.direct = o->n < o->max && o->c->kept_head == o->c->kept_tail,
 		.at = o->c->kept_head - o->c->kept_tail,
 	};
-	/* (a post refused once the QP was in ERR is taken as one before:
-	 * if the judge finds no failover, its WRs flush, fo_judge_start) */
-	if (stop_default(s, d, again, &sc))
-		sc.refused = true;
+	stop_default(s, d, again, &sc);
 	if (d->dsrq)
 		fo_srq_release(d); /* (its reset default QP's, older than the drain's) */
 	if (drain_judged(s, d, o, &sc))

@@ -605,18 +605,25 @@ struct inside_post {
 	int rc;
 };
 
-static void *inside_poster(void *arg)
+/* A's write wr_id of A's first 64 bytes to B's at 2048: the post's rc. */
+static int post_write(struct inside_post *ip, uint64_t wr_id)
 {
-	struct inside_post *ip = arg;
 	struct ibv_sge sge = { .addr = (uintptr_t)ip->a->buf, .length = 64, .lkey = ip->a->mr->lkey };
 	struct ibv_send_wr wr = {
-		.wr_id = 2000, .sg_list = &sge, .num_sge = 1, .opcode = IBV_WR_RDMA_WRITE,
+		.wr_id = wr_id, .sg_list = &sge, .num_sge = 1, .opcode = IBV_WR_RDMA_WRITE,
 		.send_flags = IBV_SEND_SIGNALED,
 		.wr.rdma = { .remote_addr = (uintptr_t)ip->b->buf + 2048, .rkey = ip->b->mr->rkey },
 	}, *bad;
 
+	return ibv_post_send(ip->a->qp, &wr, &bad);
+}
+
+static void *inside_poster(void *arg)
+{
+	struct inside_post *ip = arg;
+
 	inside_poster_here = true;
-	ip->rc = ibv_post_send(ip->a->qp, &wr, &bad);
+	ip->rc = post_write(ip, 2000);
 	return NULL;
 }
 
@@ -732,18 +739,12 @@ static void window_hook(const char *op, struct ibv_context *ctx, bool inside)
 static void *window_poster(void *arg)
 {
 	struct inside_post *ip = arg;
-	struct ibv_sge sge = { .addr = (uintptr_t)ip->a->buf, .length = 64, .lkey = ip->a->mr->lkey };
-	struct ibv_send_wr wr = {
-		.wr_id = 3001, .sg_list = &sge, .num_sge = 1, .opcode = IBV_WR_RDMA_WRITE,
-		.send_flags = IBV_SEND_SIGNALED,
-		.wr.rdma = { .remote_addr = (uintptr_t)ip->b->buf + 2048, .rkey = ip->b->mr->rkey },
-	}, *bad;
 
 	window_app_thread = true;
 	for (uint64_t end = now_ms() + 5000;
 	     __atomic_load_n(&window_armed, __ATOMIC_ACQUIRE) != 2 && now_ms() < end;)
 		usleep(500);
-	ip->rc = ibv_post_send(ip->a->qp, &wr, &bad);
+	ip->rc = post_write(ip, 3001);
 	__atomic_store_n(&window_posted, 1, __ATOMIC_RELEASE);
 	return NULL;
 }
