@@ -178,7 +178,7 @@ bool fo_on_background(void);
 int fo_post_bk_recv(struct shift_dqp *d, uint64_t idx);
 void fo_give_up(struct shift_dqp *d, const char *why);
 void fo_from_default_batch(struct shift_ctx *s, struct ibv_wc *wc, size_t n, struct out *o);
-void fo_drain_default(struct shift_ctx *s, struct shift_cq *c, struct out *up);
+size_t fo_drain_default(struct shift_ctx *s, struct shift_cq *c, struct out *up);
 /* Poll c's application CQ in the slow path (dp_lock held): the completions
  * fast polls handed over first (struct shift_early), then the provider's. */
 int fo_poll_default(struct shift_ctx *s, struct shift_cq *c, int max, struct ibv_wc *wc);

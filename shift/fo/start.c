@@ -66,8 +66,9 @@ void fo_from_default_batch(struct shift_ctx *s, struct ibv_wc *wc, size_t n, str
  * successes are retired and kept, its errors dropped; another QP's error
  * may start that QP's own failover. A caller filtering a batch taken from
  * this CQ (the error that started this drain was in it) has not filtered
- * the rest of it: those come first, before the receive counter is read. */
-void fo_drain_default(struct shift_ctx *s, struct shift_cq *c, struct out *up)
+ * the rest of it: those come first, before the receive counter is read.
+ * The number of completions it took. */
+size_t fo_drain_default(struct shift_ctx *s, struct shift_cq *c, struct out *up)
 {
 	struct ibv_wc *all = NULL, tmp[TMP_WC];
 	size_t n_all = 0, cap = 0;
@@ -103,6 +104,7 @@ void fo_drain_default(struct shift_ctx *s, struct shift_cq *c, struct out *up)
 	struct out o = { .wc = NULL, .n = 0, .max = 0, .c = c, .up = up };
 	fo_from_default_batch(s, all, n_all, &o);
 	free(all);
+	return n_all;
 }
 
 /*
@@ -390,13 +392,23 @@ static int drain_judged(struct shift_ctx *s, struct shift_dqp *d, struct out *o,
 			const struct fo_start_ctx *sc)
 {
 	struct shift_fo_stash st = { .e = NULL };
+	uint64_t t0 = shift_clock_us();
+	size_t ns, nr = 0;
 
 	d->stash = &st;
-	fo_drain_default(s, d->scq, o);
+	ns = fo_drain_default(s, d->scq, o);
+	uint64_t t1 = shift_clock_us();
+
 	if (d->rcq != d->scq)
-		fo_drain_default(s, d->rcq, o);
+		nr = fo_drain_default(s, d->rcq, o);
 	d->stash = NULL;
+	uint64_t t2 = shift_clock_us();
 	int rc = fo_judge_start(s, d, o, sc, &st);
+
+	/* (where a drain's time goes, for the testbed's diagnosis) */
+	shift_debug("%s QP %u: drained %zu + %zu completions in %llu + %llu us, judged in %llu us",
+		    d->dev, d->qpn, ns, nr, (unsigned long long)(t1 - t0),
+		    (unsigned long long)(t2 - t1), (unsigned long long)(shift_clock_us() - t2));
 
 	free(st.e);
 	return rc;

@@ -77,6 +77,14 @@ endif()
 # test_pmap: the intrusive pointer-keyed hash of the shadow layer's lookups.
 shift_unit_test(test_pmap SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/test_pmap.c
   LIBS shift_core)
+# test_prefault: every page of a loaded object made resident ahead of a
+# failover (shift/base/prefault.c), shown on a cold 4 MiB module.
+add_library(prefault_cold MODULE ${CMAKE_CURRENT_SOURCE_DIR}/prefault_cold.c)
+shift_unit_test(test_prefault SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/test_prefault.c
+  LIBS shift_core ${CMAKE_DL_LIBS})
+target_compile_definitions(test_prefault PRIVATE
+  PREFAULT_COLD_SO="$<TARGET_FILE:prefault_cold>")
+add_dependencies(test_prefault prefault_cold)
 # test_mlx5_wqe: mlx5 WQEs, built byte by byte from the format, read back
 # into mirror entries (providers/mlx5_wqe.c), and every WQE that is not the
 # one posted refused.

@@ -1,0 +1,27 @@
+/*
+ * SHIFT's own code and data made resident before a failure needs them.
+ *
+ * The failover path runs for the first time when a NIC fails: none of its
+ * pages has been touched by then, and on a long job the library's cold
+ * pages may have left the page cache. Each first touch is a page fault,
+ * read from disk (or, on the testbed, from the host over 9p) on the
+ * switch's critical path. The background thread touches every page of the
+ * object SHIFT is built into once, at its start, so that a failover's
+ * faults are taken before there is one. Nothing is locked in memory
+ * (mlock would count against RLIMIT_MEMLOCK, the application's budget for
+ * its memory registrations).
+ */
+#ifndef SHIFT_BASE_PREFAULT_H
+#define SHIFT_BASE_PREFAULT_H
+
+#include <stddef.h>
+
+/* Read one byte of every page of the file-backed part of each loaded
+ * segment of the object (executable or shared library) holding addr. The
+ * number of pages touched (0: no loaded object holds addr). */
+size_t shift_prefault_object(const void *addr);
+
+/* The same for the object SHIFT is built into. */
+size_t shift_prefault_self(void);
+
+#endif /* SHIFT_BASE_PREFAULT_H */
