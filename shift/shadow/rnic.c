@@ -283,17 +283,19 @@ static void wait_kick(struct shift_rnic *r, uint64_t ms)
 }
 
 /* SHIFT's pages in before a failover needs them (base/prefault.h): once
- * per process, by the first RNIC thread, off the application's threads. */
+ * per process, by the first RNIC thread with no replay pending, off the
+ * application's threads. */
 static void prefault_once(void)
 {
 	static bool done;
 
-	if (__atomic_exchange_n(&done, true, __ATOMIC_ACQ_REL))
+	if (__atomic_load_n(&done, __ATOMIC_ACQUIRE) ||
+	    __atomic_exchange_n(&done, true, __ATOMIC_ACQ_REL))
 		return;
 	uint64_t t0 = shift_clock_us();
 	size_t n = shift_prefault_self();
 
-	shift_debug("SHIFT's %zu pages touched ahead of any failover in %llu us", n,
+	shift_debug("SHIFT's %zu pages faulted in ahead of any failover in %llu us", n,
 		    (unsigned long long)(shift_clock_us() - t0));
 }
 
@@ -313,7 +315,6 @@ static void *rnic_main(void *arg)
 	if (r->bk_ctx && r->kv)
 		shift_svc_open(r);
 	pthread_mutex_unlock(&r->busy);
-	prefault_once();
 	pthread_mutex_lock(&r->lock);
 	while (!r->stop) {
 		bool work = r->dirty;
@@ -338,6 +339,8 @@ static void *rnic_main(void *arg)
 			last_status = shift_clock_ms();
 		}
 		pthread_mutex_unlock(&r->busy);
+		if (!left)
+			prefault_once(); /* (once no replay waits for it) */
 		pthread_mutex_lock(&r->lock);
 		if (r->stop || r->dirty || r->woken)
 			continue;

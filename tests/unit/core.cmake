@@ -80,11 +80,17 @@ shift_unit_test(test_pmap SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/test_pmap.c
 # test_prefault: every page of a loaded object made resident ahead of a
 # failover (shift/base/prefault.c), shown on a cold 4 MiB module.
 add_library(prefault_cold MODULE ${CMAKE_CURRENT_SOURCE_DIR}/prefault_cold.c)
+# (the same, to be cut on disk once loaded: nothing of it may run after,
+# so no constructor or destructor at all, not even a sanitizer's)
+add_library(prefault_cut MODULE ${CMAKE_CURRENT_SOURCE_DIR}/prefault_cold.c)
+target_compile_options(prefault_cut PRIVATE -fno-sanitize=all)
+target_link_options(prefault_cut PRIVATE -nostartfiles -fno-sanitize=all)
 shift_unit_test(test_prefault SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/test_prefault.c
   LIBS shift_core ${CMAKE_DL_LIBS})
 target_compile_definitions(test_prefault PRIVATE
-  PREFAULT_COLD_SO="$<TARGET_FILE:prefault_cold>")
-add_dependencies(test_prefault prefault_cold)
+  PREFAULT_COLD_SO="$<TARGET_FILE:prefault_cold>"
+  PREFAULT_CUT_SO="$<TARGET_FILE:prefault_cut>")
+add_dependencies(test_prefault prefault_cold prefault_cut)
 # test_mlx5_wqe: mlx5 WQEs, built byte by byte from the format, read back
 # into mirror entries (providers/mlx5_wqe.c), and every WQE that is not the
 # one posted refused.
