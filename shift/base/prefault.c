@@ -20,8 +20,7 @@ enum { PREFAULT_SEGS = 16 };
 struct prefault {
 	uintptr_t self; /* an address inside the object */
 	uintptr_t page;
-	bool found;
-	unsigned n;
+	unsigned n; /* (0: no object holds self) */
 	uintptr_t lo[PREFAULT_SEGS], hi[PREFAULT_SEGS];
 };
 
@@ -44,7 +43,6 @@ static int find_object(struct dl_phdr_info *info, size_t size, void *arg)
 	(void)size;
 	if (!holds(info, pf->self))
 		return 0;
-	pf->found = true;
 	for (ElfW(Half) i = 0; i < info->dlpi_phnum && pf->n < PREFAULT_SEGS; i++) {
 		const ElfW(Phdr) *p = &info->dlpi_phdr[i];
 
@@ -78,7 +76,7 @@ size_t shift_prefault_object(const void *addr)
 	for (unsigned i = 0; i < pf.n; i++)
 		if (!madvise((void *)pf.lo[i], pf.hi[i] - pf.lo[i], MADV_POPULATE_READ))
 			pages += (pf.hi[i] - pf.lo[i]) / pf.page;
-	return pf.found ? pages : 0;
+	return pages;
 }
 
 size_t shift_prefault_self(void)
