@@ -67,6 +67,7 @@ static void port_fail_over(struct shift_ctx *s, struct shift_dqp *d, unsigned po
 
 		shift_info("%s QP %u: port %u down for %llu %s: failing over without an error "
 			   "completion", d->dev, d->qpn, port, (unsigned long long)for_ms, "ms");
+		fo_dgram_starting(s, d); /* (the peer starts beside me) */
 		if (fo_start(s, d, &o, NULL) && shift_dqp_send_state(d) == SHIFT_SEND_UNPROTECTED) {
 			/* given up: the application sees its QP fail, as the
 			 * provider would have shown it sooner or later */
@@ -279,7 +280,9 @@ static void fail_over_refused(struct shift_ctx *s, struct shift_dqp *d, uint64_t
 }
 
 /* A Default-state QP whose peer started failover peer_started without it
- * (fo_poke_read()): it follows that failover. */
+ * (fo_poke_read(), or the peer's record as a datagram: of a lone end's
+ * failover, or of one it is starting, fo_dgram_starting()): it follows
+ * that failover. */
 void fo_join_peer(struct shift_ctx *s, struct shift_dqp *d, uint64_t now)
 {
 	if (!__atomic_load_n(&d->peer_join, __ATOMIC_ACQUIRE))
@@ -291,8 +294,13 @@ void fo_join_peer(struct shift_ctx *s, struct shift_dqp *d, uint64_t now)
 	    d->peer_started > d->failovers) {
 		struct out o = { .wc = NULL, .n = 0, .max = 0, .c = d->scq };
 
-		shift_info("%s QP %u: the peer started failover %u, which never reached me (its "
-			   "backup path failed): following it", d->dev, d->qpn, d->peer_started);
+		if (d->peer_bkfail)
+			shift_info("%s QP %u: the peer started failover %u, which never reached me "
+				   "(its backup path failed): following it", d->dev, d->qpn,
+				   d->peer_started);
+		else
+			shift_info("%s QP %u: the peer starts failover %u (its port went down): "
+				   "starting mine beside it", d->dev, d->qpn, d->peer_started);
 		SHIFT_STAT_SET(d->failovers, d->peer_started - 1); /* (fo_start() counts it) */
 		if (fo_start(s, d, &o, NULL) == 0 && shift_dqp_send_state(d) != SHIFT_SEND_UNPROTECTED &&
 		    d->published_ep != d->failovers)

@@ -101,6 +101,42 @@ static void send_one(struct shift_ctx *s, struct shift_dqp *d, const char *key, 
 	free(sealed);
 }
 
+/*
+ * A failover about to start on a trigger surely the path's (d's port went
+ * down, fo/background.c): my record of it, as it reads once started, goes
+ * to the peer now, ahead of the start itself (the stop, the drain, the
+ * reposting: milliseconds under emulation). The peer's Default-state QP
+ * joins it as it joins any record of a failover it has not seen (take()),
+ * so its own stop and drain run beside mine, not after my handshake
+ * message reached it; each end sends its message when ready, as two ends
+ * that fail at once do. Only where my record of the start is known now: a
+ * first start of an episode (my backup armed for it, not failed), no SRQ
+ * (whose QPs move together), the backup channel up. The store gets my
+ * records as before; this one is not written there (a datagram lost only
+ * leaves the peer to my handshake message, as before).
+ */
+void fo_dgram_starting(struct shift_ctx *s, struct shift_dqp *d)
+{
+	struct shift_rnic *r = s->rnic;
+	struct shift_qp *q = d->shadow;
+	char key[SHIFT_EXCHANGE_KEY_MAX], val[SHIFT_KV_SLOT_VAL];
+
+	if (!r || !r->kv || !q || !d->scq || !d->rcq || d->dsrq || d->need_rearm || d->bk_error ||
+	    shift_dqp_send_state(d) != SHIFT_SEND_DEFAULT || !q->svc_ok[SHIFT_SVC_BACKUP] ||
+	    !q->peer_bk.has_svc || !fo_bk_port_active(s, d) ||
+	    __atomic_load_n(&q->state, __ATOMIC_ACQUIRE) != SHIFT_SHADOW_READY ||
+	    shift_exchange_ep_key(&q->my_key, key, sizeof(key)) < 0)
+		return;
+	struct shift_ep_value ev = {
+		.gen = d->bk_gen, .started = (unsigned)d->failovers + 1, .count = d->ret_count,
+		.nosend = !fo_app_sends(s, d), .seq = ++d->ep_seq,
+	};
+	int n = shift_exchange_ep_encode_ex(&ev, val, sizeof(val));
+
+	if (n > 0)
+		send_one(s, d, key, val, (unsigned)n);
+}
+
 /* Is a datagram from channel src_qp on path p with header h one of d's
  * peer's? */
 static bool from_peer(const struct shift_dqp *d, enum shift_svc_path p, const struct dgram_hdr *h,

@@ -20,6 +20,7 @@
 #include "sim_pair.h"
 #include "shift/dp/ctx.h"
 #include "shift/shadow/exchange.h"
+#include "shift/shadow/svc.h"
 #include "shift/shadow/types.h"
 
 static struct sim_world *world;
@@ -571,6 +572,64 @@ static void test_port_down_fails_over_without_error(void **state)
 }
 
 /*
+ * The peer starts beside me: A's port goes down, and A's record of the
+ * failover it starts reaches B as a datagram ahead of A's handshake
+ * message. With no network step at all (the simulated RNIC delivers a
+ * datagram at its post, an RC message only when the network runs), B's QP
+ * has left the Default state, in failover 1 like A's; without datagrams it
+ * waits for A's message. Then every write arrives, once, in order.
+ */
+static void port_down_peer_starts(bool datagrams)
+{
+	struct ibv_wc wa[128], wb[128];
+	int na = 0, nb = 0;
+	struct shift_dqp *da = shift_dqp_of_qp(a.qp), *db = shift_dqp_of_qp(b.qp);
+	unsigned saved = shift_config.port_down_ms;
+
+	assert_non_null(da);
+	assert_non_null(db);
+	for (int i = 0; i < 8; i++)
+		post_write(i, i % 4 == 3);
+	drive(wa, 128, &na, wb, 128, &nb);
+	assert_int_equal(na, 2);
+	if (!datagrams) {
+		for (int k = 0; k < SHIFT_SVC_PATHS; k++)
+			db->shadow->svc_ok[k] = da->shadow->svc_ok[k] = false;
+	}
+	sim_dev_kill(sim_host_dev(host[0], 0), 0);
+	shift_config.port_down_ms = saved ? saved : 8;
+	for (int i = 0; i < 12; i++)
+		shift_rnic_pass_all();
+	assert_int_equal(da->failovers, 1);
+	assert_int_not_equal(da->send_state, SHIFT_SEND_DEFAULT);
+	if (datagrams) {
+		assert_int_equal(db->failovers, 1);
+		assert_int_not_equal(db->send_state, SHIFT_SEND_DEFAULT);
+	} else {
+		assert_int_equal(db->failovers, 0);
+		assert_int_equal(db->send_state, SHIFT_SEND_DEFAULT);
+	}
+	for (int i = 8; i < 16; i++)
+		post_write(i, i % 4 == 3);
+	drive(wa, 128, &na, wb, 128, &nb);
+	assert_int_equal(db->failovers, 1);
+	assert_writes_done(wa, na, 16);
+	shift_config.port_down_ms = saved;
+}
+
+static void test_port_down_peer_starts_beside(void **state)
+{
+	(void)state;
+	port_down_peer_starts(true);
+}
+
+static void test_port_down_peer_waits_without_datagrams(void **state)
+{
+	(void)state;
+	port_down_peer_starts(false);
+}
+
+/*
  * Repeated cycles: fail over, fail back, fail over again on the re-armed
  * backup, fail back again. Every send completes once, in order, on both
  * sides, with the bytes at the receiver.
@@ -880,6 +939,11 @@ static void one_sided_double_fault(bool poke, bool fails)
 	post_sends(0, 4);
 	drive(wa, 64, &na, wb, 64, &nb);
 	assert_int_equal(na, 4);
+	/* (the datagram of A's start, fo_dgram_starting(), lost: A's backup
+	 * channel off until its backup NIC is dead, which would lose it too) */
+	bool bk_svc = da->shadow->svc_ok[SHIFT_SVC_BACKUP];
+
+	da->shadow->svc_ok[SHIFT_SVC_BACKUP] = false;
 	sim_dev_kill(sim_host_dev(host[0], 0), 0);
 	post_sends(4, 8);
 	/* until A starts its failover: its handshake message is posted, not
@@ -888,6 +952,7 @@ static void one_sided_double_fault(bool poke, bool fails)
 		drive_rounds(1, wa, 64, &na, wb, 64, &nb);
 	assert_true(r < 4000);
 	sim_dev_kill(sim_host_dev(host[0], 1), 0);
+	da->shadow->svc_ok[SHIFT_SVC_BACKUP] = bk_svc;
 	sim_dev_revive(sim_host_dev(host[0], 0));
 	assert_int_equal(db->failovers, 0);
 	drive_rounds(6000, wa, 64, &na, wb, 64, &nb);
@@ -1558,6 +1623,9 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_read_failback_after_stale_read_state, setup,
 						teardown),
 		cmocka_unit_test_setup_teardown(test_port_down_fails_over_without_error, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_port_down_peer_starts_beside, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_port_down_peer_waits_without_datagrams, setup,
+						teardown),
 		cmocka_unit_test_setup_teardown(test_disconnect_after_failback_hides_shift_wrs,
 						setup_b_rtr, teardown),
 		cmocka_unit_test_setup_teardown(test_destroy_failed_over_qp, setup, teardown),
