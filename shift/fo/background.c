@@ -67,11 +67,18 @@ static void port_fail_over(struct shift_ctx *s, struct shift_dqp *d, unsigned po
 
 		shift_info("%s QP %u: port %u down for %llu %s: failing over without an error "
 			   "completion", d->dev, d->qpn, port, (unsigned long long)for_ms, "ms");
-		fo_dgram_starting(s, d); /* (the peer starts beside me) */
+		bool early = fo_dgram_starting(s, d); /* (the peer starts beside me) */
+
 		if (fo_start(s, d, &o, NULL) && shift_dqp_send_state(d) == SHIFT_SEND_UNPROTECTED) {
 			/* given up: the application sees its QP fail, as the
 			 * provider would have shown it sooner or later */
 			struct ibv_qp_attr e = { .qp_state = IBV_QPS_ERR };
+
+			/* (a peer that joined the start on my record ends its
+			 * side now, not after its episode's time limit; sent
+			 * once, fo_tell_abort) */
+			if (early)
+				fo_tell_abort(d);
 
 			shift_lower->modify_qp(d->qp, &e, IBV_QP_STATE);
 		}
@@ -299,8 +306,8 @@ void fo_join_peer(struct shift_ctx *s, struct shift_dqp *d, uint64_t now)
 				   "(its backup path failed): following it", d->dev, d->qpn,
 				   d->peer_started);
 		else
-			shift_info("%s QP %u: the peer starts failover %u (its port went down): "
-				   "starting mine beside it", d->dev, d->qpn, d->peer_started);
+			shift_info("%s QP %u: the peer starts failover %u: starting mine beside it",
+				   d->dev, d->qpn, d->peer_started);
 		SHIFT_STAT_SET(d->failovers, d->peer_started - 1); /* (fo_start() counts it) */
 		if (fo_start(s, d, &o, NULL) == 0 && shift_dqp_send_state(d) != SHIFT_SEND_UNPROTECTED &&
 		    d->published_ep != d->failovers)

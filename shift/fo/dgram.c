@@ -13,7 +13,8 @@
  * agreements that went through the store (a second failover of one
  * episode, a return to the default QPs, a failover only one end saw) need
  * only the backup path, and are not held to the store's read schedule;
- * the store still carries every record, for the records a datagram lost
+ * the store still carries every record (but a start's, fo_dgram_starting),
+ * for the records a datagram lost
  * (UD is lossy: an end that waits puts its record again at the probe
  * period, which sends it again too) and for a peer without a channel.
  *
@@ -68,8 +69,10 @@ void fo_dgram_collect(struct shift_dqp *d)
 	out[nout++].len = sl->len;
 }
 
-static void send_one(struct shift_ctx *s, struct shift_dqp *d, const char *key, const char *val,
-		     unsigned len)
+/* d's record (key, val) to its peer on each path that may carry it: how
+ * many took it. */
+static int send_one(struct shift_ctx *s, struct shift_dqp *d, const char *key, const char *val,
+		    unsigned len)
 {
 	struct shift_rnic *r = s->rnic;
 	struct shift_qp *q = d->shadow;
@@ -78,9 +81,10 @@ static void send_one(struct shift_ctx *s, struct shift_dqp *d, const char *key, 
 			       .dst_qpn = htobe32(q->peer_key.qpn), .src_qpn = htobe32(q->my_key.qpn) };
 	void *sealed;
 	size_t n;
+	int sent = 0;
 
 	if (shift_kv_seal(r->kv, key, val, len, &sealed, &n))
-		return;
+		return 0;
 	if (n <= sizeof(msg) - sizeof(h)) {
 		h.len = htobe16((uint16_t)n);
 		memcpy(h.src_gid, &q->my_key.gid, sizeof(h.src_gid));
@@ -95,10 +99,13 @@ static void send_one(struct shift_ctx *s, struct shift_dqp *d, const char *key, 
 			if (q->svc_ok[p] && up[p] &&
 			    !shift_svc_send(r, (enum shift_svc_path)p, &q->svc_ah[p],
 					    p == SHIFT_SVC_BACKUP ? q->peer_bk.svc : q->peer_bk.dsvc,
-					    msg, sizeof(h) + n))
+					    msg, sizeof(h) + n)) {
 				__atomic_fetch_add(&shift_stats.dgrams_sent, 1, __ATOMIC_RELAXED);
+				sent++;
+			}
 	}
 	free(sealed);
+	return sent;
 }
 
 /*
@@ -111,11 +118,13 @@ static void send_one(struct shift_ctx *s, struct shift_dqp *d, const char *key, 
  * message reached it; each end sends its message when ready, as two ends
  * that fail at once do. Only where my record of the start is known now: a
  * first start of an episode (my backup armed for it, not failed), no SRQ
- * (whose QPs move together), the backup channel up. The store gets my
- * records as before; this one is not written there (a datagram lost only
- * leaves the peer to my handshake message, as before).
+ * (whose QPs move together), the backup channel up with half its sends
+ * free (the rest for the pass's own records: a dead NIC fails all its QPs
+ * over in one pass). This record is not written to the store: a datagram
+ * lost leaves the peer to my handshake message, as before. A start that
+ * gives up after it tells the peer (port_fail_over: ABORT). true if sent.
  */
-void fo_dgram_starting(struct shift_ctx *s, struct shift_dqp *d)
+bool fo_dgram_starting(struct shift_ctx *s, struct shift_dqp *d)
 {
 	struct shift_rnic *r = s->rnic;
 	struct shift_qp *q = d->shadow;
@@ -124,17 +133,17 @@ void fo_dgram_starting(struct shift_ctx *s, struct shift_dqp *d)
 	if (!r || !r->kv || !q || !d->scq || !d->rcq || d->dsrq || d->need_rearm || d->bk_error ||
 	    shift_dqp_send_state(d) != SHIFT_SEND_DEFAULT || !q->svc_ok[SHIFT_SVC_BACKUP] ||
 	    !q->peer_bk.has_svc || !fo_bk_port_active(s, d) ||
+	    shift_svc_room(r, SHIFT_SVC_BACKUP) <= SHIFT_SVC_SENDS / 2 ||
 	    __atomic_load_n(&q->state, __ATOMIC_ACQUIRE) != SHIFT_SHADOW_READY ||
 	    shift_exchange_ep_key(&q->my_key, key, sizeof(key)) < 0)
-		return;
+		return false;
 	struct shift_ep_value ev = {
 		.gen = d->bk_gen, .started = (unsigned)d->failovers + 1, .count = d->ret_count,
 		.nosend = !fo_app_sends(s, d), .seq = ++d->ep_seq,
 	};
 	int n = shift_exchange_ep_encode_ex(&ev, val, sizeof(val));
 
-	if (n > 0)
-		send_one(s, d, key, val, (unsigned)n);
+	return n > 0 && send_one(s, d, key, val, (unsigned)n) > 0;
 }
 
 /* Is a datagram from channel src_qp on path p with header h one of d's
@@ -159,6 +168,12 @@ static void take(struct shift_ctx *s, struct shift_dqp *d, const void *v, size_t
 		/* (as a poke read's: one not re-armed yet joins nothing) */
 		if (!fo_ep_take(d, v, len) || d->need_rearm || d->peer_join ||
 		    d->peer_started <= d->failovers)
+			return;
+		/* (a QP on an SRQ joins only a lone end's failover, whose backup
+		 * failed: its start moves the whole SRQ, which a start its peer
+		 * may still give up must not cost it; its peer's handshake
+		 * message starts it, as before) */
+		if (d->dsrq && !d->peer_bkfail)
 			return;
 		__atomic_store_n(&d->peer_join, true, __ATOMIC_RELEASE);
 		shift_ctx_set_slow(s, true);

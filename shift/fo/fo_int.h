@@ -238,7 +238,7 @@ void fo_poll_backup(struct shift_ctx *s, struct shift_cq *c, struct out *o, bool
  * this pass (rk_lock held); the pass's sent, the peers' taken */
 void fo_dgram_collect(struct shift_dqp *d);
 void fo_dgram_run(struct shift_ctx *s);
-void fo_dgram_starting(struct shift_ctx *s, struct shift_dqp *d);
+bool fo_dgram_starting(struct shift_ctx *s, struct shift_dqp *d);
 void fo_lock_cqs(struct shift_dqp *d);
 void fo_unlock_cqs(struct shift_dqp *d);
 void fo_poke_read(struct shift_ctx *s, uint64_t now);

@@ -19,7 +19,7 @@
 #include <string.h>
 
 #define SVC_RECVS 64u
-#define SVC_SENDS 32u
+#define SVC_SENDS SHIFT_SVC_SENDS
 #define SVC_GRH 40u
 #define SVC_SLOT (SVC_GRH + SHIFT_SVC_MSG_MAX)
 #define SVC_AHS 64u
@@ -264,6 +264,13 @@ int shift_svc_send(struct shift_rnic *r, enum shift_svc_path p, const struct ibv
 	v->send_at = (v->send_at + 1) % SVC_SENDS;
 	v->sends_out++;
 	return 0;
+}
+
+unsigned shift_svc_room(const struct shift_rnic *r, enum shift_svc_path p)
+{
+	const struct shift_svc *v = r->svc[p];
+
+	return v && !v->broken ? SVC_SENDS - v->sends_out : 0;
 }
 
 /* v's QP failed: reset and connected again, its receives posted (its CQ

@@ -36,6 +36,7 @@ enum shift_svc_path { SHIFT_SVC_BACKUP, SHIFT_SVC_DEFAULT, SHIFT_SVC_PATHS };
 
 #define SHIFT_SVC_QKEY 0x5348dd01u
 #define SHIFT_SVC_MSG_MAX 256u /* bytes of a datagram's message */
+#define SHIFT_SVC_SENDS 32u    /* datagrams a channel has in flight at most */
 
 /* Open r's channels (r->svc[]; those that cannot be opened: none, said). */
 void shift_svc_open(struct shift_rnic *r);
@@ -52,6 +53,9 @@ bool shift_svc_peer(struct shift_rnic *r, enum shift_svc_path p, const struct ib
  * the queue full). */
 int shift_svc_send(struct shift_rnic *r, enum shift_svc_path p, const struct ibv_ah_attr *ah,
 		   uint32_t qpn, const void *msg, size_t len);
+/* How many more datagrams channel p can take now, of SHIFT_SVC_SENDS (0:
+ * no working channel). */
+unsigned shift_svc_room(const struct shift_rnic *r, enum shift_svc_path p);
 /* Every datagram received on either channel since the last call, to fn
  * (the channel, the sender's QPN, the message); the CQs armed again. */
 void shift_svc_poll(struct shift_rnic *r,

@@ -617,6 +617,56 @@ static void port_down_peer_starts(bool datagrams)
 	shift_config.port_down_ms = saved;
 }
 
+/*
+ * A start that gives up after its record went out: A's write with a bad
+ * rkey failed (its error still in A's CQ, B's QP in ERR as the responder,
+ * as plain) when A's port goes down. A's record reaches B, whose QP joins;
+ * A's drain then finds the application's error and gives the QP up. A
+ * tells B (ABORT), so neither end waits: A's application gets the remote
+ * access error and its later WRs flushed, B's its receives flushed, as
+ * plain; B's QP is not left failed over for a failover A never did.
+ */
+static void test_port_down_start_given_up_after_its_record(void **state)
+{
+	struct ibv_wc wa[64], wb[64];
+	int na = 0, nb = 0;
+	struct shift_dqp *da = shift_dqp_of_qp(a.qp), *db = shift_dqp_of_qp(b.qp);
+	unsigned saved = shift_config.port_down_ms;
+	struct ibv_sge sge = { .addr = (uintptr_t)a.buf, .length = 64, .lkey = a.mr->lkey };
+	struct ibv_send_wr *bad, wr = {
+		.wr_id = 77, .sg_list = &sge, .num_sge = 1, .opcode = IBV_WR_RDMA_WRITE,
+		.send_flags = IBV_SEND_SIGNALED,
+		.wr.rdma = { .remote_addr = (uintptr_t)b.buf, .rkey = b.mr->rkey + 1000 },
+	};
+	(void)state;
+
+	post_b_recvs(4);
+	assert_int_equal(ibv_post_send(a.qp, &wr, &bad), 0);
+	for (int i = 0; i < 200; i++)
+		sim_world_step(world); /* (no pass, no poll: the error waits in A's CQ) */
+	unsigned long sent = shift_stats.dgrams_sent;
+
+	sim_dev_kill(sim_host_dev(host[0], 0), 0);
+	shift_config.port_down_ms = saved ? saved : 8;
+	for (int i = 0; i < 12; i++)
+		shift_rnic_pass_all();
+	assert_true(shift_stats.dgrams_sent > sent); /* (A's record of its start) */
+	assert_int_equal(da->send_state, SHIFT_SEND_UNPROTECTED);
+	sim_pair_expect_errors(5);
+	drive(wa, 64, &na, wb, 64, &nb);
+	shift_config.port_down_ms = saved;
+	assert_int_equal(na, 1);
+	assert_int_equal(wa[0].wr_id, 77);
+	assert_int_equal(wa[0].status, IBV_WC_REM_ACCESS_ERR);
+	assert_int_equal(nb, 4);
+	for (int i = 0; i < 4; i++) {
+		assert_int_equal(wb[i].wr_id, 500 + i);
+		assert_int_equal(wb[i].status, IBV_WC_WR_FLUSH_ERR);
+	}
+	assert_int_not_equal(db->send_state, SHIFT_SEND_FALLBACK);
+	assert_int_not_equal(db->send_state, SHIFT_SEND_WAIT_SIGNALED);
+}
+
 static void test_port_down_peer_starts_beside(void **state)
 {
 	(void)state;
@@ -1624,6 +1674,8 @@ int main(void)
 						teardown),
 		cmocka_unit_test_setup_teardown(test_port_down_fails_over_without_error, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_port_down_peer_starts_beside, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_port_down_start_given_up_after_its_record, setup,
+						teardown),
 		cmocka_unit_test_setup_teardown(test_port_down_peer_waits_without_datagrams, setup,
 						teardown),
 		cmocka_unit_test_setup_teardown(test_disconnect_after_failback_hides_shift_wrs,
