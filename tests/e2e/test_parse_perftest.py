@@ -96,6 +96,18 @@ def main():
             or "start_by_poll" in ph or sb.get("cpu_us", {}).get("max") != 1200 \
             or sb["preempted"]["p50"] != 3 or sb["sleeps"]["max"] != 2:
         bad.append("phase_summary's starts by pass %r" % ph)
+    # the switch less the provider's post (where logged), and a process's
+    # first failover apart from its later ones (by time, not log order)
+    nop = tb.spread([f["switch_us"] - f["post_us"] for f in fos if "post_us" in f])
+    if nop["n"] != 3 or nop["p50"] != 8000 or nop["max"] != 13534:
+        bad.append("switch less post %r" % nop)
+    order = tb.switch_by_order(list(reversed(fos)))
+    if order["first"]["n"] != 1 or order["first"]["p50"] != 16634 or order["later"]["n"] != 3 \
+            or order["later"]["max"] != 9000:
+        bad.append("switch_by_order %r" % order)
+    other = tb.switch_by_order([dict(f, role="server") if f["qp"] == 23 else f for f in fos])
+    if other["first"]["n"] != 2 or other["later"]["n"] != 2:
+        bad.append("switch_by_order, two processes %r" % other)
     for b in bad:
         print("FAIL:", b)
     print("parse_perftest: %s" % ("FAIL" if bad else "ok"))
