@@ -248,14 +248,14 @@ struct shift_dqp {
 	bool bk_flushing;             /* its CQs drained after a reset: errors are SHIFT's */
 	bool recv_hold;               /* receives recorded only: start() reposts them */
 	bool bk_error;                /* my backup QP failed: a peer's new episode, or the end */
+	bool bk_refused;              /* its provider refused my WRs: held (fo_bk_refused) */
 	unsigned bk_restarts;         /* failovers I started on a backup failure, in a row */
 	uint64_t bk_error_at;
 	unsigned bk_probe_fails;      /* probe_fails when the backup failed */
 	uint64_t kv_at;               /* next read of the peer's record (fb clock) */
 	int8_t kv_pref; /* this pass's batched read: 1 read, -1 failed, -2 none or garbled, 0 not made */
-	/* return episodes (fo/return.c): the backup failed while the default
-	 * path works; both ends go back to the default QPs, handshaking
-	 * through the KV store */
+	/* return episodes (fo/return.c): the backup failed, the default path
+	 * works; both ends go back to the default QPs (handshake: the store) */
 	unsigned long ret_ep;         /* the failover number of my last return ... */
 	uint32_t ret_count;           /* ... and my receive counter then (its record
 				       * keeps them for the rest of that episode) */

@@ -333,7 +333,7 @@ static int post_built(struct shift_dqp *d, uint64_t idx, bool dflt, int rc,
 	if (rc) {
 		shift_debug("%s QP %u: %s post_send: %s", d->dev, d->qpn, dflt ? "default" : "backup",
 			    strerror(rc));
-		return -1;
+		return dflt ? -1 : FO_BK_REFUSED;
 	}
 	if (!dflt) /* (relaxed: shiftctl's status reads it, shadow/status.c) */
 		SHIFT_STAT_ADD(d->retransmitted, 1);
@@ -552,7 +552,7 @@ int fo_post_bk_recv(struct shift_dqp *d, uint64_t idx)
 	memcpy(sge, e->sge, sizeof(struct ibv_sge) * e->num_sge);
 	if (local_keys(d, sge, e->num_sge))
 		return -1;
-	return ibv_post_recv(d->bk, &wr, &bad) ? -1 : 0;
+	return ibv_post_recv(d->bk, &wr, &bad) ? FO_BK_REFUSED : 0;
 }
 
 /* A QP's send and receive CQs' dp_locks, in address order. */

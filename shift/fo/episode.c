@@ -215,6 +215,7 @@ int fo_reset_backup(struct shift_ctx *s, struct shift_dqp *d, unsigned gen)
 	d->handshake_done = false;
 	d->ctrl_sent = false;
 	d->bk_error = false;
+	__atomic_store_n(&d->bk_refused, false, __ATOMIC_RELEASE); /* (fo_bk_refused) */
 	fo_mbox_reset(d);
 	SHIFT_STAT_SET(d->bk_gen, gen & 0x3fffu);
 	if (shift_shadow_rearm(s->rnic, d->shadow, gen)) {

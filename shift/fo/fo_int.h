@@ -81,8 +81,19 @@ int fo_post_mirrored(struct shift_dqp *d, uint64_t idx, bool dflt);
 enum ibv_wc_opcode fo_send_wc_opcode(unsigned opcode);
 int fo_post_bk_placeholder(struct shift_dqp *d, uint64_t idx);
 bool fo_bk_carries(struct shift_dqp *d, uint64_t from, uint64_t to, bool reads);
+/* fo_post_bk_send, fo_post_bk_sends and fo_post_bk_recv: 0, -1 (the WR
+ * cannot be built for the backup), or FO_BK_REFUSED (the backup's
+ * provider refused it: the backup QP failed) */
+#define FO_BK_REFUSED (-2)
 int fo_post_bk_send(struct shift_dqp *d, uint64_t idx);
 int fo_post_bk_sends(struct shift_dqp *d, uint64_t from, uint64_t *failed);
+/* The backup's provider refused the application's WRs while failed over
+ * (post_lock held): they stay in the mirror, later ones are held, and the
+ * background pass takes the backup as failed (fo_bk_refused_seen). */
+void fo_bk_refused(struct shift_dqp *d);
+/* My backup QP failed (d's CQs locked): a peer's new episode, a return,
+ * or the end decide (fo_failback_work). */
+void fo_backup_failed(struct shift_dqp *d, int status);
 /* Mirrored send WRs posted again as chains, one post (one doorbell: a
  * system call on rxe) per FO_CHAIN_WR WRs (post_lock held). On the backup
  * QP (a failover's retransmission): fo_chain_send and fo_chain_placeholder

@@ -96,12 +96,21 @@ static void backup_failed(struct shift_dqp *d, struct ibv_wc *wc)
 	if (d->bk_flushing || d->bk_error ||
 	    (wc->wr_id != SHIFT_WRID_CTRL_SEND && SHIFT_WRID_GEN_OF(wc->wr_id) != d->bk_gen))
 		return;
+	/* The WR stays outstanding. */
+	fo_backup_failed(d, (int)wc->status);
+}
+
+void fo_backup_failed(struct shift_dqp *d, int status)
+{
 	/* The backup failed: the peer may have reset its own for a new
 	 * failover (its default path failed again), which its record in the
-	 * KV store shows; fo_failback_work() decides. The WR stays
-	 * outstanding. */
-	shift_info("%s QP %u: backup QP %u failed (%d): checking for a new failover at the peer",
-		   d->dev, d->qpn, wc->qp_num, (int)wc->status);
+	 * KV store shows; fo_failback_work() decides. */
+	if (status < 0)
+		shift_info("%s QP %u: backup QP %u refused a post: checking for a new failover at "
+			   "the peer", d->dev, d->qpn, d->bk ? d->bk->qp_num : 0);
+	else
+		shift_info("%s QP %u: backup QP %u failed (%d): checking for a new failover at the "
+			   "peer", d->dev, d->qpn, d->bk ? d->bk->qp_num : 0, status);
 	if (!d->bk_error)
 		d->bk_probe_fails = d->probe_fails;
 	d->bk_error = true;

@@ -63,8 +63,8 @@ bool shift_failover_post_refused(struct shift_dqp *d, int rc, uint64_t sq_from, 
 /* Post mirrored sends from `from` to sq_head on the backup (post_lock
  * held): in WaitSignaled the first signaled one is the fence, and what
  * follows it is held for the default QP; a WR whose peer key is not read
- * yet holds it and the rest (fo_post_bk_send). 0, or -1 with *failed the
- * first WR that could not be posted. */
+ * yet holds it and the rest (fo_post_bk_send). 0, or fo_post_bk_send's
+ * error with *failed the first WR that could not be posted. */
 int fo_post_bk_sends(struct shift_dqp *d, uint64_t from, uint64_t *failed)
 {
 	for (uint64_t i = from; i < d->sq_head && !d->sq_held; i++) {
@@ -77,11 +77,13 @@ int fo_post_bk_sends(struct shift_dqp *d, uint64_t from, uint64_t *failed)
 			d->fence = i;
 			shift_dqp_set_send_state(d, SHIFT_SEND_WAIT_DRAINED, "fence posted");
 		}
-		if (fo_post_bk_send(d, i)) {
+		int rc = fo_post_bk_send(d, i);
+
+		if (rc) {
 			if (fence)
 				shift_dqp_set_send_state(d, SHIFT_SEND_WAIT_SIGNALED, "the fence could not be posted");
 			*failed = i;
-			return -1;
+			return rc;
 		}
 		if (fence && d->sq_held) /* (not posted after all) */
 			shift_dqp_set_send_state(d, SHIFT_SEND_WAIT_SIGNALED, "the fence waits for a key");
@@ -110,12 +112,23 @@ int shift_post_send_fallback(struct shift_dqp *d, struct ibv_send_wr *wr,
 		*bad_wr = wr;
 		return ENOMEM;
 	}
-	if (!d->handshake_done || shift_dqp_send_state(d) == SHIFT_SEND_WAIT_DRAINED || d->sq_held)
+	if (!d->handshake_done || shift_dqp_send_state(d) == SHIFT_SEND_WAIT_DRAINED || d->sq_held ||
+	    __atomic_load_n(&d->bk_refused, __ATOMIC_RELAXED))
 		return REFUSE_AT(stop, bad_wr); /* held: fo_retransmit(),
 							      fo_switch_back() or
-							      fo_held_release() posts them */
+							      fo_held_release() posts them,
+							      or the episode after a
+							      refusal (fo_bk_refused) */
 
-	if (fo_post_bk_sends(d, head, &i)) {
+	int rc = fo_post_bk_sends(d, head, &i);
+
+	if (rc == FO_BK_REFUSED) {
+		/* the WRs from i on stay in the mirror (the ones before it are
+		 * on the backup): the post succeeds */
+		fo_bk_refused(d);
+		return REFUSE_AT(stop, bad_wr);
+	}
+	if (rc) {
 		/* report the first WR that did not go out */
 		struct ibv_send_wr *w = wr;
 
@@ -139,11 +152,18 @@ int shift_post_recv_fallback(struct shift_dqp *d, struct ibv_recv_wr *wr,
 		*bad_wr = wr;
 		return ENOMEM;
 	}
-	if (d->notify_pending || d->recv_hold)
+	if (d->notify_pending || d->recv_hold || __atomic_load_n(&d->bk_refused, __ATOMIC_RELAXED))
 		return REFUSE_AT(stop, bad_wr); /* fo_try_notify() or fo_start()
-							      posts them */
+							      posts them, or the episode
+							      after a refusal */
 	for (uint64_t i = head; i < d->rq_head; i++) {
-		if (fo_post_bk_recv(d, i)) {
+		int rc = fo_post_bk_recv(d, i);
+
+		if (rc == FO_BK_REFUSED) {
+			fo_bk_refused(d); /* (as for sends, above) */
+			break;
+		}
+		if (rc) {
 			struct ibv_recv_wr *w = wr;
 
 			for (uint64_t k = head; k < i; k++)
@@ -154,6 +174,24 @@ int shift_post_recv_fallback(struct shift_dqp *d, struct ibv_recv_wr *wr,
 		}
 	}
 	return REFUSE_AT(stop, bad_wr);
+}
+
+/*
+ * The backup's provider refused the application's WRs while failed over
+ * (post_lock held). A provider that refuses posts on a QP in ERR (the
+ * backup failed, its error completions maybe not polled yet) must not make
+ * the application's post fail where one that takes and flushes them lets
+ * it succeed: the WRs stay in the mirror, the later ones are held, and the
+ * background pass takes the backup as failed (fo_bk_refused_seen), so the
+ * next episode (a new failover, or a return to the default QPs) posts
+ * them, or the connection fails as plain's would.
+ */
+void fo_bk_refused(struct shift_dqp *d)
+{
+	if (__atomic_load_n(&d->bk_refused, __ATOMIC_RELAXED))
+		return;
+	__atomic_store_n(&d->bk_refused, true, __ATOMIC_RELEASE);
+	shift_rnic_wake(shift_rnic_of(d->qp->context));
 }
 
 /* ---- sends held for a key ---------------------------------------------------- */

@@ -51,6 +51,7 @@ int fo_ret_start(struct shift_ctx *s, struct shift_dqp *d, struct out *o)
 	/* the backup's successful completions first, its errors dropped */
 	fo_flush_backup(s, d, true);
 	d->bk_error = false;
+	__atomic_store_n(&d->bk_refused, false, __ATOMIC_RELEASE); /* (fo_bk_refused) */
 	if (d->ep_wait == SHIFT_EP_WAIT_PEER || d->ep_wait == SHIFT_EP_WAIT_RESET)
 		shift_dqp_set_ep_wait(d, SHIFT_EP_RUNNING, "return episode");
 	d->notify_pending = false;

@@ -264,6 +264,9 @@ void fo_failback_work(struct shift_ctx *s, struct shift_dqp *d, uint64_t now)
 	poll_default_cqs(s, d);
 	if (shift_dqp_send_state(d) == SHIFT_SEND_UNPROTECTED)
 		return;
+	/* (its provider refused the application's WRs: fo_bk_refused) */
+	if (__atomic_load_n(&d->bk_refused, __ATOMIC_ACQUIRE) && !d->bk_error)
+		fo_backup_failed(d, -1);
 	follow_peer_record(s, d, now);
 	if (shift_dqp_send_state(d) == SHIFT_SEND_UNPROTECTED)
 		return;

@@ -104,15 +104,20 @@ static void post_fetch_add_42(void)
 	assert_int_equal(ibv_post_send(a.qp, &wr, &bad), 0);
 }
 
-/* B's application posts n receives of 64 bytes (wr_id 500 + i). */
-static void post_b_recvs(int n)
+/* B's application posts receives from..to-1 of 64 bytes (wr_id 500 + i). */
+static void post_b_recvs_from(int from, int to)
 {
-	for (int i = 0; i < n; i++) {
+	for (int i = from; i < to; i++) {
 		struct ibv_sge rs = { .addr = (uintptr_t)b.buf + 64 * i, .length = 64, .lkey = b.mr->lkey };
 		struct ibv_recv_wr rwr = { .wr_id = 500 + i, .sg_list = &rs, .num_sge = 1 }, *bad_r;
 
 		assert_int_equal(ibv_post_recv(b.qp, &rwr, &bad_r), 0);
 	}
+}
+
+static void post_b_recvs(int n)
+{
+	post_b_recvs_from(0, n);
 }
 
 /* n writes of post_write(i, i % 4 == 3) done: every signaled one completed
@@ -1119,6 +1124,80 @@ static void test_backup_qp_fails_alone(void **state)
 	}
 }
 
+/*
+ * A provider that refuses posts on a QP in ERR: one end's backup QP fails
+ * while failed over, with nothing of its own outstanding there (so no
+ * error completion tells), and its application posts: A's sends (on_a), or
+ * B's receives. The posts must succeed (a provider that takes and flushes
+ * the WRs lets them), the WRs wait in the mirror, the refusal is taken as
+ * the backup's failure, and the next episode delivers them: every send
+ * once, in order, into its receive. (Before, the post failed with EIO: the
+ * campaign's read workload found it, seed 779882 with --refuse-err-posts
+ * --backup-faults; without the background pass taking the refusal, the
+ * WRs would wait for ever.)
+ */
+static void backup_refuses_posts(bool on_a)
+{
+	struct ibv_wc wa[64], wb[64];
+	int na = 0, nb = 0;
+	struct shift_dqp *da = shift_dqp_of_qp(a.qp), *db = shift_dqp_of_qp(b.qp);
+	struct shift_dqp *dr = on_a ? da : db;
+	struct ibv_qp_attr e = { .qp_state = IBV_QPS_ERR };
+
+	test_setenv("SHIFT_PROBE_MS", "0"); /* no failback: stay on the backups */
+	shift_inline_load();
+	sim_world_set_refuse_posts_in_err(world, 1);
+	post_b_recvs(4);
+	post_sends(0, 4);
+	sim_dev_kill(sim_host_dev(host[0], 0), 0);
+	drive(wa, 64, &na, wb, 64, &nb);
+	assert_int_equal(na, 4);
+	assert_int_equal(nb, 4);
+	assert_int_equal(da->failovers, 1);
+	assert_int_equal(db->failovers, 1);
+	assert_non_null(dr->bk);
+
+	assert_int_equal(shift_lower->modify_qp(dr->bk, &e, IBV_QP_STATE), 0);
+	if (on_a) {
+		post_sends(4, 12); /* (asserts each post succeeds) */
+		assert_true(da->bk_refused);
+		post_b_recvs_from(4, 12);
+	} else {
+		post_b_recvs_from(4, 12); /* (the same) */
+		assert_true(db->bk_refused);
+		post_sends(4, 12);
+	}
+	drive_rounds(3000, wa, 64, &na, wb, 64, &nb);
+	test_env_restore_var("SHIFT_PROBE_MS");
+	shift_inline_load();
+	assert_int_equal(na, 12);
+	assert_int_equal(nb, 12);
+	assert_true(dr->failovers >= 2);
+	assert_false(dr->bk_refused);
+	assert_int_equal(da->failovers, db->failovers);
+	assert_int_not_equal(da->send_state, SHIFT_SEND_UNPROTECTED);
+	assert_int_not_equal(db->send_state, SHIFT_SEND_UNPROTECTED);
+	for (int i = 0; i < 12; i++) {
+		assert_int_equal(wa[i].status, IBV_WC_SUCCESS);
+		assert_int_equal(wa[i].wr_id, 700 + i);
+		assert_int_equal(wb[i].status, IBV_WC_SUCCESS);
+		assert_int_equal(wb[i].wr_id, 500 + i);
+		assert_int_equal(b.buf[64 * i], 'A' + i);
+	}
+}
+
+static void test_backup_refuses_sends_while_failed_over(void **state)
+{
+	(void)state;
+	backup_refuses_posts(true);
+}
+
+static void test_backup_refuses_receives_while_failed_over(void **state)
+{
+	(void)state;
+	backup_refuses_posts(false);
+}
+
 /* The status file shiftctl reads: per QP, the data path's send and
  * receive states, failover and failback counts, WRs retransmitted, the
  * backup generation and the time of the last switch; and one line of the
@@ -1684,6 +1763,10 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_failover_failback_twice, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_fails_again_during_failback, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_backup_qp_fails_alone, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_backup_refuses_sends_while_failed_over, setup,
+						teardown),
+		cmocka_unit_test_setup_teardown(test_backup_refuses_receives_while_failed_over,
+						setup, teardown),
 		cmocka_unit_test_setup_teardown(test_backup_dies_after_probe, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_backup_dies_behind_fence, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_backup_dies_before_rearm, setup, teardown),
