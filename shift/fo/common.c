@@ -292,6 +292,21 @@ bool fo_bk_carries(struct shift_dqp *d, uint64_t from, uint64_t to, bool reads)
 	return true;
 }
 
+/* The backup's provider refused a WR: FO_BK_REFUSED if the backup QP
+ * failed (in ERR, or it cannot be queried), else -1 (the WR is the
+ * application's error, refused as the default QP's provider would). */
+static int bk_refusal(struct shift_dqp *d)
+{
+	struct ibv_qp_attr attr;
+	struct ibv_qp_init_attr init;
+
+	memset(&attr, 0, sizeof(attr));
+	int q = shift_lower->query_qp(d->bk, &attr, IBV_QP_STATE, &init);
+
+	return q || attr.qp_state == IBV_QPS_ERR || attr.qp_state == IBV_QPS_SQE ? FO_BK_REFUSED
+										 : -1;
+}
+
 /* Post mirrored send WR idx again (build_mirrored): 0, -1 (cannot), or 1
  * for the backup when its peer key is not read yet (not posted). */
 static int post_built(struct shift_dqp *d, uint64_t idx, bool dflt, int rc,
@@ -333,7 +348,7 @@ static int post_built(struct shift_dqp *d, uint64_t idx, bool dflt, int rc,
 	if (rc) {
 		shift_debug("%s QP %u: %s post_send: %s", d->dev, d->qpn, dflt ? "default" : "backup",
 			    strerror(rc));
-		return dflt ? -1 : FO_BK_REFUSED;
+		return dflt ? -1 : bk_refusal(d);
 	}
 	if (!dflt) /* (relaxed: shiftctl's status reads it, shadow/status.c) */
 		SHIFT_STAT_ADD(d->retransmitted, 1);
@@ -552,7 +567,7 @@ int fo_post_bk_recv(struct shift_dqp *d, uint64_t idx)
 	memcpy(sge, e->sge, sizeof(struct ibv_sge) * e->num_sge);
 	if (local_keys(d, sge, e->num_sge))
 		return -1;
-	return ibv_post_recv(d->bk, &wr, &bad) ? FO_BK_REFUSED : 0;
+	return ibv_post_recv(d->bk, &wr, &bad) ? bk_refusal(d) : 0;
 }
 
 /* A QP's send and receive CQs' dp_locks, in address order. */

@@ -82,8 +82,9 @@ enum ibv_wc_opcode fo_send_wc_opcode(unsigned opcode);
 int fo_post_bk_placeholder(struct shift_dqp *d, uint64_t idx);
 bool fo_bk_carries(struct shift_dqp *d, uint64_t from, uint64_t to, bool reads);
 /* fo_post_bk_send, fo_post_bk_sends and fo_post_bk_recv: 0, -1 (the WR
- * cannot be built for the backup), or FO_BK_REFUSED (the backup's
- * provider refused it: the backup QP failed) */
+ * cannot be built for the backup, or the backup's provider refused it on
+ * a QP that works: the application's), or FO_BK_REFUSED (the backup's
+ * provider refused it on a backup QP in ERR: the backup failed) */
 #define FO_BK_REFUSED (-2)
 int fo_post_bk_send(struct shift_dqp *d, uint64_t idx);
 int fo_post_bk_sends(struct shift_dqp *d, uint64_t from, uint64_t *failed);

@@ -1198,6 +1198,51 @@ static void test_backup_refuses_receives_while_failed_over(void **state)
 	backup_refuses_posts(false);
 }
 
+/* While failed over, a WR the backup's provider refuses on a backup QP
+ * that works (here an atomic of 4 bytes) is the application's error: its
+ * post fails, the backup is not taken as failed, and the connection goes
+ * on on the backup. */
+static void test_backup_refusing_bad_wr_is_the_apps(void **state)
+{
+	struct ibv_wc wa[64], wb[64];
+	int na = 0, nb = 0;
+	struct shift_dqp *da = shift_dqp_of_qp(a.qp);
+	struct ibv_sge sge = { .addr = (uintptr_t)a.buf, .length = 4, .lkey = a.mr->lkey };
+	struct ibv_send_wr wr = { .wr_id = 99, .sg_list = &sge, .num_sge = 1,
+				  .opcode = IBV_WR_ATOMIC_FETCH_AND_ADD,
+				  .send_flags = IBV_SEND_SIGNALED,
+				  .wr.atomic = { .remote_addr = (uintptr_t)b.buf + 4096, .compare_add = 1,
+						 .rkey = b.mr->rkey } },
+			   *bad = NULL;
+	(void)state;
+
+	test_setenv("SHIFT_PROBE_MS", "0"); /* no failback: stay on the backups */
+	shift_inline_load();
+	sim_world_set_refuse_posts_in_err(world, 1);
+	post_b_recvs(8);
+	post_sends(0, 4);
+	sim_dev_kill(sim_host_dev(host[0], 0), 0);
+	drive(wa, 64, &na, wb, 64, &nb);
+	assert_int_equal(na, 4);
+	assert_int_equal(da->failovers, 1);
+	assert_int_not_equal(ibv_post_send(a.qp, &wr, &bad), 0);
+	assert_ptr_equal(bad, &wr);
+	assert_false(da->bk_refused);
+	post_sends(4, 8);
+	drive_rounds(500, wa, 64, &na, wb, 64, &nb);
+	test_env_restore_var("SHIFT_PROBE_MS");
+	shift_inline_load();
+	assert_int_equal(na, 8);
+	assert_int_equal(nb, 8);
+	assert_int_equal(da->failovers, 1);
+	assert_false(da->bk_error);
+	for (int i = 0; i < 8; i++) {
+		assert_int_equal(wa[i].status, IBV_WC_SUCCESS);
+		assert_int_equal(wa[i].wr_id, 700 + i);
+		assert_int_equal(wb[i].wr_id, 500 + i);
+	}
+}
+
 /* The status file shiftctl reads: per QP, the data path's send and
  * receive states, failover and failback counts, WRs retransmitted, the
  * backup generation and the time of the last switch; and one line of the
@@ -1767,6 +1812,8 @@ int main(void)
 						teardown),
 		cmocka_unit_test_setup_teardown(test_backup_refuses_receives_while_failed_over,
 						setup, teardown),
+		cmocka_unit_test_setup_teardown(test_backup_refusing_bad_wr_is_the_apps, setup,
+						teardown),
 		cmocka_unit_test_setup_teardown(test_backup_dies_after_probe, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_backup_dies_behind_fence, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_backup_dies_before_rearm, setup, teardown),
