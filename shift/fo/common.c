@@ -402,7 +402,7 @@ int fo_post_bk_placeholder(struct shift_dqp *d, uint64_t idx)
 	struct ibv_send_wr wr, *bad;
 
 	placeholder_wr(d, idx, &wr);
-	return ibv_post_send(d->bk, &wr, &bad);
+	return ibv_post_send(d->bk, &wr, &bad) ? bk_refusal(d) : 0;
 }
 
 /* WR idx waits for its peer key (fo_post_mirrored said 1). */

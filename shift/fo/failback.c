@@ -175,7 +175,13 @@ static void fallback_again(struct shift_dqp *d)
 	d->dflt = SHIFT_DFLT_ERR;
 	d->probe_at = shift_clock_ms() + fo_probe_wait(d);
 	for (uint64_t i = first; i < d->sq_head; i++) {
-		if (fo_post_bk_send(d, i)) {
+		int rc = fo_post_bk_send(d, i);
+
+		if (rc == FO_BK_REFUSED) {
+			fo_bk_refused(d); /* (the rest held for the next episode) */
+			return;
+		}
+		if (rc) {
 			fo_fail_mark(d, "cannot post a WR on the backup QP", FO_BY_STATE, FO_BY_STATE);
 			return;
 		}

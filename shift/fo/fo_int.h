@@ -90,7 +90,7 @@ int fo_post_bk_send(struct shift_dqp *d, uint64_t idx);
 int fo_post_bk_sends(struct shift_dqp *d, uint64_t from, uint64_t *failed);
 /* The backup's provider refused the application's WRs while failed over
  * (post_lock held): they stay in the mirror, later ones are held, and the
- * background pass takes the backup as failed (fo_bk_refused_seen). */
+ * background pass takes the backup as failed (fo_failback_work). */
 void fo_bk_refused(struct shift_dqp *d);
 /* My backup QP failed (d's CQs locked): a peer's new episode, a return,
  * or the end decide (fo_failback_work). */

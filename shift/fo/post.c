@@ -182,7 +182,7 @@ int shift_post_recv_fallback(struct shift_dqp *d, struct ibv_recv_wr *wr,
  * backup failed, its error completions maybe not polled yet) must not make
  * the application's post fail where one that takes and flushes them lets
  * it succeed: the WRs stay in the mirror, the later ones are held, and the
- * background pass takes the backup as failed (fo_bk_refused_seen), so the
+ * background pass takes the backup as failed (fo_failback_work), so the
  * next episode (a new failover, or a return to the default QPs) posts
  * them, or the connection fails as plain's would.
  */
@@ -220,7 +220,9 @@ void fo_held_release(struct shift_dqp *d)
 
 	if (!rc && !d->sq_held && i < d->sq_head)
 		rc = fo_post_bk_sends(d, i, &failed);
-	if (rc)
+	if (rc == FO_BK_REFUSED)
+		fo_bk_refused(d); /* (the rest held for the next episode) */
+	else if (rc)
 		fo_fail_mark(d, "cannot post a WR on the backup QP", FO_BY_STATE, FO_BY_STATE);
 	bool released = !rc && !d->sq_held && d->t_held_us;
 
