@@ -87,6 +87,27 @@ int fo_ret_start(struct shift_ctx *s, struct shift_dqp *d, struct out *o)
 	return 0;
 }
 
+/*
+ * My default QP, reset, may have stopped inside a read response: the
+ * first ACK of any other WR would fail it, silently (stale_read_state,
+ * fo/failback.c). An empty READ goes first, as before a failback's
+ * notification (unsignaled: only its failure completes, ignored as the
+ * marker's; refused, the WRs after it meet the same refusal). A WR behind
+ * it whose ACK comes before a lost response of it still fails the QP, as
+ * in the failback: a response lost at that very moment.
+ */
+static void stale_read_first(struct shift_dqp *d)
+{
+	struct ibv_send_wr er, *bad_er;
+
+	if (!d->dflt_rd_stale)
+		return;
+	fo_empty_read(&er, shift_dqp_own_wrid(d, SHIFT_OWN_NOTIFY_READ), 0);
+	if (d->prov_post_send(d->qp, &er, &bad_er))
+		shift_warn("%s QP %u: cannot post the empty READ on the default QP", d->dev, d->qpn);
+	d->dflt_rd_stale = false;
+}
+
 void fo_ret_finish(struct shift_ctx *s, struct shift_dqp *d, struct out *o)
 {
 	uint64_t moved = 0, done_n = 0;
@@ -96,6 +117,7 @@ void fo_ret_finish(struct shift_ctx *s, struct shift_dqp *d, struct out *o)
 	if (d->ep_wait == SHIFT_EP_WAIT_RETURN)
 		shift_dqp_set_ep_wait(d, SHIFT_EP_RUNNING, "return episode done");
 	shift_dqp_lock(d);
+	stale_read_first(d);
 	if (shift_dqp_send_state(d) != SHIFT_SEND_DEFAULT) {
 		uint64_t rd, i;
 		uint32_t done;
