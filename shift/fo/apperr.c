@@ -262,6 +262,11 @@ int fo_judge_start(struct shift_ctx *s, struct shift_dqp *d, struct out *o,
 	shift_dqp_set_send_state(d, SHIFT_SEND_UNPROTECTED, "the application's error");
 	shift_dqp_set_recv_state(d, SHIFT_RECV_DEFAULT, "the application's error");
 	shift_dqp_unlock(d);
+	/* (as unprotect's: a peer that fails over towards my parked backup
+	 * reads in my record that the connection ended, where my ABORT may
+	 * never reach it: publish_app_end) */
+	if (d->shadow)
+		__atomic_store_n(&d->app_error_end, true, __ATOMIC_RELEASE);
 	d->need_rearm = false; /* (its backup was not used) */
 	if (!d->failovers)
 		fo_remove(s, d);

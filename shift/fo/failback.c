@@ -326,6 +326,32 @@ void fo_try_notify(struct shift_dqp *d)
 		   moved);
 }
 
+/*
+ * My failback notification failed. The peer may have executed it (its ACK
+ * lost) and moved its receives: only a new failover on reset backups is
+ * safe. A flush says only that my QP went to ERR, and the drain judges why
+ * (fo_judge_start), as for a flush seen first: a bad request of the peer's
+ * application (IBA class C) does it with no error completion of its own,
+ * an error of a receive of mine with one. With no sign of a path failure
+ * and the device up, the connection fails for the application as plain's
+ * would, where a new failover hid the error.
+ */
+static void notify_failed(struct shift_ctx *s, struct shift_dqp *d, const struct ibv_wc *wc,
+			  struct out *o)
+{
+	if (d->failback_fails < 64)
+		d->failback_fails++;
+	shift_info("%s QP %u: failback notification failed (%d): the default path failed again "
+		   "(next probe in %llu %s)", d->dev, d->qpn, (int)wc->status,
+		   (unsigned long long)fo_probe_wait(d), "ms");
+	if (shift_dqp_send_state(d) != SHIFT_SEND_WAIT_DRAINED)
+		return;
+	if (wc->status == IBV_WC_WR_FLUSH_ERR)
+		fo_start_unsure(s, d, o, NULL);
+	else
+		fo_start(s, d, o, NULL);
+}
+
 /* SHIFT's own completions on a default QP that has failed over. */
 void fo_on_default_ctrl(struct shift_ctx *s, struct shift_dqp *d, struct ibv_wc *wc,
 			    struct out *o)
@@ -396,15 +422,7 @@ void fo_on_default_ctrl(struct shift_ctx *s, struct shift_dqp *d, struct ibv_wc 
 			fo_fail_pending(d, o);
 			return;
 		}
-		if (d->failback_fails < 64)
-			d->failback_fails++;
-		shift_info("%s QP %u: failback notification failed (%d): the default path failed again "
-			   "(next probe in %llu %s)", d->dev, d->qpn, (int)wc->status,
-			   (unsigned long long)fo_probe_wait(d), "ms");
-		/* the peer may have executed it (its ACK lost) and moved its
-		 * receives: only a new failover on reset backups is safe */
-		if (shift_dqp_send_state(d) == SHIFT_SEND_WAIT_DRAINED)
-			fo_start(s, d, o, NULL);
+		notify_failed(s, d, wc, o);
 		return;
 	}
 }

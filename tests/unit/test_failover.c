@@ -788,6 +788,83 @@ static void test_fails_again_during_failback(void **state)
 }
 
 /*
+ * A bad request of the peer's application (IBA class C: a WRITE with a key
+ * B does not grant) reaching B while B's failback notification is in
+ * flight: B's QP goes to ERR with no error completion of its own, and the
+ * notification flushes. That flush is no failure of the path (B's device
+ * works): the connection fails for B's application as plain's would, its
+ * receives flushed and its QP in ERR, with no new failover. A's backup NIC
+ * is dead, so A's ABORT would never reach a B that failed over again (the
+ * campaign's "QP state 3 after the application's error", --backup-faults
+ * --app-errors, seed 1294800).
+ */
+static void test_peer_bad_request_flushes_notification(void **state)
+{
+	struct ibv_wc wa[64], wb[64];
+	int na = 0, nb = 0, r;
+	struct shift_dqp *da = shift_dqp_of_qp(a.qp), *db = shift_dqp_of_qp(b.qp);
+	struct ibv_sge ar = { .addr = (uintptr_t)a.buf + 8192, .length = 64, .lkey = a.mr->lkey };
+	struct ibv_recv_wr arw = { .wr_id = 600, .sg_list = &ar, .num_sge = 1 }, *bad_r;
+	struct ibv_sge bs = { .addr = (uintptr_t)b.buf + 8192, .length = 64, .lkey = b.mr->lkey };
+	struct ibv_send_wr bsw = { .wr_id = 800, .sg_list = &bs, .num_sge = 1, .opcode = IBV_WR_SEND,
+				   .send_flags = IBV_SEND_SIGNALED }, *bad;
+	struct ibv_sge ws = { .addr = (uintptr_t)a.buf, .length = 64, .lkey = a.mr->lkey };
+	struct ibv_send_wr bw = {
+		.wr_id = 900, .sg_list = &ws, .num_sge = 1, .opcode = IBV_WR_RDMA_WRITE,
+		.send_flags = IBV_SEND_SIGNALED,
+		.wr.rdma = { .remote_addr = (uintptr_t)b.buf, .rkey = b.mr->rkey ^ 0x5a5a00 },
+	};
+	struct ibv_qp_attr qa;
+	struct ibv_qp_init_attr qi;
+	(void)state;
+
+	/* (B's application sends too: B notifies at its failback) */
+	assert_int_equal(ibv_post_recv(a.qp, &arw, &bad_r), 0);
+	assert_int_equal(ibv_post_send(b.qp, &bsw, &bad), 0);
+	post_b_recvs(24);
+	post_sends(0, 4);
+	sim_dev_kill(sim_host_dev(host[0], 0), 0);
+	drive(wa, 64, &na, wb, 64, &nb);
+	assert_int_equal(na, 5);
+	assert_int_equal(nb, 5);
+	assert_int_equal(db->failovers, 1);
+
+	sim_dev_revive(sim_host_dev(host[0], 0));
+	/* until B's notification is posted (A's sends are back) */
+	for (r = 0; r < 4000; r++) {
+		sim_world_step(world);
+		shift_rnic_pass_all();
+		if (db->send_state == SHIFT_SEND_WAIT_DRAINED && db->notify_inflight &&
+		    da->send_state == SHIFT_SEND_DEFAULT)
+			break;
+	}
+	assert_true(r < 4000);
+	/* its ACK lost: the bad WRITE reaches B before it completes */
+	sim_qp_drop_next(a.qp, 1, 1);
+	assert_int_equal(ibv_post_send(a.qp, &bw, &bad), 0);
+	sim_dev_kill(sim_host_dev(host[0], 1), 0);
+	sim_pair_expect_errors(1 + 20); /* (checked below) */
+	drive_rounds(4000, wa, 64, &na, wb, 64, &nb);
+	drive(wa, 64, &na, wb, 64, &nb);
+	print_message("A %d completions, B %d; B send %d fo %lu\n", na, nb, db->send_state,
+		      db->failovers);
+	assert_int_equal(db->failovers, 1); /* (no new failover) */
+	assert_int_equal(db->send_state, SHIFT_SEND_UNPROTECTED);
+	assert_int_equal(na, 6);
+	assert_int_equal(wa[5].wr_id, 900);
+	assert_int_equal(wa[5].status, IBV_WC_REM_ACCESS_ERR);
+	assert_int_equal(nb, 5 + 20);
+	for (int i = 5; i < nb; i++) {
+		assert_int_equal(wb[i].wr_id, 500 + i - 1);
+		assert_int_equal(wb[i].status, IBV_WC_WR_FLUSH_ERR);
+	}
+	assert_int_equal(shift_verbs.query_qp(a.qp, &qa, IBV_QP_STATE, &qi), 0);
+	assert_int_equal(qa.qp_state, IBV_QPS_ERR);
+	assert_int_equal(shift_verbs.query_qp(b.qp, &qa, IBV_QP_STATE, &qi), 0);
+	assert_int_equal(qa.qp_state, IBV_QPS_ERR);
+}
+
+/*
  * A second failover with the KV store down. After a full failback both
  * ends' backups are re-armed for failover 2, and each end's record says
  * so. The store then goes down and the default NIC dies again. The end
@@ -1807,6 +1884,8 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_destroy_failed_over_qp, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_failover_failback_twice, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_fails_again_during_failback, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_peer_bad_request_flushes_notification, setup,
+						teardown),
 		cmocka_unit_test_setup_teardown(test_backup_qp_fails_alone, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_backup_refuses_sends_while_failed_over, setup,
 						teardown),
