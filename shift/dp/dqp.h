@@ -226,11 +226,11 @@ struct shift_dqp {
 	unsigned probe_fails;         /* consecutive failed probes (backoff) */
 	unsigned failback_fails;      /* consecutive switch backs whose notification failed */
 	uint64_t fence;               /* WaitDrained: the sq index that drains the backup */
-	bool notify_pending;          /* the peer's notification arrived: move my
-				       * receives once notify_count are consumed */
-	uint32_t notify_count;
+	bool notify_pending;          /* the peer's notification arrived: move my */
+	uint32_t notify_count;        /* receives once notify_count are consumed */
 	bool need_rearm;              /* the backup QP must be reset before reuse */
 	bool notify_inflight;         /* my failback notification has not completed */
+	bool ret_rd_wait;             /* a return waits for its empty READ (fo/return.c) */
 	/* the default (backup) QP went to ERR with an RDMA READ outstanding,
 	 * maybe inside its response: soft-RoCE keeps its completer's
 	 * read-response state across a reset, so the first ACK of any other

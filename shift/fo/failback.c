@@ -352,6 +352,28 @@ static void notify_failed(struct shift_ctx *s, struct shift_dqp *d, const struct
 		fo_start(s, d, o, NULL);
 }
 
+/* An empty READ completed. A return's (fo/return.c, stale_read_first):
+ * done, the return finishes (the peer's return record was read), with no
+ * wait for another read of it; failed, the default path failed too
+ * (flushed by a new failover's stop: that one's, no longer the return's).
+ * True for it, else for a success only. */
+static bool ret_read_done(struct shift_ctx *s, struct shift_dqp *d, const struct ibv_wc *wc,
+			  struct out *o)
+{
+	if (!d->ret_rd_wait)
+		return wc->status == IBV_WC_SUCCESS;
+	d->ret_rd_wait = false;
+	if (d->ep_wait != SHIFT_EP_WAIT_RETURN)
+		return true;
+	if (wc->status == IBV_WC_SUCCESS) {
+		d->dflt_rd_stale = false;
+		fo_ret_finish(s, d, o);
+	} else {
+		fo_fail_connection(d, o, "the default path failed during the return to it", NULL, 0);
+	}
+	return true;
+}
+
 /* SHIFT's own completions on a default QP that has failed over. */
 void fo_on_default_ctrl(struct shift_ctx *s, struct shift_dqp *d, struct ibv_wc *wc,
 			    struct out *o)
@@ -407,8 +429,8 @@ void fo_on_default_ctrl(struct shift_ctx *s, struct shift_dqp *d, struct ibv_wc 
 		fo_try_notify(d);
 		return;
 	case SHIFT_OWN_NOTIFY_READ:
-		if (wc->status == IBV_WC_SUCCESS)
-			return; /* (a QP that signals all WRs) */
+		if (ret_read_done(s, d, wc, o))
+			return; /* (a return's, or a QP that signals all WRs) */
 		/* fall through - its failure is the notification's */
 	default: /* the notification's own completion */
 		if (!d->notify_inflight)

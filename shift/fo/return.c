@@ -41,6 +41,7 @@ int fo_ret_start(struct shift_ctx *s, struct shift_dqp *d, struct out *o)
 			return -1;
 		d->dflt = SHIFT_DFLT_READY;
 	}
+	d->ret_rd_wait = false;
 	shift_dqp_lock(d);
 	d->recv_hold = true;
 	if (shift_dqp_send_state(d) != SHIFT_SEND_DEFAULT) {
@@ -89,23 +90,32 @@ int fo_ret_start(struct shift_ctx *s, struct shift_dqp *d, struct out *o)
 
 /*
  * My default QP, reset, may have stopped inside a read response: the
- * first ACK of any other WR would fail it, silently (stale_read_state,
- * fo/failback.c). An empty READ goes first, as before a failback's
- * notification (unsignaled: only its failure completes, ignored as the
- * marker's; refused, the WRs after it meet the same refusal). A WR behind
- * it whose ACK comes before a lost response of it still fails the QP, as
- * in the failback: a response lost at that very moment.
+ * first ACK or NAK of any other WR fails it, silently (stale_read_state,
+ * fo/failback.c). An empty READ goes first, alone and signaled as the
+ * prober's probe: chained before the WRs, its request or response lost
+ * and the ACK (or NAK) of a WR behind it failed the QP all the same. Its
+ * completion finishes the return (fo/failback.c, ret_read_done); no probe
+ * runs meanwhile (fo/work.c). True while the return waits for it, or if
+ * the connection failed.
  */
-static void stale_read_first(struct shift_dqp *d)
+static bool stale_read_first(struct shift_dqp *d, struct out *o)
 {
 	struct ibv_send_wr er, *bad_er;
 
+	if (d->ret_rd_wait)
+		return true;
 	if (!d->dflt_rd_stale)
-		return;
-	fo_empty_read(&er, shift_dqp_own_wrid(d, SHIFT_OWN_NOTIFY_READ), 0);
-	if (d->prov_post_send(d->qp, &er, &bad_er))
-		shift_warn("%s QP %u: cannot post the empty READ on the default QP", d->dev, d->qpn);
-	d->dflt_rd_stale = false;
+		return false;
+	fo_empty_read(&er, shift_dqp_own_wrid(d, SHIFT_OWN_NOTIFY_READ), IBV_SEND_SIGNALED);
+	shift_dqp_lock(d);
+	int rc = d->prov_post_send(d->qp, &er, &bad_er);
+
+	shift_dqp_unlock(d);
+	if (rc)
+		fo_fail_connection(d, o, "the default QP refused a WR of the return", NULL, 0);
+	else
+		d->ret_rd_wait = true;
+	return true;
 }
 
 void fo_ret_finish(struct shift_ctx *s, struct shift_dqp *d, struct out *o)
@@ -114,10 +124,11 @@ void fo_ret_finish(struct shift_ctx *s, struct shift_dqp *d, struct out *o)
 
 	(void)s;
 
+	if (stale_read_first(d, o))
+		return;
 	if (d->ep_wait == SHIFT_EP_WAIT_RETURN)
 		shift_dqp_set_ep_wait(d, SHIFT_EP_RUNNING, "return episode done");
 	shift_dqp_lock(d);
-	stale_read_first(d);
 	if (shift_dqp_send_state(d) != SHIFT_SEND_DEFAULT) {
 		uint64_t rd, i;
 		uint32_t done;

@@ -214,6 +214,8 @@ static void probe_default(struct shift_ctx *s, struct shift_dqp *d, uint64_t now
 	 * buffer the backup path filled: fo_srq_work()) */
 	if (d->dsrq && shift_dsrq_moved(d->dsrq))
 		return;
+	if (d->ret_rd_wait)
+		return; /* (a return's empty READ is out: fo/return.c) */
 	/* (also while a handshake cannot finish because a backup failed: the
 	 * default path may be the way back, ret_start) */
 	if (shift_dqp_send_state(d) == SHIFT_SEND_FALLBACK &&
