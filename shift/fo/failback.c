@@ -346,7 +346,10 @@ static void notify_failed(struct shift_ctx *s, struct shift_dqp *d, const struct
 		   (unsigned long long)fo_probe_wait(d), "ms");
 	if (shift_dqp_send_state(d) != SHIFT_SEND_WAIT_DRAINED)
 		return;
-	if (wc->status == IBV_WC_WR_FLUSH_ERR)
+	/* (behind an empty READ, dflt_rd_stale: a flush is also what rxe's
+	 * stale read-response state gives when that READ's request or
+	 * response was lost, a path matter) */
+	if (wc->status == IBV_WC_WR_FLUSH_ERR && !d->dflt_rd_stale)
 		fo_start_unsure(s, d, o, NULL);
 	else
 		fo_start(s, d, o, NULL);
