@@ -24,6 +24,23 @@ static void poll_default_cqs(struct shift_ctx *s, struct shift_dqp *d)
 	}
 }
 
+/* The peer's record says its application ended the connection: mine
+ * ends as the peer's QP in ERR would make it fail (true). Whenever the
+ * record was taken, not only at a pass that read it: a datagram's record
+ * taken in the Default state (fo/dgram.c) before a failover whose reads
+ * then found the store without it (lost, garbled) was never followed, and
+ * the application's error never reached it. */
+static bool peer_ended(struct shift_ctx *s, struct shift_dqp *d)
+{
+	struct out o = { .wc = NULL, .n = 0, .max = 0, .c = d->scq };
+
+	if (!d->peer_closed)
+		return false;
+	shift_info("%s QP %u: the peer's application ended the connection", d->dev, d->qpn);
+	fo_end(s, d, &o, true, "the peer's application ended the connection");
+	return true;
+}
+
 /* What the peer's record says, read at the probe period while my backup
  * is used, at every pass while waiting for the peer. */
 static void follow_peer_record(struct shift_ctx *s, struct shift_dqp *d, uint64_t now)
@@ -61,13 +78,8 @@ static void follow_peer_record(struct shift_ctx *s, struct shift_dqp *d, uint64_
 		if (fo_ep_read_pass(d) == 0) {
 			struct out o = { .wc = NULL, .n = 0, .max = 0, .c = d->scq };
 
-			if (d->peer_closed) {
-				/* as the peer's QP in ERR would make mine fail */
-				shift_info("%s QP %u: the peer's application ended the connection",
-					   d->dev, d->qpn);
-				fo_end(s, d, &o, true, "the peer's application ended the connection");
-				return;
-			}
+			if (peer_ended(s, d))
+				return; /* (nothing else of that record is followed) */
 			if (d->peer_started > d->failovers && d->peer_ret &&
 			    d->peer_started == d->failovers + 1) {
 				/* (my default QP must be reset first: not while
@@ -269,6 +281,8 @@ void fo_failback_work(struct shift_ctx *s, struct shift_dqp *d, uint64_t now)
 	/* (its provider refused the application's WRs: fo_bk_refused) */
 	if (__atomic_load_n(&d->bk_refused, __ATOMIC_ACQUIRE) && !d->bk_error)
 		fo_backup_failed(d, -1);
+	if (peer_ended(s, d))
+		return;
 	follow_peer_record(s, d, now);
 	if (shift_dqp_send_state(d) == SHIFT_SEND_UNPROTECTED)
 		return;
