@@ -292,19 +292,23 @@ bool fo_bk_carries(struct shift_dqp *d, uint64_t from, uint64_t to, bool reads)
 	return true;
 }
 
-/* The backup's provider refused a WR: FO_BK_REFUSED if the backup QP
- * failed (in ERR, or it cannot be queried), else -1 (the WR is the
- * application's error, refused as the default QP's provider would). */
-static int bk_refusal(struct shift_dqp *d)
+int fo_qp_failed(struct ibv_qp *qp)
 {
 	struct ibv_qp_attr attr;
 	struct ibv_qp_init_attr init;
 
 	memset(&attr, 0, sizeof(attr));
-	int q = shift_lower->query_qp(d->bk, &attr, IBV_QP_STATE, &init);
+	if (shift_lower->query_qp(qp, &attr, IBV_QP_STATE, &init))
+		return -1;
+	return attr.qp_state == IBV_QPS_ERR || attr.qp_state == IBV_QPS_SQE;
+}
 
-	return q || attr.qp_state == IBV_QPS_ERR || attr.qp_state == IBV_QPS_SQE ? FO_BK_REFUSED
-										 : -1;
+/* The backup's provider refused a WR: FO_BK_REFUSED if the backup QP
+ * failed (fo_qp_failed), else -1 (the WR is the application's error,
+ * refused as the default QP's provider would). */
+static int bk_refusal(struct shift_dqp *d)
+{
+	return fo_qp_failed(d->bk) ? FO_BK_REFUSED : -1;
 }
 
 /* Post mirrored send WR idx again (build_mirrored): 0, -1 (cannot), or 1

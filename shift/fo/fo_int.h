@@ -86,6 +86,9 @@ bool fo_bk_carries(struct shift_dqp *d, uint64_t from, uint64_t to, bool reads);
  * a QP that works: the application's), or FO_BK_REFUSED (the backup's
  * provider refused it on a backup QP in ERR: the backup failed) */
 #define FO_BK_REFUSED (-2)
+/* Has the provider's qp failed after it refused a post: 1 (in ERR or
+ * SQE), -1 (it cannot be queried: taken as failed too), 0 (it works). */
+int fo_qp_failed(struct ibv_qp *qp);
 int fo_post_bk_send(struct shift_dqp *d, uint64_t idx);
 int fo_post_bk_sends(struct shift_dqp *d, uint64_t from, uint64_t *failed);
 /* The backup's provider refused the application's WRs while failed over

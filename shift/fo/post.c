@@ -23,17 +23,14 @@
  * WRs from sq_from and rq_from on are SHIFT's (see above). */
 bool fo_take_refused(struct shift_dqp *d, int rc, uint64_t sq_from, uint64_t rq_from)
 {
-	struct ibv_qp_attr attr;
-	struct ibv_qp_init_attr init;
 	struct shift_ctx *s = shift_ctx_of(d->qp->context);
 	int q;
 
 	if (!s || !s->rnic || !d->shadow || !d->scq || !d->rcq ||
 	    __atomic_load_n(&d->shadow->state, __ATOMIC_ACQUIRE) != SHIFT_SHADOW_READY)
 		return false;
-	memset(&attr, 0, sizeof(attr));
-	q = shift_lower->query_qp(d->qp, &attr, IBV_QP_STATE, &init);
-	if (!q && attr.qp_state != IBV_QPS_ERR && attr.qp_state != IBV_QPS_SQE)
+	q = fo_qp_failed(d->qp);
+	if (!q)
 		return false;
 	if (!d->post_failed) {
 		d->sq_taken = sq_from;
@@ -42,7 +39,7 @@ bool fo_take_refused(struct shift_dqp *d, int rc, uint64_t sq_from, uint64_t rq_
 		if (!__atomic_load_n(&d->stopping, __ATOMIC_ACQUIRE))
 			shift_info("%s QP %u: the provider refused a post (%s) on a failed QP "
 				   "(%s): SHIFT keeps the WRs for its backup QP", d->dev, d->qpn,
-				   strerror(rc), q ? "cannot query it" : "ERR");
+				   strerror(rc), q < 0 ? "cannot query it" : "ERR");
 		__atomic_store_n(&d->post_failed, true, __ATOMIC_RELEASE);
 	}
 	shift_ctx_set_slow(s, true);
